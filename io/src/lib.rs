@@ -1,0 +1,41 @@
+//! moestream-io: getting bytes from NVMe into memory, with no knowledge of
+//! models.
+//!
+//! What this crate owns:
+//! - [`AlignedBuf`], the O_DIRECT-safe buffer, and [`Slab`]/[`SlabPool`],
+//!   the owned result of a read and the bounded pool that recycles buffers;
+//! - the read modes ([`ReadMode`]: direct, buffered, drop, mmap, pread)
+//!   behind one trait, [`RangeReader`], opened with [`open`]; O_DIRECT is
+//!   probed once per file with a reported fallback
+//!   ([`RangeReader::effective_mode`]);
+//! - the io_uring [`Reactor`]: batches of owned-buffer reads with a bounded
+//!   queue depth, returned in completion order, probed at construction so
+//!   callers can fall back to the synchronous readers;
+//! - [`coalesce`], merging nearby ranges into larger reads within named
+//!   limits;
+//! - [`bench_random_reads`], the measurement behind choosing a mode per disk.
+//!
+//! Unsafe code lives only in `aligned` (the allocation), `ring` (handing
+//! buffers to the kernel), `reactor` (keeping them alive until completion)
+//! and the mmap reader.
+
+mod aligned;
+mod bench;
+mod coalesce;
+mod error;
+mod file;
+mod mode;
+mod reactor;
+mod ring;
+mod slab;
+mod source;
+
+pub use aligned::{align_up, AlignedBuf, ALIGN};
+pub use bench::{bench_random_reads, BenchConfig, BenchReport};
+pub use coalesce::{coalesce, ByteRange, CoalesceLimits, MergedRead};
+pub use error::IoError;
+pub use file::{DirectSpan, OpenFile};
+pub use mode::ReadMode;
+pub use reactor::{Reactor, ReactorConfig, ReadDone, ReadReq};
+pub use slab::{Slab, SlabPool};
+pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};

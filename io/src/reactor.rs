@@ -1,0 +1,346 @@
+//! `Reactor`: batches of reads through io_uring, returned in completion
+//! order.
+//!
+//! Buffer ownership: every in-flight read is an [`Op`] that owns its aligned
+//! buffer and an `Arc` of its file. While the kernel may write into the
+//! buffer, the op sits in `slots[user_data]`; it leaves the slot only when
+//! its completion is reaped (or, on a fatal ring error, it is leaked so the
+//! memory and descriptor stay valid forever). No borrowed slice is ever
+//! handed to the kernel.
+//!
+//! Backpressure: at most `depth` reads are in the kernel. The rest wait,
+//! in FIFO order, in `parked`. Completions are first reaped into a list and
+//! handled after the reap loop.
+//!
+//! Short reads: a read that returns fewer bytes than asked is resubmitted
+//! for the remainder (parked at the front); a read that hits the end of the
+//! file before the requested range ends is an [`IoError::ShortRead`].
+//!
+//! Counters: `queued()` is the number of parked reads, `in_kernel()` the
+//! number submitted and not yet reaped; both are zero between batches.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use crate::aligned::{AlignedBuf, ALIGN};
+use crate::error::IoError;
+use crate::file::{DirectSpan, OpenFile};
+use crate::ring::{Completion, Ring};
+use crate::slab::{Slab, SlabPool};
+
+/// Limits of a [`Reactor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReactorConfig {
+    /// Submission queue entries, and the bound on reads in the kernel.
+    pub depth: u32,
+    /// Longest single kernel read; longer requests are read in chunks. A
+    /// multiple of 4096, at most `u32::MAX` rounded down.
+    pub read_chunk_bytes_max: usize,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            depth: 64,
+            read_chunk_bytes_max: 1 << 30,
+        }
+    }
+}
+
+/// One requested read. `tag` comes back with the result.
+#[derive(Clone, Debug)]
+pub struct ReadReq {
+    pub tag: u64,
+    pub file: Arc<OpenFile>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// The result of one read, keyed by its request's tag.
+pub type ReadDone = (u64, Result<Slab, IoError>);
+
+/// An io_uring reactor with a fixed queue depth.
+pub struct Reactor {
+    ring: Ring,
+    config: ReactorConfig,
+    pool: Arc<SlabPool>,
+    /// In-flight ops, indexed by the SQE's `user_data`.
+    slots: Vec<Option<Op>>,
+    free_slots: Vec<usize>,
+    parked: VecDeque<Op>,
+    completions: Vec<Completion>,
+    in_kernel: usize,
+    resubmits: u64,
+    /// Set when a fatal ring error left ops in the kernel; the reactor then
+    /// refuses further batches.
+    broken: bool,
+}
+
+/// An in-flight read: owns its buffer and keeps its file open.
+struct Op {
+    tag: u64,
+    file: Arc<OpenFile>,
+    buf: AlignedBuf,
+    /// The requested range.
+    offset: u64,
+    len: usize,
+    /// What is read into `buf`: from `span.read_offset`, `buf.len()` bytes.
+    span: DirectSpan,
+    /// Bytes of `buf` filled so far.
+    done: usize,
+}
+
+/// What a completion means for its op.
+enum Step {
+    Done(u64, Slab),
+    Failed(u64, IoError),
+    Again(Op),
+}
+
+impl Reactor {
+    /// Checks that io_uring with `IORING_OP_READ` works here, so callers can
+    /// choose the synchronous [`crate::RangeReader`] path instead.
+    pub fn probe() -> Result<(), IoError> {
+        Ring::new(2).map(drop)
+    }
+
+    /// Creates a reactor, or [`IoError::RingUnavailable`] when io_uring
+    /// cannot be used.
+    pub fn new(config: ReactorConfig, pool: Arc<SlabPool>) -> Result<Self, IoError> {
+        assert!(config.depth > 0, "reactor depth must be positive");
+        assert!(
+            config.read_chunk_bytes_max >= ALIGN
+                && config.read_chunk_bytes_max % ALIGN == 0
+                && config.read_chunk_bytes_max <= u32::MAX as usize,
+            "read_chunk_bytes_max {} must be a multiple of {ALIGN} in [{ALIGN}, u32::MAX]",
+            config.read_chunk_bytes_max
+        );
+        let ring = Ring::new(config.depth)?;
+        let depth = config.depth as usize;
+        Ok(Reactor {
+            ring,
+            config,
+            pool,
+            slots: (0..depth).map(|_| None).collect(),
+            free_slots: (0..depth).rev().collect(),
+            parked: VecDeque::new(),
+            completions: Vec::with_capacity(depth),
+            in_kernel: 0,
+            resubmits: 0,
+            broken: false,
+        })
+    }
+
+    /// The reactor's limits.
+    pub fn config(&self) -> ReactorConfig {
+        self.config
+    }
+
+    /// Reads waiting for a submission slot.
+    pub fn queued(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Reads submitted to the kernel and not yet reaped.
+    pub fn in_kernel(&self) -> usize {
+        self.in_kernel
+    }
+
+    /// Reads resubmitted after a short read, since creation.
+    pub fn resubmits(&self) -> u64 {
+        self.resubmits
+    }
+
+    /// Runs every request to completion and returns one result per request,
+    /// in completion order (requests rejected before I/O come first). The
+    /// outer error is a fatal ring failure; the reactor is then unusable.
+    pub fn submit_batch(&mut self, reqs: Vec<ReadReq>) -> Result<Vec<ReadDone>, IoError> {
+        if self.broken {
+            return Err(IoError::Ring {
+                op: "submit_batch",
+                source: io::Error::other("reactor abandoned its ops after a ring failure"),
+            });
+        }
+        let mut done = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            self.prepare(req, &mut done);
+        }
+        while !self.parked.is_empty() || self.in_kernel > 0 {
+            self.fill();
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                self.abandon();
+                return Err(e);
+            }
+            self.reap(&mut done);
+        }
+        Ok(done)
+    }
+
+    /// Turns a request into a parked op, or finishes it without I/O.
+    fn prepare(&mut self, req: ReadReq, done: &mut Vec<ReadDone>) {
+        if let Err(e) = req.file.check_range(req.offset, req.len) {
+            done.push((req.tag, Err(e)));
+            return;
+        }
+        let span = if req.file.is_direct() {
+            DirectSpan::covering(req.offset, req.len)
+        } else {
+            DirectSpan::exact(req.offset, req.len)
+        };
+        let buf = match self.pool.take(span.read_len) {
+            Ok(buf) => buf,
+            Err(e) => return done.push((req.tag, Err(e))),
+        };
+        let op = Op {
+            tag: req.tag,
+            file: req.file,
+            buf,
+            offset: req.offset,
+            len: req.len,
+            span,
+            done: 0,
+        };
+        if op.is_complete() {
+            return done.push((op.tag, Ok(op.into_slab(&self.pool))));
+        }
+        self.parked.push_back(op);
+    }
+
+    /// Moves parked ops into the submission queue, oldest first, while
+    /// fewer than `depth` are in the kernel.
+    fn fill(&mut self) {
+        while self.in_kernel < self.config.depth as usize {
+            let Some(op) = self.parked.pop_front() else {
+                break;
+            };
+            let slot = self
+                .free_slots
+                .pop()
+                .expect("a free slot when in_kernel < depth");
+            let op = self.slots[slot].insert(op);
+            let (buf, len, offset) = op.next_chunk(self.config.read_chunk_bytes_max);
+            // SAFETY: `buf` points into the op's own heap buffer with `len`
+            // bytes left in it, and the op (owning the buffer and an `Arc`
+            // keeping the descriptor open) stays in `slots[slot]` until the
+            // completion tagged `slot` is reaped in `reap`, or is leaked by
+            // `abandon`.
+            let pushed = unsafe {
+                self.ring
+                    .push_read(op.file.fd(), buf, len, offset, slot as u64)
+            };
+            if !pushed {
+                let op = self.slots[slot].take().expect("op just inserted");
+                self.free_slots.push(slot);
+                self.parked.push_front(op);
+                break;
+            }
+            self.in_kernel += 1;
+        }
+    }
+
+    /// Reaps completions into a list, then handles each.
+    fn reap(&mut self, done: &mut Vec<ReadDone>) {
+        let mut completions = std::mem::take(&mut self.completions);
+        self.ring.reap(&mut completions);
+        for completion in completions.drain(..) {
+            let slot = completion.user_data as usize;
+            let op = self.slots[slot]
+                .take()
+                .expect("completion for an empty slot");
+            self.free_slots.push(slot);
+            self.in_kernel -= 1;
+            match op.advance(completion.result, &self.pool) {
+                Step::Done(tag, slab) => done.push((tag, Ok(slab))),
+                Step::Failed(tag, e) => done.push((tag, Err(e))),
+                Step::Again(op) => {
+                    self.resubmits += 1;
+                    self.parked.push_front(op);
+                }
+            }
+        }
+        self.completions = completions;
+    }
+
+    /// Leaks every op the kernel may still touch, so their buffers and
+    /// descriptors stay valid, and marks the reactor unusable.
+    fn abandon(&mut self) {
+        for slot in self.slots.iter_mut() {
+            if let Some(op) = slot.take() {
+                std::mem::forget(op);
+            }
+        }
+        self.parked.clear();
+        self.in_kernel = 0;
+        self.broken = true;
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        // Only reachable with ops in flight if a panic unwound out of
+        // `submit_batch`; the ring closes after this, but the kernel may
+        // still write into their buffers until then.
+        if self.in_kernel > 0 {
+            self.abandon();
+        }
+    }
+}
+
+impl Op {
+    /// Bytes of `buf` that must be filled: up to the end of the window.
+    fn needed(&self) -> usize {
+        self.span.start + self.len
+    }
+
+    fn is_complete(&self) -> bool {
+        self.done >= self.needed()
+    }
+
+    /// The next kernel read: (buffer address, length, file offset).
+    fn next_chunk(&mut self, chunk_bytes_max: usize) -> (*mut u8, u32, u64) {
+        let remaining = self.buf.len() - self.done;
+        let len = remaining.min(chunk_bytes_max) as u32;
+        let buf = self.buf.as_mut_ptr().wrapping_add(self.done);
+        (buf, len, self.span.read_offset + self.done as u64)
+    }
+
+    /// Applies a completion result.
+    fn advance(mut self, result: i32, pool: &Arc<SlabPool>) -> Step {
+        if result < 0 {
+            let err = io::Error::from_raw_os_error(-result);
+            if matches!(-result, libc::EINTR | libc::EAGAIN) {
+                return Step::Again(self);
+            }
+            let e = IoError::os(
+                "io_uring read",
+                self.file.path(),
+                self.offset,
+                self.len,
+                err,
+            );
+            return self.fail(e, pool);
+        }
+        self.done += result as usize;
+        if self.is_complete() {
+            let tag = self.tag;
+            return Step::Done(tag, self.into_slab(pool));
+        }
+        let at_eof = result == 0 || (self.file.is_direct() && self.done % ALIGN != 0);
+        if at_eof {
+            let got = self.done.saturating_sub(self.span.start);
+            let e = self.file.short_read(self.offset, self.len, got);
+            return self.fail(e, pool);
+        }
+        Step::Again(self)
+    }
+
+    fn fail(self, e: IoError, pool: &Arc<SlabPool>) -> Step {
+        pool.give(self.buf);
+        Step::Failed(self.tag, e)
+    }
+
+    fn into_slab(self, pool: &Arc<SlabPool>) -> Slab {
+        Slab::from_aligned(self.buf, self.span.start, self.len, Some(pool.clone()))
+    }
+}

@@ -1,0 +1,87 @@
+//! The `mmap` mode: the file is mapped once at open and each read copies its
+//! range out of the mapping into a pooled buffer, so a slab never borrows
+//! the mapping.
+//!
+//! Caveat (the reason `Mmap::map` is unsafe): if another process truncates
+//! the file while it is mapped, touching the lost pages raises SIGBUS. Model
+//! files are treated as immutable while they are served.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::error::IoError;
+use crate::mode::ReadMode;
+use crate::slab::{Slab, SlabPool};
+use crate::source::RangeReader;
+
+/// A reader over a read-only mapping of the whole file.
+pub(crate) struct MmapReader {
+    /// `None` for an empty file (a zero-length mapping is not allowed).
+    map: Option<Mmap>,
+    path: PathBuf,
+    pool: Arc<SlabPool>,
+}
+
+impl MmapReader {
+    pub(crate) fn open(path: &Path, pool: Arc<SlabPool>) -> Result<Self, IoError> {
+        let file = File::open(path).map_err(|e| IoError::os("open", path, 0, 0, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| IoError::os("stat", path, 0, 0, e))?
+            .len();
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: the mapping is read-only and private to this reader;
+            // this process never writes or truncates the file, and model
+            // files are not modified while served (see the module caveat).
+            let map = unsafe { Mmap::map(&file) }
+                .map_err(|e| IoError::os("mmap", path, 0, len as usize, e))?;
+            Some(map)
+        };
+        Ok(MmapReader {
+            map,
+            path: path.to_owned(),
+            pool,
+        })
+    }
+
+    fn mapped(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+impl RangeReader for MmapReader {
+    fn read(&self, offset: u64, len: usize) -> Result<Slab, IoError> {
+        let mapped = self.mapped();
+        let end = offset.checked_add(len as u64);
+        let Some(end) = end.filter(|&end| end <= mapped.len() as u64) else {
+            let got = (mapped.len() as u64).saturating_sub(offset).min(len as u64);
+            return Err(IoError::ShortRead {
+                path: self.path.clone(),
+                offset,
+                len,
+                got: got as usize,
+            });
+        };
+        let mut buf = self.pool.take(len)?;
+        buf.as_mut_slice()
+            .copy_from_slice(&mapped[offset as usize..end as usize]);
+        Ok(Slab::from_aligned(buf, 0, len, Some(self.pool.clone())))
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn len_bytes(&self) -> u64 {
+        self.mapped().len() as u64
+    }
+
+    fn effective_mode(&self) -> ReadMode {
+        ReadMode::Mmap
+    }
+}

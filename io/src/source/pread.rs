@@ -1,0 +1,96 @@
+//! The page-cache modes: `buffered`, `drop` and `pread`, all one `pread`
+//! loop. `buffered` and `drop` read into pooled aligned buffers; `drop` then
+//! tells the kernel to evict the range; `pread` reads into a fresh `Vec`.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+
+use crate::error::IoError;
+use crate::file::OpenFile;
+use crate::mode::ReadMode;
+use crate::slab::{Slab, SlabPool};
+use crate::source::RangeReader;
+
+/// A reader for the `buffered`, `drop` and `pread` modes.
+pub(crate) struct PreadReader {
+    file: Arc<OpenFile>,
+    mode: ReadMode,
+    pool: Arc<SlabPool>,
+}
+
+impl PreadReader {
+    pub(crate) fn new(file: OpenFile, mode: ReadMode, pool: Arc<SlabPool>) -> Self {
+        assert!(
+            matches!(mode, ReadMode::Buffered | ReadMode::Drop | ReadMode::Pread),
+            "PreadReader cannot serve mode {mode}"
+        );
+        PreadReader {
+            file: Arc::new(file),
+            mode,
+            pool,
+        }
+    }
+
+    fn read_vec(&self, offset: u64, len: usize) -> Result<Slab, IoError> {
+        let mut vec = vec![0u8; len];
+        let got = self.file.read_at_most(&mut vec, offset)?;
+        if got < len {
+            return Err(self.file.short_read(offset, len, got));
+        }
+        Ok(Slab::from_vec(vec))
+    }
+
+    fn read_pooled(&self, offset: u64, len: usize) -> Result<Slab, IoError> {
+        let mut buf = self.pool.take(len)?;
+        let got = self.file.read_at_most(buf.as_mut_slice(), offset)?;
+        if got < len {
+            self.pool.give(buf);
+            return Err(self.file.short_read(offset, len, got));
+        }
+        Ok(Slab::from_aligned(buf, 0, len, Some(self.pool.clone())))
+    }
+
+    fn drop_from_cache(&self, offset: u64, len: usize) -> Result<(), IoError> {
+        let fd = self.file.file().as_raw_fd();
+        posix_fadvise(
+            fd,
+            offset as libc::off_t,
+            len as libc::off_t,
+            PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .map_err(|errno| IoError::os("fadvise", self.file.path(), offset, len, errno.into()))
+    }
+}
+
+impl RangeReader for PreadReader {
+    fn read(&self, offset: u64, len: usize) -> Result<Slab, IoError> {
+        self.file.check_range(offset, len)?;
+        if self.mode == ReadMode::Pread {
+            return self.read_vec(offset, len);
+        }
+        let slab = self.read_pooled(offset, len)?;
+        if self.mode == ReadMode::Drop {
+            self.drop_from_cache(offset, len)?;
+        }
+        Ok(slab)
+    }
+
+    fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    fn len_bytes(&self) -> u64 {
+        self.file.len_bytes()
+    }
+
+    fn effective_mode(&self) -> ReadMode {
+        self.mode
+    }
+
+    fn open_file(&self) -> Option<Arc<OpenFile>> {
+        Some(self.file.clone())
+    }
+}

@@ -1,0 +1,185 @@
+//! The io_uring reactor returns the file's bytes for every request, in
+//! completion order, one result per tag, through parking (more requests
+//! than queue depth), chunked reads (the short-read resubmission path) and
+//! EOF errors. Skips with a message where io_uring is unavailable.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use moestream_io::{IoError, OpenFile, Reactor, ReactorConfig, ReadReq, SlabPool};
+
+const FILE_BYTES: usize = 5 * 65_536 + 777;
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 37 + i / 509) as u8).collect()
+}
+
+fn reactor(config: ReactorConfig) -> Option<Reactor> {
+    match Reactor::new(config, SlabPool::new(8 << 20)) {
+        Ok(reactor) => Some(reactor),
+        Err(e) => {
+            eprintln!("skipping io_uring test: {e}");
+            None
+        }
+    }
+}
+
+fn fixture(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let data = pattern(FILE_BYTES);
+    let path = dir.join("data.bin");
+    std::fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
+fn requests(file: &Arc<OpenFile>, n: u64) -> Vec<ReadReq> {
+    (0..n)
+        .map(|tag| ReadReq {
+            tag,
+            file: file.clone(),
+            offset: (tag * 12_289) % (FILE_BYTES as u64 - 30_000),
+            len: 1 + (tag as usize * 4099) % 30_000,
+        })
+        .collect()
+}
+
+fn check_batch(reactor: &mut Reactor, file: &Arc<OpenFile>, data: &[u8], n: u64) {
+    let reqs = requests(file, n);
+    let done = reactor.submit_batch(reqs.clone()).unwrap();
+    assert_eq!(done.len(), reqs.len());
+    let tags: HashSet<u64> = done.iter().map(|(tag, _)| *tag).collect();
+    assert_eq!(tags.len(), reqs.len(), "each tag exactly once");
+    for (tag, result) in done {
+        let req = &reqs[tag as usize];
+        let start = req.offset as usize;
+        assert_eq!(
+            result.unwrap().bytes(),
+            &data[start..start + req.len],
+            "tag {tag}"
+        );
+    }
+    assert_eq!((reactor.queued(), reactor.in_kernel()), (0, 0));
+}
+
+#[test]
+fn probe_reports() {
+    match Reactor::probe() {
+        Ok(()) => eprintln!("io_uring available"),
+        Err(e) => {
+            assert!(matches!(e, IoError::RingUnavailable { .. }), "{e}");
+            eprintln!("io_uring unavailable: {e}");
+        }
+    }
+}
+
+#[test]
+fn batch_larger_than_depth_buffered_and_direct() {
+    let config = ReactorConfig {
+        depth: 4,
+        ..ReactorConfig::default()
+    };
+    let Some(mut reactor) = reactor(config) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    for want_direct in [false, true] {
+        let file = Arc::new(OpenFile::open(&path, want_direct).unwrap());
+        eprintln!("direct requested {want_direct}, got {}", file.is_direct());
+        check_batch(&mut reactor, &file, &data, 37);
+        check_batch(&mut reactor, &file, &data, 1);
+        assert!(reactor.submit_batch(Vec::new()).unwrap().is_empty());
+    }
+}
+
+#[test]
+fn chunked_reads_resubmit_remainder() {
+    let config = ReactorConfig {
+        depth: 3,
+        read_chunk_bytes_max: 4096,
+    };
+    let Some(mut reactor) = reactor(config) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    for want_direct in [false, true] {
+        let file = Arc::new(OpenFile::open(&path, want_direct).unwrap());
+        let before = reactor.resubmits();
+        check_batch(&mut reactor, &file, &data, 10);
+        assert!(
+            reactor.resubmits() > before,
+            "reads over 4096 bytes were chunked"
+        );
+    }
+}
+
+#[test]
+fn eof_is_short_read_beside_good_reads() {
+    let Some(mut reactor) = reactor(ReactorConfig::default()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    for want_direct in [false, true] {
+        let file = Arc::new(OpenFile::open(&path, want_direct).unwrap());
+        let n = FILE_BYTES as u64;
+        let reqs = vec![
+            ReadReq {
+                tag: 0,
+                file: file.clone(),
+                offset: n - 100,
+                len: 100,
+            },
+            ReadReq {
+                tag: 1,
+                file: file.clone(),
+                offset: n - 100,
+                len: 101,
+            },
+            ReadReq {
+                tag: 2,
+                file: file.clone(),
+                offset: 0,
+                len: 0,
+            },
+        ];
+        let mut done = reactor.submit_batch(reqs).unwrap();
+        done.sort_by_key(|(tag, _)| *tag);
+        assert_eq!(
+            done[0].1.as_ref().unwrap().bytes(),
+            &data[FILE_BYTES - 100..]
+        );
+        let err = done[1].1.as_ref().unwrap_err();
+        assert!(matches!(err, IoError::ShortRead { .. }), "{err}");
+        assert!(err.to_string().contains("data.bin"), "{err}");
+        assert!(done[2].1.as_ref().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn file_truncated_after_open_is_short_read() {
+    let Some(mut reactor) = reactor(ReactorConfig::default()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let req = ReadReq {
+        tag: 9,
+        file,
+        offset: 500,
+        len: 1000,
+    };
+    let done = reactor.submit_batch(vec![req]).unwrap();
+    match &done[0] {
+        (9, Err(IoError::ShortRead { got, .. })) => assert_eq!(*got, 500),
+        (tag, other) => panic!("tag {tag}: expected ShortRead, got {other:?}"),
+    }
+}

@@ -1,0 +1,313 @@
+//! Command-line interface (clap). `run --json` and `eval --json` print
+//! exactly one JSON object on stdout; that shape is a contract.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use moestream::generate::{evaluate, generate, GenOptions, Generation};
+use moestream::model::{LoadOptions, Model};
+use moestream::sampler::SamplingParams;
+use moestream::synth::{self, SynthSpec};
+use moestream::tokenizer::{eos_ids, TextStream, Tokenizer};
+use moestream_io::ReadMode;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "moestream",
+    version,
+    about = "Run MoE LLMs larger than RAM by streaming experts from disk"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt.
+    Run(RunArgs),
+    /// Teacher-force token ids and print per-position argmax, NLL and the last logits.
+    Eval(EvalArgs),
+    /// Generate from the embedded synthetic model (created on first use).
+    Demo(DemoArgs),
+    /// Write a synthetic random-weight MoE checkpoint.
+    Synth(SynthArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Model directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Routed experts kept in RAM per layer.
+    #[arg(long, default_value_t = 16)]
+    expert_cache: usize,
+    /// How expert bytes are read: direct, buffered, drop, mmap, pread.
+    #[arg(long, default_value = "buffered")]
+    read_mode: ReadMode,
+    /// Worker threads for the kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Maximum new tokens.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Continue past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text (tokenized with tokenizer.json).
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    gen: GenArgs,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Token ids to teacher-force, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    prompt_ids: Vec<u32>,
+    /// Print JSON (the only output format).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Prompt text.
+    #[arg(long, default_value = "The engine reads the expert from the disk")]
+    prompt: String,
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    /// Routed experts kept in RAM per layer (the model has 32 per layer).
+    #[arg(long, default_value_t = 8)]
+    expert_cache: usize,
+    /// Where the synthetic model lives (default: the moestream cache dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct SynthArgs {
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 512)]
+    hidden: usize,
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    #[arg(long, default_value_t = 32)]
+    experts: usize,
+    #[arg(long, default_value_t = 4)]
+    top_k: usize,
+    #[arg(long, default_value_t = 256)]
+    moe_inter: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Entry point: runs the command, prints errors as one line, exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Run(a) => cmd_run(a),
+        Cmd::Eval(a) => cmd_eval(a),
+        Cmd::Demo(a) => cmd_demo(a),
+        Cmd::Synth(a) => cmd_synth(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(m: &ModelArgs) -> Result<Model> {
+    if let Some(t) = m.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .ok();
+    }
+    let opts = LoadOptions {
+        expert_cache: m.expert_cache,
+        read_mode: m.read_mode,
+    };
+    Ok(Model::load(&m.model, &opts)?)
+}
+
+fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
+    Ok(GenOptions {
+        max_tokens: g.max_tokens,
+        sampling: SamplingParams {
+            temperature: g.temperature,
+            top_p: g.top_p,
+            top_k: g.top_k,
+            seed: g.seed,
+        },
+        ignore_eos: g.ignore_eos,
+        eos_ids: eos_ids(dir)?,
+    })
+}
+
+fn cmd_run(a: RunArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let dir = &a.model.model;
+    let tok = Tokenizer::load(dir);
+    let prompt = match (&a.prompt, &a.prompt_ids) {
+        (Some(text), _) => tok
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .encode(text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => bail!("give --prompt or --prompt-ids"),
+    };
+    let opts = gen_options(&a.gen, dir)?;
+    if a.gen.json {
+        let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
+        let text = match &tok {
+            Ok(t) => t.decode(&g.token_ids)?,
+            Err(_) => String::new(),
+        };
+        print_json(&g, &text)?;
+        return Ok(());
+    }
+    let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let g = stream_text(&model, &tok, &prompt, &opts)?;
+    eprintln!("{}", g.stats.line());
+    Ok(())
+}
+
+fn stream_text(
+    model: &Model,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenOptions,
+) -> Result<Generation> {
+    let mut stream = TextStream::new(tok);
+    let mut stdout = std::io::stdout();
+    let g = generate(model, prompt, opts, |id| {
+        let piece = stream.push(id)?;
+        let _ = stdout.write_all(piece.as_bytes());
+        let _ = stdout.flush();
+        Ok(())
+    })?;
+    println!();
+    Ok(g)
+}
+
+fn print_json(g: &Generation, text: &str) -> Result<()> {
+    let v = serde_json::json!({
+        "prompt_ids": g.prompt_ids,
+        "token_ids": g.token_ids,
+        "text": text,
+        "stats": g.stats,
+    });
+    println!("{}", serde_json::to_string(&v)?);
+    Ok(())
+}
+
+fn cmd_eval(a: EvalArgs) -> Result<()> {
+    let _ = a.json;
+    let model = load(&a.model)?;
+    let e = evaluate(&model, &a.prompt_ids)?;
+    println!("{}", serde_json::to_string(&e)?);
+    Ok(())
+}
+
+fn cmd_demo(a: DemoArgs) -> Result<()> {
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| synth::cache_dir().join("synthetic-qwen3moe-v1"));
+    let spec = SynthSpec::default();
+    if !dir.join("config.json").exists() {
+        eprintln!(
+            "moestream demo: creating the synthetic model in {} (first use)...",
+            dir.display()
+        );
+    }
+    synth::ensure(&dir, &spec).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!(
+        "moestream demo: a synthetic {}-layer, {}-expert MoE (top-{}) with RANDOM weights — the text below is meaningless; \
+         the point is the expert streaming: {} of {} experts per layer fit in the cache, the rest are read from disk.",
+        spec.layers, spec.experts, spec.top_k, a.expert_cache, spec.experts
+    );
+    let model = Model::load(
+        &dir,
+        &LoadOptions {
+            expert_cache: a.expert_cache,
+            read_mode: ReadMode::Buffered,
+        },
+    )?;
+    let tok = Tokenizer::load(&dir)?;
+    let prompt = tok.encode(&a.prompt)?;
+    let opts = GenOptions {
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            top_k: 0,
+            seed: 7,
+        },
+        ignore_eos: true,
+        eos_ids: eos_ids(&dir)?,
+    };
+    print!("{}", a.prompt);
+    let g = stream_text(&model, &tok, &prompt, &opts)?;
+    eprintln!("{}", g.stats.line());
+    Ok(())
+}
+
+fn cmd_synth(a: SynthArgs) -> Result<()> {
+    let spec = SynthSpec {
+        hidden: a.hidden,
+        layers: a.layers,
+        experts: a.experts,
+        top_k: a.top_k,
+        moe_inter: a.moe_inter,
+        seed: a.seed,
+        ..SynthSpec::default()
+    };
+    if a.out.join("config.json").exists() {
+        bail!("{} already holds a model", a.out.display());
+    }
+    synth::ensure(&a.out, &spec)?;
+    eprintln!("wrote a synthetic model to {}", a.out.display());
+    Ok(())
+}

@@ -1,0 +1,473 @@
+//! Model configuration: reads a Hugging Face `config.json` (both the
+//! transformers-5 and the hub spellings of each field) into one normalized
+//! [`ModelConfig`] that the rest of the engine uses. Every missing or bad
+//! field is an [`Error::Config`] naming that field.
+
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The model families the engine implements (config.json `model_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Qwen3Moe,
+    Qwen2Moe,
+    Mixtral,
+    Olmoe,
+}
+
+impl Family {
+    /// All supported `model_type` strings.
+    pub const SUPPORTED: &'static [&'static str] = &["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"];
+
+    fn parse(model_type: &str) -> Option<Family> {
+        Some(match model_type {
+            "qwen3_moe" => Family::Qwen3Moe,
+            "qwen2_moe" => Family::Qwen2Moe,
+            "mixtral" => Family::Mixtral,
+            "olmoe" => Family::Olmoe,
+            _ => return None,
+        })
+    }
+
+    /// The config.json spelling.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Qwen2Moe => "qwen2_moe",
+            Family::Mixtral => "mixtral",
+            Family::Olmoe => "olmoe",
+        }
+    }
+}
+
+/// Where the q/k normalization sits, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm over each head's `head_dim` (Qwen3-MoE).
+    PerHead,
+    /// RMSNorm over the whole q (or k) projection (OLMoE).
+    Whole,
+}
+
+/// How the router turns logits into expert weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterKind {
+    /// softmax over all experts, top-k, optionally renormalized.
+    SoftmaxTopK { norm_topk_prob: bool },
+}
+
+/// RoPE frequency scaling, as in transformers' `ROPE_INIT_FUNCTIONS`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    Default,
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        attention_factor: Option<f64>,
+        truncate: bool,
+    },
+}
+
+/// Rotary position embedding parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+    /// Number of leading dims of each head that rotate (even).
+    pub rotary_dim: usize,
+    /// true: pairs (2i, 2i+1) rotate together; false: (i, i + d/2) (rotate_half).
+    pub interleaved: bool,
+    pub max_position_embeddings: usize,
+}
+
+/// The normalized model configuration.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub path: PathBuf,
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Intermediate size of dense (non-MoE) MLP layers.
+    pub intermediate_size: usize,
+    /// Intermediate size of each routed expert.
+    pub moe_intermediate_size: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub router: RouterKind,
+    /// `sparse_layers[l]`: layer `l` is MoE (else dense MLP).
+    pub sparse_layers: Vec<bool>,
+    /// Intermediate size of the (gated) shared expert, if the family has one.
+    pub shared_expert_intermediate_size: Option<usize>,
+    pub rms_norm_eps: f64,
+    pub rope: RopeConfig,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub qk_norm: QkNorm,
+    pub clip_qkv: Option<f32>,
+    pub tie_word_embeddings: bool,
+}
+
+/// Field reader over a config.json object that names the field in every error.
+struct Fields<'a> {
+    path: &'a Path,
+    v: &'a Value,
+}
+
+impl Fields<'_> {
+    fn get(&self, names: &[&str]) -> Option<&Value> {
+        names
+            .iter()
+            .find_map(|n| self.v.get(*n).filter(|x| !x.is_null()))
+    }
+
+    fn err(&self, field: &str, reason: impl Into<String>) -> Error {
+        Error::config(self.path, field, reason)
+    }
+
+    fn usize_opt(&self, names: &[&str]) -> Result<Option<usize>> {
+        match self.get(names) {
+            None => Ok(None),
+            Some(x) => x.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                self.err(
+                    names[0],
+                    format!("expected a non-negative integer, got {x}"),
+                )
+            }),
+        }
+    }
+
+    fn usize(&self, names: &[&str]) -> Result<usize> {
+        self.usize_opt(names)?
+            .ok_or_else(|| self.err(names[0], "missing"))
+    }
+
+    fn f64_opt(&self, names: &[&str]) -> Result<Option<f64>> {
+        match self.get(names) {
+            None => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(names[0], format!("expected a number, got {x}"))),
+        }
+    }
+
+    fn bool_or(&self, names: &[&str], default: bool) -> Result<bool> {
+        match self.get(names) {
+            None => Ok(default),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| self.err(names[0], format!("expected true/false, got {x}"))),
+        }
+    }
+
+    fn usize_list(&self, name: &str) -> Result<Vec<usize>> {
+        match self.get(&[name]) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .map(|n| n as usize)
+                        .ok_or_else(|| self.err(name, format!("expected integers, got {x}")))
+                })
+                .collect(),
+            Some(x) => Err(self.err(name, format!("expected a list, got {x}"))),
+        }
+    }
+
+    fn positive(&self, names: &[&str]) -> Result<usize> {
+        let n = self.usize(names)?;
+        if n == 0 {
+            return Err(self.err(names[0], "must be > 0"));
+        }
+        Ok(n)
+    }
+}
+
+impl ModelConfig {
+    /// Reads and validates `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<ModelConfig> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::file(&path, e))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
+        ModelConfig::from_json(&path, &v)
+    }
+
+    /// Builds the normalized config from parsed JSON (`path` only names errors).
+    pub fn from_json(path: &Path, v: &Value) -> Result<ModelConfig> {
+        let f = Fields { path, v };
+        let model_type = f
+            .get(&["model_type"])
+            .and_then(Value::as_str)
+            .ok_or_else(|| f.err("model_type", "missing"))?;
+        let family = Family::parse(model_type).ok_or_else(|| Error::UnknownArchitecture {
+            path: path.to_path_buf(),
+            model_type: model_type.to_string(),
+            supported: Family::SUPPORTED.join(", "),
+        })?;
+        let hidden_size = f.positive(&["hidden_size"])?;
+        let num_heads = f.positive(&["num_attention_heads"])?;
+        let num_kv_heads = f.usize_opt(&["num_key_value_heads"])?.unwrap_or(num_heads);
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
+            ));
+        }
+        let head_dim = match f.usize_opt(&["head_dim"])? {
+            Some(d) => d,
+            None => {
+                if hidden_size % num_heads != 0 {
+                    return Err(f.err(
+                        "head_dim",
+                        "missing and hidden_size % num_attention_heads != 0",
+                    ));
+                }
+                hidden_size / num_heads
+            }
+        };
+        let num_layers = f.positive(&["num_hidden_layers"])?;
+        let num_experts = f.positive(&["num_experts", "num_local_experts", "n_routed_experts"])?;
+        let top_k = f.positive(&["num_experts_per_tok"])?;
+        if top_k > num_experts {
+            return Err(f.err(
+                "num_experts_per_tok",
+                format!("{top_k} exceeds the number of experts {num_experts}"),
+            ));
+        }
+        let intermediate_size = f.positive(&["intermediate_size"])?;
+        let moe_intermediate_size = match family {
+            Family::Mixtral | Family::Olmoe => intermediate_size,
+            _ => f.positive(&["moe_intermediate_size"])?,
+        };
+        let norm_topk_prob = match family {
+            Family::Mixtral => true,
+            _ => f.bool_or(&["norm_topk_prob"], false)?,
+        };
+        let sparse_layers = sparse_layers(&f, family, num_layers)?;
+        let shared_expert_intermediate_size = match family {
+            Family::Qwen2Moe => match f.usize_opt(&["shared_expert_intermediate_size"])? {
+                Some(0) | None => None,
+                Some(n) => Some(n),
+            },
+            _ => None,
+        };
+        let qkv_bias = match family {
+            Family::Qwen2Moe => f.bool_or(&["qkv_bias"], true)?,
+            _ => f.bool_or(&["attention_bias"], false)?,
+        };
+        let o_bias = match family {
+            Family::Qwen2Moe | Family::Mixtral => false,
+            _ => f.bool_or(&["attention_bias"], false)?,
+        };
+        let qk_norm = match family {
+            Family::Qwen3Moe => QkNorm::PerHead,
+            Family::Olmoe => QkNorm::Whole,
+            _ => QkNorm::None,
+        };
+        let clip_qkv = f.f64_opt(&["clip_qkv"])?.map(|c| c as f32);
+        let rope = rope_config(&f, head_dim, false)?;
+        Ok(ModelConfig {
+            path: path.to_path_buf(),
+            family,
+            vocab_size: f.positive(&["vocab_size"])?,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size,
+            moe_intermediate_size,
+            num_experts,
+            top_k,
+            router: RouterKind::SoftmaxTopK { norm_topk_prob },
+            sparse_layers,
+            shared_expert_intermediate_size,
+            rms_norm_eps: f.f64_opt(&["rms_norm_eps"])?.unwrap_or(1e-6),
+            rope,
+            qkv_bias,
+            o_bias,
+            qk_norm,
+            clip_qkv,
+            tie_word_embeddings: f.bool_or(&["tie_word_embeddings"], false)?,
+        })
+    }
+}
+
+/// Which layers are MoE: Qwen's `mlp_only_layers` / `decoder_sparse_step` rule;
+/// every layer for Mixtral and OLMoE.
+fn sparse_layers(f: &Fields, family: Family, num_layers: usize) -> Result<Vec<bool>> {
+    match family {
+        Family::Qwen3Moe | Family::Qwen2Moe => {
+            let dense = f.usize_list("mlp_only_layers")?;
+            let step = f.usize_opt(&["decoder_sparse_step"])?.unwrap_or(1);
+            if step == 0 {
+                return Err(f.err("decoder_sparse_step", "must be > 0"));
+            }
+            Ok((0..num_layers)
+                .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
+                .collect())
+        }
+        Family::Mixtral | Family::Olmoe => Ok(vec![true; num_layers]),
+    }
+}
+
+/// RoPE parameters from `rope_parameters` (transformers 5) or
+/// `rope_theta` + `rope_scaling` (hub), with `partial_rotary_factor`.
+fn rope_config(f: &Fields, head_dim: usize, interleaved: bool) -> Result<RopeConfig> {
+    let params = f.get(&["rope_parameters"]);
+    let scaling = f.get(&["rope_scaling"]);
+    let pick = |name: &str| -> Option<&Value> {
+        params
+            .and_then(|p| p.get(name))
+            .or_else(|| scaling.and_then(|s| s.get(name)))
+            .filter(|x| !x.is_null())
+    };
+    let num = |name: &str| -> Result<Option<f64>> {
+        match pick(name) {
+            None => Ok(None),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| {
+                f.err(
+                    &format!("rope_parameters.{name}"),
+                    format!("expected a number, got {x}"),
+                )
+            }),
+        }
+    };
+    let theta = match num("rope_theta")? {
+        Some(t) => t,
+        None => f.f64_opt(&["rope_theta"])?.unwrap_or(10000.0),
+    };
+    let max_pos = f.usize_opt(&["max_position_embeddings"])?.unwrap_or(4096);
+    let rope_type = pick("rope_type")
+        .or_else(|| pick("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let need = |name: &str| -> Result<f64> {
+        num(name)?.ok_or_else(|| {
+            f.err(
+                &format!("rope_parameters.{name}"),
+                format!("required by rope_type {rope_type}"),
+            )
+        })
+    };
+    let scaling = match rope_type {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear {
+            factor: need("factor")?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_max_position_embeddings: need("original_max_position_embeddings")?,
+        },
+        "yarn" => RopeScaling::Yarn {
+            factor: need("factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")?
+                .unwrap_or(max_pos as f64),
+            beta_fast: num("beta_fast")?.unwrap_or(32.0),
+            beta_slow: num("beta_slow")?.unwrap_or(1.0),
+            mscale: num("mscale")?,
+            mscale_all_dim: num("mscale_all_dim")?,
+            attention_factor: num("attention_factor")?,
+            truncate: pick("truncate").and_then(Value::as_bool).unwrap_or(true),
+        },
+        other => {
+            return Err(f.err(
+                "rope_parameters.rope_type",
+                format!("unsupported rope type `{other}`"),
+            ))
+        }
+    };
+    let partial = match num("partial_rotary_factor")? {
+        Some(p) => p,
+        None => f.f64_opt(&["partial_rotary_factor"])?.unwrap_or(1.0),
+    };
+    let rotary_dim = (head_dim as f64 * partial) as usize;
+    if rotary_dim % 2 != 0 || rotary_dim == 0 || rotary_dim > head_dim {
+        return Err(f.err(
+            "partial_rotary_factor",
+            format!("gives rotary dim {rotary_dim} for head_dim {head_dim}"),
+        ));
+    }
+    Ok(RopeConfig {
+        theta,
+        scaling,
+        rotary_dim,
+        interleaved,
+        max_position_embeddings: max_pos,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 32,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+               "num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 64,
+               "moe_intermediate_size": 16, "mlp_only_layers": [1]})
+    }
+
+    #[test]
+    fn parses_qwen3() {
+        let c = ModelConfig::from_json(Path::new("c.json"), &base()).unwrap();
+        assert_eq!(c.head_dim, 8);
+        assert_eq!(c.sparse_layers, vec![true, false]);
+        assert_eq!(c.rope.theta, 10000.0);
+    }
+
+    #[test]
+    fn unknown_model_type_names_it() {
+        let mut v = base();
+        v["model_type"] = json!("llama_moe_x");
+        let e = ModelConfig::from_json(Path::new("c.json"), &v)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("llama_moe_x") && e.contains("unknown architecture"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_field_names_it() {
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        let e = ModelConfig::from_json(Path::new("c.json"), &v)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hidden_size"), "{e}");
+    }
+
+    #[test]
+    fn rope_parameters_spelling() {
+        let mut v = base();
+        v["rope_parameters"] = json!({"rope_theta": 5e5, "rope_type": "default"});
+        let c = ModelConfig::from_json(Path::new("c.json"), &v).unwrap();
+        assert_eq!(c.rope.theta, 5e5);
+    }
+}

@@ -1,0 +1,92 @@
+//! Errors of the `moestream` crate: one typed enum for everything that can go
+//! wrong while loading or running a model. Every variant names the file,
+//! tensor or config field at fault, so a user can act on the message.
+//!
+//! Programmer errors (broken invariants) are assertions, not variants here.
+
+use std::path::PathBuf;
+
+/// Result alias for the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can fail when loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be opened, read or written.
+    #[error("{path}: {source}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A read through the I/O layer failed (carries op, path, offset, length).
+    #[error(transparent)]
+    Io(#[from] moestream_io::IoError),
+    /// config.json (or another JSON file) is missing a field or holds a bad value.
+    #[error("{path}: field `{field}`: {reason}")]
+    Config {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+    /// config.json names a `model_type` this engine does not implement.
+    #[error("{path}: unknown architecture: model_type `{model_type}` (supported: {supported})")]
+    UnknownArchitecture {
+        path: PathBuf,
+        model_type: String,
+        supported: String,
+    },
+    /// A safetensors shard is malformed: bad header, or offsets past the end of the file.
+    #[error("{path}: {reason}")]
+    Shard { path: PathBuf, reason: String },
+    /// The checkpoint lacks a tensor the architecture needs.
+    #[error("missing tensor `{name}` (not in any shard of {dir})")]
+    MissingTensor { name: String, dir: PathBuf },
+    /// A tensor is stored with a dtype the engine does not read.
+    #[error("{path}: tensor `{name}` has unsupported dtype {dtype} (supported: F32, BF16, F16)")]
+    Dtype {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
+    /// A tensor's shape disagrees with the config.
+    #[error("{path}: tensor `{name}` has shape {got:?}, config implies {expected:?}")]
+    Shape {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    /// tokenizer.json could not be loaded or used.
+    #[error("{path}: tokenizer: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+    /// A token id is not in the vocabulary.
+    #[error("token id {id} at position {position} is out of vocabulary (vocab_size {vocab_size})")]
+    TokenOutOfVocab {
+        id: u32,
+        position: usize,
+        vocab_size: usize,
+    },
+    /// A request asks for something the engine cannot do.
+    #[error("bad request: {0}")]
+    Request(String),
+}
+
+impl Error {
+    /// Wraps an `std::io::Error` with the path it concerns.
+    pub fn file(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::File {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A config error naming the field.
+    pub fn config(path: impl Into<PathBuf>, field: &str, reason: impl Into<String>) -> Self {
+        Error::Config {
+            path: path.into(),
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Generation and teacher-forced evaluation over a loaded [`Model`]:
+//! prefill the prompt in one batched forward, then decode one token per
+//! forward until EOS or the token limit, and the statistics of the run.
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::profile::{peak_rss_bytes, Profile};
+use crate::sampler::{argmax, Sampler, SamplingParams};
+use serde::Serialize;
+use std::time::Instant;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Keep going past EOS until `max_tokens`.
+    pub ignore_eos: bool,
+    pub eos_ids: Vec<u32>,
+}
+
+/// Figures of one run; the stats line and `--json` `stats` print these.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunStats {
+    pub prompt_tokens: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    pub prefill_seconds: f64,
+    pub tok_per_s: f64,
+    pub expert_hit_rate: f64,
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_bytes_read: u64,
+    pub peak_rss_bytes: u64,
+    pub expert_disk_s: f64,
+    pub expert_matmul_s: f64,
+    pub attention_s: f64,
+    pub other_s: f64,
+}
+
+impl RunStats {
+    /// The one-line summary every run ends with.
+    pub fn line(&self) -> String {
+        format!(
+            "[stats] {} tokens in {:.2} s ({:.2} tok/s) | prompt {} tok, prefill {:.2} s | expert hit rate {:.1}% | peak RSS {:.1} MiB | disk {:.2} s, expert-matmul {:.2} s, attention {:.2} s, other {:.2} s",
+            self.tokens,
+            self.seconds,
+            self.tok_per_s,
+            self.prompt_tokens,
+            self.prefill_seconds,
+            self.expert_hit_rate * 100.0,
+            self.peak_rss_bytes as f64 / (1 << 20) as f64,
+            self.expert_disk_s,
+            self.expert_matmul_s,
+            self.attention_s,
+            self.other_s,
+        )
+    }
+}
+
+/// The result of [`generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub token_ids: Vec<u32>,
+    pub stats: RunStats,
+}
+
+/// Generates from `prompt`, calling `on_token` with each new id as it is chosen.
+pub fn generate(
+    model: &Model,
+    prompt: &[u32],
+    opts: &GenOptions,
+    mut on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::Request("the prompt is empty".into()));
+    }
+    model.check_tokens(prompt)?;
+    let start = Instant::now();
+    let before = model.store.counters();
+    let mut prof = Profile::default();
+    let mut kv = model.new_kv(prompt.len() + opts.max_tokens);
+    let mut sampler = Sampler::new(opts.sampling);
+    let mut out = Vec::with_capacity(opts.max_tokens);
+    let mut prefill_seconds = 0.0;
+    if opts.max_tokens > 0 {
+        let mut logits = model.forward(prompt, &mut kv, false, &mut prof)?;
+        prefill_seconds = start.elapsed().as_secs_f64();
+        loop {
+            let id = sampler.sample(&logits);
+            out.push(id);
+            on_token(id)?;
+            let stop = !opts.ignore_eos && opts.eos_ids.contains(&id);
+            if stop || out.len() == opts.max_tokens {
+                break;
+            }
+            logits = model.forward(&[id], &mut kv, false, &mut prof)?;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let after = model.store.counters();
+    let hits = after.hits - before.hits;
+    let misses = after.misses - before.misses;
+    let disk = (after.disk_time - before.disk_time).as_secs_f64();
+    let matmul = prof.expert_matmul.as_secs_f64();
+    let attention = prof.attention.as_secs_f64();
+    let stats = RunStats {
+        prompt_tokens: prompt.len(),
+        tokens: out.len(),
+        seconds,
+        prefill_seconds,
+        tok_per_s: if seconds > 0.0 {
+            out.len() as f64 / seconds
+        } else {
+            0.0
+        },
+        expert_hit_rate: if hits + misses > 0 {
+            hits as f64 / (hits + misses) as f64
+        } else {
+            0.0
+        },
+        expert_hits: hits,
+        expert_misses: misses,
+        expert_bytes_read: after.bytes_read - before.bytes_read,
+        peak_rss_bytes: peak_rss_bytes(),
+        expert_disk_s: disk,
+        expert_matmul_s: matmul,
+        attention_s: attention,
+        other_s: (seconds - disk - matmul - attention).max(0.0),
+    };
+    Ok(Generation {
+        prompt_ids: prompt.to_vec(),
+        token_ids: out,
+        stats,
+    })
+}
+
+/// Teacher-forced evaluation of a sequence.
+#[derive(Clone, Debug, Serialize)]
+pub struct Evaluation {
+    /// Argmax of the logits at every position.
+    pub argmax: Vec<u32>,
+    /// -log p(ids[i+1] | ids[..=i]) for i in 0..len-1.
+    pub nll: Vec<f64>,
+    /// Full logits of the last position.
+    pub last_logits: Vec<f32>,
+}
+
+/// Runs `ids` through the model in one forward and scores every position.
+pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
+    if ids.is_empty() {
+        return Err(Error::Request("no token ids to evaluate".into()));
+    }
+    let mut kv = model.new_kv(ids.len());
+    let mut prof = Profile::default();
+    let logits = model.forward(ids, &mut kv, true, &mut prof)?;
+    let v = model.cfg.vocab_size;
+    let rows: Vec<&[f32]> = logits.chunks_exact(v).collect();
+    let argmax = rows.iter().map(|r| argmax(r)).collect();
+    let nll = (0..ids.len() - 1)
+        .map(|i| nll_of(rows[i], ids[i + 1]))
+        .collect();
+    Ok(Evaluation {
+        argmax,
+        nll,
+        last_logits: rows[rows.len() - 1].to_vec(),
+    })
+}
+
+/// -log_softmax(logits)[target], in f64.
+pub fn nll_of(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = logits
+        .iter()
+        .map(|l| (*l as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
+    lse - logits[target as usize] as f64
+}

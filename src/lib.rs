@@ -1,0 +1,27 @@
+//! moestream: run Mixture-of-Experts LLMs far larger than RAM by keeping the
+//! always-on weights resident and streaming routed experts from disk.
+//!
+//! The data path of one layer: route → look up the expert cache → read the
+//! misses → compute → add. See docs/ARCHITECTURE.md.
+//!
+//! Modules, in data-path order: [`config`] (config.json), [`weights`]
+//! (safetensors shard index, dtypes), [`tokenizer`], [`model`] (the
+//! reference forward pass and its layers), [`store`] (routed experts:
+//! disk → per-layer cache), [`kernels`] (scalar + SIMD), [`kv`],
+//! [`sampler`], [`generate`] (generation, teacher-forced eval),
+//! [`synth`] (the embedded synthetic default model), [`profile`].
+
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod profile;
+pub mod sampler;
+pub mod store;
+pub mod synth;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};

@@ -1,0 +1,108 @@
+//! Text ↔ token ids through the `tokenizers` crate (`tokenizer.json`), and
+//! the end-of-sequence ids from `generation_config.json` (falling back to
+//! config.json).
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// A loaded tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`.
+    pub fn load(dir: &Path) -> Result<Tokenizer> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(Error::Tokenizer {
+                path,
+                reason: "file not found".into(),
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(Tokenizer { inner, path })
+    }
+
+    /// Encodes `text` (with the tokenizer's own special-token rules).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, true).map_err(|e| self.err(e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes `ids`, skipping special tokens.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| self.err(e))
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> Error {
+        Error::Tokenizer {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// End-of-sequence ids: `generation_config.json` `eos_token_id` (int or list),
+/// else config.json's; empty if neither names one.
+pub fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
+    for file in ["generation_config.json", "config.json"] {
+        let path = dir.join(file);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
+        let ids = match v.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]),
+            Some(serde_json::Value::Array(a)) => Some(
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect(),
+            ),
+            _ => None,
+        };
+        if let Some(ids) = ids {
+            return Ok(ids);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// Incremental detokenizer: yields the new text each time a token arrives.
+pub struct TextStream<'a> {
+    tok: &'a Tokenizer,
+    ids: Vec<u32>,
+    printed: usize,
+}
+
+impl<'a> TextStream<'a> {
+    /// An empty stream.
+    pub fn new(tok: &'a Tokenizer) -> TextStream<'a> {
+        TextStream {
+            tok,
+            ids: Vec::new(),
+            printed: 0,
+        }
+    }
+
+    /// Adds `id`; returns the newly completed text (may be empty mid-UTF-8).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = self.tok.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}')
+            || text.len() < self.printed
+            || !text.is_char_boundary(self.printed)
+        {
+            return Ok(String::new());
+        }
+        let new = text[self.printed..].to_string();
+        self.printed = text.len();
+        Ok(new)
+    }
+}

@@ -1,0 +1,95 @@
+//! Helpers shared by the integration tests: running the `moestream` binary,
+//! building small synthetic checkpoints, and rewriting safetensors headers
+//! to make deliberately broken ones.
+
+#![allow(dead_code)]
+
+use moestream::synth::{self, SynthSpec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Output of one CLI run.
+pub struct Out {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the built `moestream` binary with `args`.
+pub fn moestream(args: &[&str]) -> Out {
+    let out = Command::new(env!("CARGO_BIN_EXE_moestream"))
+        .args(args)
+        .output()
+        .expect("spawn moestream");
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The committed fixture directory of `family`.
+pub fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(family)
+}
+
+/// A tiny synthetic model in a fresh temp dir.
+pub fn tiny_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = SynthSpec {
+        hidden: 32,
+        layers: 2,
+        experts: 4,
+        top_k: 2,
+        moe_inter: 16,
+        dense_inter: 24,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        vocab: 300,
+        seed: 3,
+    };
+    synth::write(dir.path(), &spec).expect("write synthetic model");
+    dir
+}
+
+/// Comma-joined ids.
+pub fn ids(v: &[u32]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Reads a shard's header JSON and its data section.
+pub fn read_shard(path: &Path) -> (serde_json::Value, Vec<u8>) {
+    let bytes = std::fs::read(path).expect("read shard");
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = serde_json::from_slice(&bytes[8..8 + n]).expect("header json");
+    (header, bytes[8 + n..].to_vec())
+}
+
+/// Writes a shard from a header JSON and a data section.
+pub fn write_shard(path: &Path, header: &serde_json::Value, data: &[u8]) {
+    let h = serde_json::to_vec(header).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(data);
+    std::fs::write(path, out).expect("write shard");
+}
+
+/// The shard of `dir` holding tensor `name`.
+pub fn shard_of(dir: &Path, name: &str) -> PathBuf {
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    shards
+        .into_iter()
+        .find(|p| read_shard(p).0.get(name).is_some())
+        .unwrap_or_else(|| panic!("no shard holds {name}"))
+}

@@ -1,0 +1,141 @@
+//! Golden tests against Hugging Face transformers: for every family's
+//! committed fixture (tests/fixtures/<family>, made by
+//! scripts/make_oracle.py), greedy tokens, teacher-forced argmax at every
+//! position and the last position's logits must match transformers, through
+//! the CLI contract (`run --json`, `eval --json`).
+
+mod common;
+
+use common::{fixture, ids, moestream};
+use serde_json::Value;
+
+fn oracle(family: &str) -> Value {
+    let path = fixture(family).join("oracle.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn check_greedy(family: &str, extra: &[&str]) {
+    let o = oracle(family);
+    let dir = fixture(family);
+    let want = u32s(&o["greedy_ids"]);
+    let n = want.len().to_string();
+    let mut args = vec![
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--max-tokens",
+        &n,
+        "--ignore-eos",
+        "--json",
+    ];
+    let prompt = ids(&u32s(&o["prompt_ids"]));
+    args.extend(["--prompt-ids", &prompt]);
+    args.extend(extra);
+    let out = moestream(&args);
+    assert!(out.ok, "{family}: {}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        u32s(&v["token_ids"]),
+        want,
+        "{family}: greedy tokens differ from transformers"
+    );
+    assert_eq!(u32s(&v["prompt_ids"]), u32s(&o["prompt_ids"]));
+    let s = &v["stats"];
+    for k in [
+        "tok_per_s",
+        "expert_hit_rate",
+        "peak_rss_bytes",
+        "expert_disk_s",
+        "expert_matmul_s",
+        "attention_s",
+        "other_s",
+    ] {
+        assert!(s[k].is_number(), "{family}: stats.{k} missing");
+    }
+    let hr = s["expert_hit_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&hr));
+}
+
+fn check_eval(family: &str) {
+    let o = oracle(family);
+    let dir = fixture(family);
+    let eval_ids = ids(&u32s(&o["eval_ids"]));
+    let out = moestream(&[
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &eval_ids,
+        "--json",
+    ]);
+    assert!(out.ok, "{family}: {}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        u32s(&v["argmax"]),
+        u32s(&o["argmax"]),
+        "{family}: teacher-forced argmax differs"
+    );
+    let (got, want) = (f64s(&v["last_logits"]), f64s(&o["last_logits"]));
+    assert_eq!(got.len(), want.len());
+    let max_abs = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        max_diff / max_abs <= 1e-4,
+        "{family}: last logits rel diff {:.2e}",
+        max_diff / max_abs
+    );
+    let (nll, want_nll) = (f64s(&v["nll"]), f64s(&o["nll"]));
+    assert_eq!(nll.len(), want_nll.len());
+    for (a, b) in nll.iter().zip(&want_nll) {
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs().max(1.0),
+            "{family}: nll {a} vs {b}"
+        );
+    }
+}
+
+macro_rules! family_tests {
+    ($($name:ident => $family:literal),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn greedy_tokens_match_transformers() {
+                super::check_greedy($family, &[]);
+            }
+            #[test]
+            fn greedy_tokens_match_with_a_one_expert_cache() {
+                super::check_greedy($family, &["--expert-cache", "1"]);
+            }
+            #[test]
+            fn teacher_forced_argmax_and_logits_match_transformers() {
+                super::check_eval($family);
+            }
+        }
+    )*};
+}
+
+family_tests! {
+    qwen3_moe => "qwen3_moe",
+    qwen2_moe => "qwen2_moe",
+    mixtral => "mixtral",
+    olmoe => "olmoe",
+}
