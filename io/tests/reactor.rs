@@ -183,3 +183,24 @@ fn file_truncated_after_open_is_short_read() {
         (tag, other) => panic!("tag {tag}: expected ShortRead, got {other:?}"),
     }
 }
+
+#[test]
+fn parked_reads_leave_in_fifo_order() {
+    let config = ReactorConfig {
+        depth: 1,
+        ..ReactorConfig::default()
+    };
+    let Some(mut reactor) = reactor(config) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let done = reactor.submit_batch(requests(&file, 12)).unwrap();
+    let tags: Vec<u64> = done.iter().map(|(tag, _)| *tag).collect();
+    assert_eq!(
+        tags,
+        (0..12).collect::<Vec<_>>(),
+        "one in flight: completion order = FIFO"
+    );
+}
