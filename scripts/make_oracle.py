@@ -46,7 +46,7 @@ N_GREEDY = 20
 EVAL_LEN = 24
 MAX_SEED_TRIES = 200
 SHARD_BYTES = 400_000
-# Acceptance thresholds (see module docstring of `Checker`).
+# Acceptance thresholds (see the `Checker` docstring).
 LOGIT_MARGIN_REL = 1e-3
 ROUTER_GAP = 1e-4
 INDEXER_GAP = 1e-5
@@ -137,7 +137,7 @@ class Shape:
     top_k: int = 2
     heads: int = 4
     kv_heads: int = 2
-    head_dim: int = 16
+    head_dim: int = 16  # qwen3_moe, glm4_moe (others derive hidden / heads)
     inter: int = 96  # dense MLP intermediate size
     moe_inter: int = 32
     shared_inter: int = 48  # qwen2_moe shared expert
