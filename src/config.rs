@@ -405,7 +405,7 @@ fn rope_config(f: &Fields, head_dim: usize, interleaved: bool) -> Result<RopeCon
         None => f.f64_opt(&["partial_rotary_factor"])?.unwrap_or(1.0),
     };
     let rotary_dim = (head_dim as f64 * partial) as usize;
-    if rotary_dim % 2 != 0 || rotary_dim == 0 || rotary_dim > head_dim {
+    if !rotary_dim.is_multiple_of(2) || rotary_dim == 0 || rotary_dim > head_dim {
         return Err(f.err(
             "partial_rotary_factor",
             format!("gives rotary dim {rotary_dim} for head_dim {head_dim}"),

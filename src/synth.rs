@@ -184,8 +184,11 @@ fn ones_bf16(n: usize) -> Vec<u8> {
     (0..n).flat_map(|_| bf16::ONE.to_le_bytes()).collect()
 }
 
-/// The tensors of the model: name -> (shape, bytes), grouped by shard.
-fn tensors(s: &SynthSpec) -> Vec<BTreeMap<String, (Vec<usize>, Vec<u8>)>> {
+/// One shard's tensors: name -> (shape, bytes).
+type ShardTensors = BTreeMap<String, (Vec<usize>, Vec<u8>)>;
+
+/// The tensors of the model, grouped by shard.
+fn tensors(s: &SynthSpec) -> Vec<ShardTensors> {
     let mut rng = Rng::new(s.seed);
     let (h, qd, kd) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
     let mut shards = vec![BTreeMap::new(), BTreeMap::new()];

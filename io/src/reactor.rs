@@ -111,7 +111,7 @@ impl Reactor {
         assert!(config.depth > 0, "reactor depth must be positive");
         assert!(
             config.read_chunk_bytes_max >= ALIGN
-                && config.read_chunk_bytes_max % ALIGN == 0
+                && config.read_chunk_bytes_max.is_multiple_of(ALIGN)
                 && config.read_chunk_bytes_max <= u32::MAX as usize,
             "read_chunk_bytes_max {} must be a multiple of {ALIGN} in [{ALIGN}, u32::MAX]",
             config.read_chunk_bytes_max
@@ -326,7 +326,7 @@ impl Op {
             let tag = self.tag;
             return Step::Done(tag, self.into_slab(pool));
         }
-        let at_eof = result == 0 || (self.file.is_direct() && self.done % ALIGN != 0);
+        let at_eof = result == 0 || (self.file.is_direct() && !self.done.is_multiple_of(ALIGN));
         if at_eof {
             let got = self.done.saturating_sub(self.span.start);
             let e = self.file.short_read(self.offset, self.len, got);
