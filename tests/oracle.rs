@@ -135,6 +135,12 @@ macro_rules! family_tests {
                 super::check_greedy($family, &["--expert-cache", "1"]);
             }
             #[test]
+            fn greedy_tokens_match_in_every_read_mode() {
+                for mode in ["direct", "mmap", "drop", "pread"] {
+                    super::check_greedy($family, &["--expert-cache", "2", "--read-mode", mode]);
+                }
+            }
+            #[test]
             fn teacher_forced_argmax_and_logits_match_transformers() {
                 super::check_eval($family);
             }

@@ -13,11 +13,16 @@ use crate::model::mlp::Mlp;
 use crate::weights::dtype;
 use crate::weights::{TensorEntry, WeightIndex};
 use lru::Lru;
+use moestream_io::{coalesce, ByteRange, CoalesceLimits};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Largest gap between an expert's tensors still read as one span.
-const COALESCE_GAP_BYTES_MAX: u64 = 64 << 10;
+/// How an expert's tensors merge into reads: any gap up to 64 KiB is read
+/// through rather than split; one read never exceeds 1 GiB.
+const COALESCE: CoalesceLimits = CoalesceLimits {
+    merged_bytes_max: 1 << 30,
+    gap_bytes_max: 64 << 10,
+};
 
 /// The three tensors of one routed expert on disk.
 #[derive(Clone, Debug)]
@@ -101,35 +106,39 @@ impl ExpertStore {
         Ok(mlp)
     }
 
-    /// Reads and widens one expert, bypassing the cache.
+    /// Reads and widens one expert, bypassing the cache. The three tensors
+    /// are coalesced per shard into as few reads as the limits allow (one,
+    /// for the usual adjacent layout).
     pub fn read(&self, layer: usize, expert: usize) -> Result<Mlp> {
         let loc = &self.locations[layer][expert];
         let start = Instant::now();
         let mut mats: [Vec<f32>; 3] = Default::default();
-        let [(_, g), (_, u), (_, d)] = &loc.parts;
-        let same_shard = g.shard == u.shard && u.shard == d.shard;
-        let lo = g.offset.min(u.offset).min(d.offset);
-        let hi = [g, u, d]
-            .iter()
-            .map(|e| e.offset + e.len as u64)
-            .max()
-            .unwrap_or(lo);
-        let sum: u64 = [g, u, d].iter().map(|e| e.len as u64).sum();
         let mut bytes = 0u64;
-        if same_shard && hi - lo <= sum + COALESCE_GAP_BYTES_MAX {
-            let slab = self.index.shards[g.shard]
-                .reader
-                .read(lo, (hi - lo) as usize)?;
-            for (m, (name, e)) in mats.iter_mut().zip(&loc.parts) {
-                let at = (e.offset - lo) as usize;
-                *m = widen(&self.index, name, e, &slab.bytes()[at..at + e.len])?;
-            }
-            bytes += hi - lo;
-        } else {
-            for (m, (name, e)) in mats.iter_mut().zip(&loc.parts) {
-                let slab = self.index.shards[e.shard].reader.read(e.offset, e.len)?;
-                *m = widen(&self.index, name, e, slab.bytes())?;
-                bytes += e.len as u64;
+        let mut order: Vec<usize> = (0..3).collect();
+        order.sort_by_key(|&i| (loc.parts[i].1.shard, loc.parts[i].1.offset));
+        for shard_parts in order.chunk_by(|&a, &b| loc.parts[a].1.shard == loc.parts[b].1.shard) {
+            let shard = loc.parts[shard_parts[0]].1.shard;
+            let ranges: Vec<ByteRange> = shard_parts
+                .iter()
+                .map(|&i| ByteRange {
+                    offset: loc.parts[i].1.offset,
+                    len: loc.parts[i].1.len as u64,
+                })
+                .collect();
+            for merged in coalesce(&ranges, COALESCE) {
+                let slab = self.index.shards[shard]
+                    .reader
+                    .read(merged.offset, merged.len as usize)?;
+                bytes += merged.len;
+                for &p in &merged.parts {
+                    let (name, e) = &loc.parts[shard_parts[p]];
+                    mats[shard_parts[p]] = widen(
+                        &self.index,
+                        name,
+                        e,
+                        &slab.bytes()[merged.window(ranges[p])],
+                    )?;
+                }
             }
         }
         let mut io = self.io.lock().expect("io lock");
