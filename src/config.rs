@@ -14,11 +14,22 @@ pub enum Family {
     Qwen2Moe,
     Mixtral,
     Olmoe,
+    DeepseekV3,
+    Glm4Moe,
+    GlmMoeDsa,
 }
 
 impl Family {
     /// All supported `model_type` strings.
-    pub const SUPPORTED: &'static [&'static str] = &["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"];
+    pub const SUPPORTED: &'static [&'static str] = &[
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+        "olmoe",
+        "deepseek_v3",
+        "glm4_moe",
+        "glm_moe_dsa",
+    ];
 
     fn parse(model_type: &str) -> Option<Family> {
         Some(match model_type {
@@ -26,6 +37,9 @@ impl Family {
             "qwen2_moe" => Family::Qwen2Moe,
             "mixtral" => Family::Mixtral,
             "olmoe" => Family::Olmoe,
+            "deepseek_v3" => Family::DeepseekV3,
+            "glm4_moe" => Family::Glm4Moe,
+            "glm_moe_dsa" => Family::GlmMoeDsa,
             _ => return None,
         })
     }
@@ -37,7 +51,23 @@ impl Family {
             Family::Qwen2Moe => "qwen2_moe",
             Family::Mixtral => "mixtral",
             Family::Olmoe => "olmoe",
+            Family::DeepseekV3 => "deepseek_v3",
+            Family::Glm4Moe => "glm4_moe",
+            Family::GlmMoeDsa => "glm_moe_dsa",
         }
+    }
+
+    /// Whether the family uses multi-head latent attention.
+    pub fn is_mla(self) -> bool {
+        matches!(self, Family::DeepseekV3 | Family::GlmMoeDsa)
+    }
+
+    /// Whether the family routes with sigmoid scores + correction bias.
+    pub fn is_sigmoid_routed(self) -> bool {
+        matches!(
+            self,
+            Family::DeepseekV3 | Family::Glm4Moe | Family::GlmMoeDsa
+        )
     }
 }
 
@@ -52,10 +82,62 @@ pub enum QkNorm {
 }
 
 /// How the router turns logits into expert weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RouterKind {
     /// softmax over all experts, top-k, optionally renormalized.
     SoftmaxTopK { norm_topk_prob: bool },
+    /// DeepSeek-V3 `noaux_tc`: sigmoid scores; choice = score + correction
+    /// bias, group-limited top-k; weights are the unbiased scores of the
+    /// winners, optionally renormalized, times `routed_scaling_factor`.
+    SigmoidGrouped {
+        n_group: usize,
+        topk_group: usize,
+        norm_topk_prob: bool,
+        routed_scaling_factor: f32,
+    },
+}
+
+/// Multi-head latent attention geometry (DeepSeek-V3, GLM-5).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// `None`: a plain `q_proj` (DeepSeek-V2-Lite style).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Softmax scale: qk_head_dim^-0.5, times yarn's mscale² where configured.
+    pub softmax_scale: f32,
+    /// Biases on q_a_proj, kv_a_proj_with_mqa and o_proj.
+    pub attention_bias: bool,
+}
+
+impl MlaConfig {
+    /// nope + rope.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// The DSA lightning indexer (GLM-5).
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerConfig {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    /// `full_layers[l]`: layer `l` runs its own indexer; otherwise it reuses
+    /// the previous full layer's selection ("shared").
+    pub full_layers: Vec<bool>,
+}
+
+/// Shared experts every token passes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedExperts {
+    None,
+    /// Qwen2-MoE: one shared expert of this size, gated by sigmoid(gate · x).
+    Gated(usize),
+    /// DeepSeek/GLM: `n_shared_experts × moe_intermediate_size`, ungated.
+    Plain(usize),
 }
 
 /// RoPE frequency scaling, as in transformers' `ROPE_INIT_FUNCTIONS`.
@@ -115,8 +197,7 @@ pub struct ModelConfig {
     pub router: RouterKind,
     /// `sparse_layers[l]`: layer `l` is MoE (else dense MLP).
     pub sparse_layers: Vec<bool>,
-    /// Intermediate size of the (gated) shared expert, if the family has one.
-    pub shared_expert_intermediate_size: Option<usize>,
+    pub shared_experts: SharedExperts,
     pub rms_norm_eps: f64,
     pub rope: RopeConfig,
     pub qkv_bias: bool,
@@ -124,6 +205,12 @@ pub struct ModelConfig {
     pub qk_norm: QkNorm,
     pub clip_qkv: Option<f32>,
     pub tie_word_embeddings: bool,
+    /// Multi-head latent attention (replaces the GQA fields' use) if set.
+    pub mla: Option<MlaConfig>,
+    /// The DSA indexer, if the family has one.
+    pub indexer: Option<IndexerConfig>,
+    /// Multi-token-prediction layers stored after the decoder layers.
+    pub mtp_layers: usize,
 }
 
 /// Field reader over a config.json object that names the field in every error.
@@ -260,33 +347,57 @@ impl ModelConfig {
             Family::Mixtral | Family::Olmoe => intermediate_size,
             _ => f.positive(&["moe_intermediate_size"])?,
         };
-        let norm_topk_prob = match family {
-            Family::Mixtral => true,
-            _ => f.bool_or(&["norm_topk_prob"], false)?,
-        };
+        let router = router_kind(&f, family, num_experts, top_k)?;
         let sparse_layers = sparse_layers(&f, family, num_layers)?;
-        let shared_expert_intermediate_size = match family {
+        let shared_experts = match family {
             Family::Qwen2Moe => match f.usize_opt(&["shared_expert_intermediate_size"])? {
-                Some(0) | None => None,
-                Some(n) => Some(n),
+                Some(0) | None => SharedExperts::None,
+                Some(n) => SharedExperts::Gated(n),
             },
-            _ => None,
+            Family::DeepseekV3 | Family::Glm4Moe | Family::GlmMoeDsa => {
+                match f.usize_opt(&["n_shared_experts"])?.unwrap_or(1) {
+                    0 => SharedExperts::None,
+                    n => SharedExperts::Plain(n * moe_intermediate_size),
+                }
+            }
+            Family::Qwen3Moe | Family::Mixtral | Family::Olmoe => SharedExperts::None,
         };
         let qkv_bias = match family {
             Family::Qwen2Moe => f.bool_or(&["qkv_bias"], true)?,
             _ => f.bool_or(&["attention_bias"], false)?,
         };
         let o_bias = match family {
-            Family::Qwen2Moe | Family::Mixtral => false,
+            Family::Qwen2Moe | Family::Mixtral | Family::Glm4Moe => false,
             _ => f.bool_or(&["attention_bias"], false)?,
         };
         let qk_norm = match family {
             Family::Qwen3Moe => QkNorm::PerHead,
             Family::Olmoe => QkNorm::Whole,
+            Family::Glm4Moe if f.bool_or(&["use_qk_norm"], false)? => QkNorm::PerHead,
             _ => QkNorm::None,
         };
         let clip_qkv = f.f64_opt(&["clip_qkv"])?.map(|c| c as f32);
-        let rope = rope_config(&f, head_dim, false)?;
+        let mla = if family.is_mla() {
+            Some(mla_config(&f)?)
+        } else {
+            None
+        };
+        let rope = match &mla {
+            Some(m) => {
+                let interleaved =
+                    family == Family::GlmMoeDsa || f.bool_or(&["rope_interleave"], true)?;
+                rope_config(&f, m.qk_rope_head_dim, interleaved)?
+            }
+            None => rope_config(&f, head_dim, false)?,
+        };
+        let mla = mla.map(|m| MlaConfig {
+            softmax_scale: mla_softmax_scale(&m, &rope),
+            ..m
+        });
+        let indexer = match family {
+            Family::GlmMoeDsa => Some(indexer_config(&f, num_layers, mla.as_ref())?),
+            _ => None,
+        };
         Ok(ModelConfig {
             path: path.to_path_buf(),
             family,
@@ -295,14 +406,14 @@ impl ModelConfig {
             num_layers,
             num_heads,
             num_kv_heads,
-            head_dim,
+            head_dim: mla.as_ref().map_or(head_dim, MlaConfig::qk_head_dim),
             intermediate_size,
             moe_intermediate_size,
             num_experts,
             top_k,
-            router: RouterKind::SoftmaxTopK { norm_topk_prob },
+            router,
             sparse_layers,
-            shared_expert_intermediate_size,
+            shared_experts,
             rms_norm_eps: f.f64_opt(&["rms_norm_eps"])?.unwrap_or(1e-6),
             rope,
             qkv_bias,
@@ -310,11 +421,167 @@ impl ModelConfig {
             qk_norm,
             clip_qkv,
             tie_word_embeddings: f.bool_or(&["tie_word_embeddings"], false)?,
+            mla,
+            indexer,
+            mtp_layers: f
+                .usize_opt(&["num_nextn_predict_layers", "num_mtp_layers"])?
+                .unwrap_or(0),
         })
     }
 }
 
+/// The router of each family, with the sigmoid families' group checks.
+fn router_kind(f: &Fields, family: Family, num_experts: usize, top_k: usize) -> Result<RouterKind> {
+    if !family.is_sigmoid_routed() {
+        let norm_topk_prob = family == Family::Mixtral || f.bool_or(&["norm_topk_prob"], false)?;
+        return Ok(RouterKind::SoftmaxTopK { norm_topk_prob });
+    }
+    if let Some(func) = f.get(&["scoring_func"]).and_then(Value::as_str) {
+        if func != "sigmoid" {
+            return Err(f.err(
+                "scoring_func",
+                format!("`{func}` is not supported (only sigmoid)"),
+            ));
+        }
+    }
+    let (group_default, scale_default) = match family {
+        Family::DeepseekV3 => (8, 2.5),
+        Family::Glm4Moe => (1, 1.0),
+        _ => (1, 2.5),
+    };
+    let n_group = f.usize_opt(&["n_group"])?.unwrap_or(group_default);
+    let topk_group = f.usize_opt(&["topk_group"])?.unwrap_or(n_group.min(4));
+    if n_group == 0 || num_experts % n_group != 0 {
+        return Err(f.err(
+            "n_group",
+            format!("{n_group} does not divide the {num_experts} routed experts"),
+        ));
+    }
+    if topk_group == 0 || topk_group > n_group {
+        return Err(f.err(
+            "topk_group",
+            format!("{topk_group} must be in 1..={n_group} (n_group)"),
+        ));
+    }
+    if top_k > topk_group * (num_experts / n_group) {
+        return Err(f.err(
+            "num_experts_per_tok",
+            format!("{top_k} exceeds the experts in the {topk_group} kept groups"),
+        ));
+    }
+    Ok(RouterKind::SigmoidGrouped {
+        n_group,
+        topk_group,
+        norm_topk_prob: f.bool_or(&["norm_topk_prob"], true)?,
+        routed_scaling_factor: f
+            .f64_opt(&["routed_scaling_factor"])?
+            .unwrap_or(scale_default) as f32,
+    })
+}
+
+/// MLA geometry; the softmax scale is filled in once RoPE is known.
+fn mla_config(f: &Fields) -> Result<MlaConfig> {
+    let q_lora_rank = f.usize_opt(&["q_lora_rank"])?;
+    if q_lora_rank == Some(0) {
+        return Err(f.err("q_lora_rank", "must be > 0 or null"));
+    }
+    Ok(MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: f.positive(&["kv_lora_rank"])?,
+        qk_nope_head_dim: f.positive(&["qk_nope_head_dim"])?,
+        qk_rope_head_dim: f.positive(&["qk_rope_head_dim"])?,
+        v_head_dim: f.positive(&["v_head_dim"])?,
+        softmax_scale: 0.0,
+        attention_bias: f.bool_or(&["attention_bias"], false)?,
+    })
+}
+
+/// qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)² under yarn
+/// (transformers' `yarn_apply_mscale`).
+fn mla_softmax_scale(m: &MlaConfig, rope: &RopeConfig) -> f32 {
+    let base = (m.qk_head_dim() as f64).powf(-0.5);
+    let mscale = match rope.scaling {
+        RopeScaling::Yarn {
+            factor,
+            mscale_all_dim: Some(all),
+            ..
+        } if all != 0.0 && factor > 1.0 => 0.1 * all * factor.ln() + 1.0,
+        _ => 1.0,
+    };
+    (base * mscale * mscale) as f32
+}
+
+/// The DSA indexer: heads, dims, top-k and which layers run their own.
+fn indexer_config(f: &Fields, num_layers: usize, mla: Option<&MlaConfig>) -> Result<IndexerConfig> {
+    let topk = f.usize(&["index_topk"])?;
+    if topk == 0 {
+        return Err(f.err("index_topk", "must be > 0"));
+    }
+    let head_dim = f.positive(&["index_head_dim"])?;
+    let rope = mla.map_or(0, |m| m.qk_rope_head_dim);
+    if head_dim < rope {
+        return Err(f.err(
+            "index_head_dim",
+            format!("{head_dim} is smaller than qk_rope_head_dim {rope}"),
+        ));
+    }
+    let full_layers = indexer_pattern(f, num_layers)?;
+    if full_layers.first() == Some(&false) {
+        return Err(f.err(
+            "indexer_types",
+            "layer 0 must be \"full\" (a shared layer needs an earlier full one)",
+        ));
+    }
+    Ok(IndexerConfig {
+        n_heads: f.positive(&["index_n_heads"])?,
+        head_dim,
+        topk,
+        full_layers,
+    })
+}
+
+/// `indexer_types`, else `index_topk_pattern` ("F"/"S"), else the
+/// `index_topk_freq` / `index_skip_topk_offset` schedule.
+fn indexer_pattern(f: &Fields, num_layers: usize) -> Result<Vec<bool>> {
+    let parse = |field: &str, items: Vec<String>| -> Result<Vec<bool>> {
+        if items.len() != num_layers {
+            return Err(f.err(
+                field,
+                format!("has {} entries for {num_layers} layers", items.len()),
+            ));
+        }
+        items
+            .iter()
+            .map(|t| match t.as_str() {
+                "full" | "F" => Ok(true),
+                "shared" | "S" => Ok(false),
+                other => Err(f.err(field, format!("unknown indexer type `{other}`"))),
+            })
+            .collect()
+    };
+    let strings = |v: &Value| -> Option<Vec<String>> {
+        match v {
+            Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_string)).collect(),
+            Value::String(s) => Some(s.chars().map(|c| c.to_string()).collect()),
+            _ => None,
+        }
+    };
+    for field in ["indexer_types", "index_topk_pattern"] {
+        if let Some(v) = f.get(&[field]) {
+            let items =
+                strings(v).ok_or_else(|| f.err(field, "expected a list of \"full\"/\"shared\""))?;
+            return parse(field, items);
+        }
+    }
+    let freq = f.usize_opt(&["index_topk_freq"])?.unwrap_or(1).max(1);
+    let offset = f.usize_opt(&["index_skip_topk_offset"])?.unwrap_or(2);
+    Ok((0..num_layers)
+        .map(|i| (i + 1).saturating_sub(offset) % freq == 0)
+        .collect())
+}
+
 /// Which layers are MoE: Qwen's `mlp_only_layers` / `decoder_sparse_step` rule;
+/// DeepSeek/GLM's `first_k_dense_replace` (or GLM-5's `mlp_layer_types`);
 /// every layer for Mixtral and OLMoE.
 fn sparse_layers(f: &Fields, family: Family, num_layers: usize) -> Result<Vec<bool>> {
     match family {
@@ -329,6 +596,30 @@ fn sparse_layers(f: &Fields, family: Family, num_layers: usize) -> Result<Vec<bo
                 .collect())
         }
         Family::Mixtral | Family::Olmoe => Ok(vec![true; num_layers]),
+        Family::DeepseekV3 | Family::Glm4Moe | Family::GlmMoeDsa => {
+            if let Some(v) = f.get(&["mlp_layer_types"]) {
+                let items = v
+                    .as_array()
+                    .ok_or_else(|| f.err("mlp_layer_types", "expected a list"))?;
+                if items.len() != num_layers {
+                    return Err(f.err(
+                        "mlp_layer_types",
+                        format!("has {} entries for {num_layers} layers", items.len()),
+                    ));
+                }
+                return items
+                    .iter()
+                    .map(|x| match x.as_str() {
+                        Some("sparse") => Ok(true),
+                        Some("dense") => Ok(false),
+                        _ => Err(f.err("mlp_layer_types", format!("unknown entry {x}"))),
+                    })
+                    .collect();
+            }
+            let default = if family == Family::Glm4Moe { 1 } else { 3 };
+            let k = f.usize_opt(&["first_k_dense_replace"])?.unwrap_or(default);
+            Ok((0..num_layers).map(|l| l >= k).collect())
+        }
     }
 }
 

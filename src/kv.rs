@@ -1,38 +1,101 @@
-//! The KV cache of the GQA families: per layer, the rotated keys and the
-//! values of every past position, `(positions, kv_heads * head_dim)` each.
+//! The KV cache: per layer, what attention needs of every past position.
+//!
+//! - GQA layers keep rotated keys and values, `(positions, kv_heads *
+//!   head_dim)` each.
+//! - MLA layers keep only the normalized latent `(positions, kv_lora_rank)`
+//!   and the rotary key `(positions, qk_rope_head_dim)` — the compressed
+//!   cache — plus, beside it, the DSA indexer's keys `(positions,
+//!   index_head_dim)` when the layer has an indexer. Indexer keys stay f32:
+//!   its top-k boundary gaps are tiny.
+//!
 //! Sized at creation for the whole request; appending past capacity is a
 //! request error, not a reallocation in the decode loop.
 
 use crate::error::{Error, Result};
 
-/// Keys and values of one layer.
-pub struct LayerKv {
-    /// (capacity, kv_dim), first `len` rows valid.
-    pub k: Vec<f32>,
-    /// (capacity, kv_dim), first `len` rows valid.
-    pub v: Vec<f32>,
+/// What one layer caches per position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLayout {
+    Gqa {
+        kv_dim: usize,
+    },
+    Mla {
+        kv_lora: usize,
+        rope: usize,
+        index_dim: usize,
+    },
+}
+
+/// One layer's cache, rows `0..len` valid.
+pub enum LayerKv {
+    Gqa {
+        /// (capacity, kv_dim) rotated keys.
+        k: Vec<f32>,
+        /// (capacity, kv_dim) values.
+        v: Vec<f32>,
+    },
+    Mla {
+        /// (capacity, kv_lora) normalized latents.
+        latent: Vec<f32>,
+        /// (capacity, rope) rotated shared keys.
+        k_rope: Vec<f32>,
+        /// (capacity, index_dim) indexer keys; empty without an indexer.
+        index_k: Vec<f32>,
+    },
+}
+
+impl LayerKv {
+    fn new(layout: KvLayout, capacity: usize) -> LayerKv {
+        match layout {
+            KvLayout::Gqa { kv_dim } => LayerKv::Gqa {
+                k: vec![0f32; capacity * kv_dim],
+                v: vec![0f32; capacity * kv_dim],
+            },
+            KvLayout::Mla {
+                kv_lora,
+                rope,
+                index_dim,
+            } => LayerKv::Mla {
+                latent: vec![0f32; capacity * kv_lora],
+                k_rope: vec![0f32; capacity * rope],
+                index_k: vec![0f32; capacity * index_dim],
+            },
+        }
+    }
+}
+
+impl KvLayout {
+    /// Attention-cache bytes per position (f32), excluding indexer keys.
+    pub fn attention_bytes_per_token(self) -> usize {
+        match self {
+            KvLayout::Gqa { kv_dim } => 2 * kv_dim * 4,
+            KvLayout::Mla { kv_lora, rope, .. } => (kv_lora + rope) * 4,
+        }
+    }
+
+    /// Indexer-key bytes per position.
+    pub fn index_bytes_per_token(self) -> usize {
+        match self {
+            KvLayout::Gqa { .. } => 0,
+            KvLayout::Mla { index_dim, .. } => index_dim * 4,
+        }
+    }
 }
 
 /// Per-layer KV storage for one sequence.
 pub struct KvCache {
     pub layers: Vec<LayerKv>,
-    kv_dim: usize,
+    layouts: Vec<KvLayout>,
     capacity: usize,
     len: usize,
 }
 
 impl KvCache {
-    /// A cache for `capacity` positions of `num_layers` layers of width `kv_dim`.
-    pub fn new(num_layers: usize, kv_dim: usize, capacity: usize) -> KvCache {
-        let layers = (0..num_layers)
-            .map(|_| LayerKv {
-                k: vec![0f32; capacity * kv_dim],
-                v: vec![0f32; capacity * kv_dim],
-            })
-            .collect();
+    /// A cache for `capacity` positions with one layer per layout.
+    pub fn new(layouts: &[KvLayout], capacity: usize) -> KvCache {
         KvCache {
-            layers,
-            kv_dim,
+            layers: layouts.iter().map(|l| LayerKv::new(*l, capacity)).collect(),
+            layouts: layouts.to_vec(),
             capacity,
             len: 0,
         }
@@ -53,9 +116,9 @@ impl KvCache {
         self.capacity
     }
 
-    /// Width of one cached row.
-    pub fn kv_dim(&self) -> usize {
-        self.kv_dim
+    /// The layout of each layer.
+    pub fn layouts(&self) -> &[KvLayout] {
+        &self.layouts
     }
 
     /// Checks that `n` more positions fit.
@@ -76,8 +139,49 @@ impl KvCache {
         self.len += n;
     }
 
+    /// Attention-cache bytes per position summed over layers (indexer keys excluded).
+    pub fn attention_bytes_per_token(&self) -> usize {
+        self.layouts
+            .iter()
+            .map(|l| l.attention_bytes_per_token())
+            .sum()
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.capacity * self.kv_dim * 4
+        self.layouts
+            .iter()
+            .map(|l| (l.attention_bytes_per_token() + l.index_bytes_per_token()) * self.capacity)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mla_caches_only_latent_and_rotary_key() {
+        let l = KvLayout::Mla {
+            kv_lora: 512,
+            rope: 64,
+            index_dim: 128,
+        };
+        assert_eq!(l.attention_bytes_per_token(), 576 * 4);
+        let gqa = KvLayout::Gqa { kv_dim: 128 * 128 };
+        assert_eq!(
+            gqa.attention_bytes_per_token() / l.attention_bytes_per_token(),
+            56
+        );
+        let kv = KvCache::new(&[l, l], 10);
+        assert_eq!(kv.attention_bytes_per_token(), 2 * 576 * 4);
+        assert_eq!(kv.bytes(), 2 * (576 + 128) * 4 * 10);
+    }
+
+    #[test]
+    fn reserve_refuses_overflow() {
+        let kv = KvCache::new(&[KvLayout::Gqa { kv_dim: 4 }], 3);
+        assert!(kv.reserve(3).is_ok());
+        assert!(kv.reserve(4).is_err());
     }
 }

@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use moestream::generate::{evaluate, generate, GenOptions, Generation};
+use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
 use moestream::sampler::SamplingParams;
 use moestream::synth::{self, SynthSpec};
@@ -50,6 +51,14 @@ struct ModelArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// MLA attention: absorb (decode-style), explicit (K/V reconstruction),
+    /// auto (the cheaper for the tokens in flight).
+    #[arg(long, default_value = "auto")]
+    mla: MlaMode,
+    /// DSA indexer (GLM-5): on, off (dense attention), auto (select only
+    /// when a query sees more than index_topk positions; same output as on).
+    #[arg(long, default_value = "auto")]
+    dsa: DsaMode,
 }
 
 #[derive(Args)]
@@ -103,6 +112,10 @@ struct EvalArgs {
     /// Print JSON (the only output format).
     #[arg(long)]
     json: bool,
+    /// Also teacher-force the MTP head: `mtp_argmax` (row j predicts id j+2)
+    /// and `mtp_last_logits`.
+    #[arg(long)]
+    mtp: bool,
 }
 
 #[derive(Args)]
@@ -167,6 +180,8 @@ fn load(m: &ModelArgs) -> Result<Model> {
     let opts = LoadOptions {
         expert_cache: m.expert_cache,
         read_mode: m.read_mode,
+        mla: m.mla,
+        dsa: m.dsa,
     };
     Ok(Model::load(&m.model, &opts)?)
 }
@@ -246,7 +261,13 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
     let _ = a.json;
     let model = load(&a.model)?;
     let e = evaluate(&model, &a.prompt_ids)?;
-    println!("{}", serde_json::to_string(&e)?);
+    let mut v = serde_json::to_value(&e)?;
+    if a.mtp {
+        let (mtp_argmax, mtp_last_logits) = model.mtp_one_step(&a.prompt_ids)?;
+        v["mtp_argmax"] = serde_json::json!(mtp_argmax);
+        v["mtp_last_logits"] = serde_json::json!(mtp_last_logits);
+    }
+    println!("{}", serde_json::to_string(&v)?);
     Ok(())
 }
 
@@ -272,7 +293,7 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         &dir,
         &LoadOptions {
             expert_cache: a.expert_cache,
-            read_mode: ReadMode::Buffered,
+            ..LoadOptions::default()
         },
     )?;
     let tok = Tokenizer::load(&dir)?;

@@ -56,7 +56,8 @@ impl AttentionShape {
     }
 }
 
-fn add_bias(rows: &mut [f32], bias: &Option<Vec<f32>>) {
+/// Adds `bias` to each row of `rows` (no-op for `None`).
+pub fn add_bias(rows: &mut [f32], bias: &Option<Vec<f32>>) {
     if let Some(b) = bias {
         for row in rows.chunks_exact_mut(b.len()) {
             for (r, bv) in row.iter_mut().zip(b) {
@@ -75,17 +76,22 @@ fn norm_heads(x: &mut [f32], w: &[f32], eps: f64) {
 }
 
 impl Attention {
-    /// Attends `n` new rows of `x` `(n, hidden)` at positions `start..start+n`,
-    /// appending their keys/values to `kv` rows `start..`; writes `(n, hidden)`.
+    /// Attends `n` new rows of `x` `(n, hidden)` stored at cache rows
+    /// `start..start+n` (RoPE positions `rope_offset + start..`), appending
+    /// their keys/values to `kv`; writes `(n, hidden)`.
     pub fn forward(
         &self,
         s: &AttentionShape,
         x: &[f32],
         n: usize,
         start: usize,
+        rope_offset: usize,
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
+        let LayerKv::Gqa { k: kc, v: vc } = kv else {
+            panic!("GQA attention given a non-GQA cache layer");
+        };
         let (qd, kd) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let mut q = vec![0f32; n * qd]; // (n, heads * head_dim)
         let mut k = vec![0f32; n * kd]; // (n, kv_heads * head_dim)
@@ -113,21 +119,24 @@ impl Attention {
             }
         }
         for t in 0..n {
+            let pos = rope_offset + start + t;
             for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(s.head_dim) {
-                s.rope.apply(head, start + t);
+                s.rope.apply(head, pos);
             }
             for head in k[t * kd..(t + 1) * kd].chunks_exact_mut(s.head_dim) {
-                s.rope.apply(head, start + t);
+                s.rope.apply(head, pos);
             }
         }
-        kv.k[start * kd..(start + n) * kd].copy_from_slice(&k);
-        kv.v[start * kd..(start + n) * kd].copy_from_slice(&v);
+        kc[start * kd..(start + n) * kd].copy_from_slice(&k);
+        vc[start * kd..(start + n) * kd].copy_from_slice(&v);
         let mut ctx = vec![0f32; n * qd]; // (n, heads * head_dim)
         for t in 0..n {
+            let q_row = &q[t * qd..(t + 1) * qd];
             attend(
                 s,
-                &q[t * qd..(t + 1) * qd],
-                kv,
+                q_row,
+                kc,
+                vc,
                 start + t + 1,
                 &mut ctx[t * qd..(t + 1) * qd],
             );
@@ -138,7 +147,7 @@ impl Attention {
 }
 
 /// Causal attention of one query row over cached positions `0..len`.
-fn attend(s: &AttentionShape, q: &[f32], kv: &LayerKv, len: usize, ctx: &mut [f32]) {
+fn attend(s: &AttentionShape, q: &[f32], kc: &[f32], vc: &[f32], len: usize, ctx: &mut [f32]) {
     let (d, kd) = (s.head_dim, s.kv_heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
@@ -147,13 +156,13 @@ fn attend(s: &AttentionShape, q: &[f32], kv: &LayerKv, len: usize, ctx: &mut [f3
         let kvh = h / group;
         let qh = &q[h * d..(h + 1) * d];
         for (p, sc) in scores.iter_mut().enumerate() {
-            *sc = dot(qh, &kv.k[p * kd + kvh * d..p * kd + (kvh + 1) * d]) * scale;
+            *sc = dot(qh, &kc[p * kd + kvh * d..p * kd + (kvh + 1) * d]) * scale;
         }
         softmax(&mut scores);
         let out = &mut ctx[h * d..(h + 1) * d];
         out.fill(0.0);
         for (p, w) in scores.iter().enumerate() {
-            let vp = &kv.v[p * kd + kvh * d..p * kd + (kvh + 1) * d];
+            let vp = &vc[p * kd + kvh * d..p * kd + (kvh + 1) * d];
             for (o, vv) in out.iter_mut().zip(vp) {
                 *o += w * vv;
             }

@@ -56,6 +56,14 @@ impl Rope {
         }
     }
 
+    /// The same frequencies with the given pair convention.
+    pub fn with_interleaved(&self, interleaved: bool) -> Rope {
+        Rope {
+            interleaved,
+            ..self.clone()
+        }
+    }
+
     /// The yarn attention factor (1 for other schemes).
     pub fn attention_scaling(&self) -> f32 {
         self.attention_scaling

@@ -7,6 +7,7 @@
 //! size. Counters record hits, misses, bytes read and time spent on disk.
 
 pub mod lru;
+pub mod usage;
 
 use crate::error::Result;
 use crate::model::mlp::Mlp;
@@ -16,6 +17,7 @@ use lru::Lru;
 use moestream_io::{coalesce, ByteRange, CoalesceLimits};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use usage::{Usage, UsageTable};
 
 /// How an expert's tensors merge into reads: any gap up to 64 KiB is read
 /// through rather than split; one read never exceeds 1 GiB.
@@ -62,7 +64,11 @@ pub struct ExpertStore {
     hidden: usize,
     inter: usize,
     io: Mutex<(u64, Duration)>,
+    usage: Mutex<UsageTable>,
 }
+
+/// Heats halve every this many forwarded tokens.
+const HEAT_DECAY_TOKENS: u64 = 256;
 
 impl ExpertStore {
     /// A store over `locations` with `capacity` cached experts per layer.
@@ -78,6 +84,8 @@ impl ExpertStore {
             .iter()
             .map(|_| Mutex::new(Lru::new(capacity)))
             .collect();
+        let counts: Vec<usize> = locations.iter().map(Vec::len).collect();
+        let usage_table = Mutex::new(UsageTable::new(&counts, HEAT_DECAY_TOKENS));
         ExpertStore {
             index,
             locations,
@@ -85,7 +93,26 @@ impl ExpertStore {
             hidden,
             inter,
             io: Mutex::new((0, Duration::ZERO)),
+            usage: usage_table,
         }
+    }
+
+    /// Records a router selection in the usage counters.
+    pub fn record_usage(&self, layer: usize, experts: &[usize]) {
+        self.usage
+            .lock()
+            .expect("usage lock")
+            .record(layer, experts);
+    }
+
+    /// Advances the usage clock by `tokens` forwarded tokens.
+    pub fn tick(&self, tokens: u64) {
+        self.usage.lock().expect("usage lock").tick(tokens);
+    }
+
+    /// Usage counters of one expert.
+    pub fn usage(&self, layer: usize, expert: usize) -> Usage {
+        self.usage.lock().expect("usage lock").get(layer, expert)
     }
 
     /// Number of experts in `layer` (0 for dense layers).

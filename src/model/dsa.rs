@@ -1,0 +1,133 @@
+//! The DSA lightning indexer (GLM-5): picks, per query, the `index_topk`
+//! past positions attention may look at.
+//!
+//! Per query row: q = wq_b(q_resid) split into `index_heads` heads of
+//! `[rope | nope]` (rope slice first, unlike MLA); one key per position,
+//! k = LayerNorm(wk(x)) (with bias, eps 1e-6), same split; interleaved RoPE
+//! on both rope slices. score(s) = Σ_h w_h · relu(q_h · k_s / √d), with
+//! w = weights_proj(x) / √heads. The top `index_topk` visible positions
+//! are kept; when no more than `index_topk` are visible every one is kept,
+//! and the selection is `None` so attention runs its dense loop (output
+//! bit-identical to dense attention). Keys and scores stay f32.
+
+use super::rope::Rope;
+use super::router::top_k;
+use crate::kernels::f32::{dot, matmul};
+
+/// Positions each query row may attend to: `None` = every visible one.
+pub type Selection = Vec<Option<Vec<usize>>>;
+
+/// One layer's indexer weights.
+pub struct Indexer {
+    /// (heads * head_dim, q_lora_rank)
+    pub wq_b: Vec<f32>,
+    /// (head_dim, hidden)
+    pub wk: Vec<f32>,
+    /// (head_dim,) LayerNorm weight and bias.
+    pub k_norm_w: Vec<f32>,
+    pub k_norm_b: Vec<f32>,
+    /// (heads, hidden)
+    pub weights_proj: Vec<f32>,
+}
+
+/// Geometry shared by every indexer of a model.
+pub struct IndexerShape {
+    pub hidden: usize,
+    pub q_lora: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    /// Interleaved RoPE over the leading `rope_dim` dims of each head.
+    pub rope: Rope,
+}
+
+/// LayerNorm eps of the indexer key.
+const K_NORM_EPS: f64 = 1e-6;
+
+fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32]) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|v| *v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let inv = 1.0 / (var + K_NORM_EPS).sqrt();
+    for ((v, wv), bv) in x.iter_mut().zip(w).zip(b) {
+        *v = ((*v as f64 - mean) * inv) as f32 * wv + bv;
+    }
+}
+
+impl Indexer {
+    /// Computes the indexer keys of `n` new rows of `x` `(n, hidden)` and
+    /// writes them to `index_k` rows `start..start+n`.
+    pub fn write_keys(
+        &self,
+        sh: &IndexerShape,
+        x: &[f32],
+        n: usize,
+        start: usize,
+        rope_offset: usize,
+        index_k: &mut [f32],
+    ) {
+        let d = sh.head_dim;
+        let mut k = vec![0f32; n * d]; // (n, head_dim)
+        matmul(&self.wk, d, sh.hidden, x, n, &mut k);
+        for (t, row) in k.chunks_exact_mut(d).enumerate() {
+            layer_norm(row, &self.k_norm_w, &self.k_norm_b);
+            sh.rope.apply(row, rope_offset + start + t);
+        }
+        index_k[start * d..(start + n) * d].copy_from_slice(&k);
+    }
+
+    /// The selection of each of `n` query rows at cache rows `start..`,
+    /// scoring against `index_k` rows `0..=row` (keys must be written).
+    /// With `skip_short`, rows that see no more than `topk` positions are
+    /// not scored (`None`: all kept); otherwise they are scored and every
+    /// visible position is listed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn select(
+        &self,
+        sh: &IndexerShape,
+        x: &[f32],
+        q_resid: &[f32],
+        n: usize,
+        start: usize,
+        rope_offset: usize,
+        index_k: &[f32],
+        skip_short: bool,
+    ) -> Selection {
+        let (h, d) = (sh.heads, sh.head_dim);
+        if skip_short && start + n <= sh.topk {
+            return vec![None; n];
+        }
+        let mut q = vec![0f32; n * h * d]; // (n, heads * head_dim)
+        matmul(&self.wq_b, h * d, sh.q_lora, q_resid, n, &mut q);
+        let mut w = vec![0f32; n * h]; // (n, heads)
+        matmul(&self.weights_proj, h, sh.hidden, x, n, &mut w);
+        let w_scale = (h as f32).powf(-0.5);
+        let softmax_scale = (d as f32).powf(-0.5);
+        let mut out = Vec::with_capacity(n);
+        let mut scores = Vec::new();
+        for t in 0..n {
+            let row = start + t;
+            if skip_short && row < sh.topk {
+                out.push(None);
+                continue;
+            }
+            let qt = &mut q[t * h * d..(t + 1) * h * d];
+            for head in qt.chunks_exact_mut(d) {
+                sh.rope.apply(head, rope_offset + row);
+            }
+            scores.clear();
+            scores.resize(row + 1, 0f32);
+            for (hh, qh) in qt.chunks_exact(d).enumerate() {
+                let wh = w[t * h + hh] * w_scale;
+                for (s, sc) in scores.iter_mut().enumerate() {
+                    let r = (dot(qh, &index_k[s * d..(s + 1) * d]) * softmax_scale).max(0.0);
+                    *sc += wh * r;
+                }
+            }
+            let mut keep = top_k(&scores, sh.topk);
+            keep.sort_unstable();
+            out.push(Some(keep));
+        }
+        out
+    }
+}

@@ -1,0 +1,360 @@
+//! Loading a checkpoint into a [`Model`]: the resident weights are read and
+//! widened to f32; routed experts are only located and shape-checked (the
+//! [`ExpertStore`] reads them on demand).
+
+use super::attention::{Attention, AttentionShape};
+use super::dsa::{Indexer, IndexerShape};
+use super::mla::{DsaMode, MlaAttention, MlaMode, MlaShape, QLora};
+use super::mlp::Mlp;
+use super::moe::{MoeBlock, SharedExpert};
+use super::mtp::Mtp;
+use super::rope::Rope;
+use super::router::Router;
+use super::{names, AttnBlock, Ffn, Layer, Model, Shapes};
+use crate::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
+use crate::error::{Error, Result};
+use crate::store::{ExpertLocation, ExpertStore};
+use crate::weights::WeightIndex;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Options for loading.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Routed experts cached per layer.
+    pub expert_cache: usize,
+    pub read_mode: moestream_io::ReadMode,
+    pub mla: MlaMode,
+    pub dsa: DsaMode,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            expert_cache: 16,
+            read_mode: moestream_io::ReadMode::Buffered,
+            mla: MlaMode::Auto,
+            dsa: DsaMode::Auto,
+        }
+    }
+}
+
+/// What a layer has, beyond what the config says of every layer.
+struct LayerSpec {
+    index: usize,
+    sparse: bool,
+    indexer: bool,
+}
+
+impl Model {
+    /// Loads config, indexes shards, reads the resident weights and locates
+    /// (and shape-checks) every routed expert, including the MTP layer's.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        let cfg = ModelConfig::load(dir)?;
+        let index = Arc::new(WeightIndex::open(dir, opts.read_mode)?);
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let embed = index.read_f32("model.embed_tokens.weight", &[v, h])?;
+        let lm_head = if cfg.tie_word_embeddings && !index.contains("lm_head.weight") {
+            None
+        } else {
+            Some(index.read_f32("lm_head.weight", &[v, h])?)
+        };
+        let norm = index.read_f32("model.norm.weight", &[h])?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut locations = Vec::with_capacity(cfg.num_layers + 1);
+        for l in 0..cfg.num_layers {
+            let spec = LayerSpec {
+                index: l,
+                sparse: cfg.sparse_layers[l],
+                indexer: cfg.indexer.as_ref().is_some_and(|ix| ix.full_layers[l]),
+            };
+            let (layer, locs) = load_layer(&cfg, &index, &spec)?;
+            layers.push(layer);
+            locations.push(locs);
+        }
+        let mtp = match load_mtp(&cfg, &index)? {
+            Some((head, locs)) => {
+                locations.push(locs);
+                Some(head)
+            }
+            None => None,
+        };
+        let store = ExpertStore::new(
+            index,
+            locations,
+            opts.expert_cache,
+            h,
+            cfg.moe_intermediate_size,
+        );
+        let shapes = shapes(&cfg, opts);
+        Ok(Model {
+            shapes,
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            store,
+            mtp,
+        })
+    }
+}
+
+fn shapes(cfg: &ModelConfig, opts: &LoadOptions) -> Shapes {
+    let gqa = AttentionShape::new(cfg);
+    let mla = cfg.mla.as_ref().map(|m| {
+        let rope = Rope::new(&cfg.rope);
+        MlaShape {
+            hidden: cfg.hidden_size,
+            heads: cfg.num_heads,
+            cfg: m.clone(),
+            indexer: cfg.indexer.as_ref().map(|ix| IndexerShape {
+                hidden: cfg.hidden_size,
+                q_lora: m.q_lora_rank.unwrap_or(0),
+                heads: ix.n_heads,
+                head_dim: ix.head_dim,
+                topk: ix.topk,
+                rope: rope.with_interleaved(true),
+            }),
+            rope,
+            mode: opts.mla,
+            dsa: opts.dsa,
+        }
+    });
+    Shapes { gqa, mla }
+}
+
+fn load_layer(
+    cfg: &ModelConfig,
+    index: &WeightIndex,
+    spec: &LayerSpec,
+) -> Result<(Layer, Vec<ExpertLocation>)> {
+    let p = names::layer(spec.index);
+    let h = cfg.hidden_size;
+    let attn = if cfg.mla.is_some() {
+        AttnBlock::Mla(load_mla(cfg, index, &p, spec.indexer)?)
+    } else {
+        AttnBlock::Gqa(load_attention(cfg, index, &p)?)
+    };
+    let (ffn, locs) = if spec.sparse {
+        let (block, locs) = load_moe(cfg, index, spec.index)?;
+        (Ffn::Moe(block), locs)
+    } else {
+        let parts = ["gate_proj", "up_proj", "down_proj"];
+        let mlp = load_mlp(index, &format!("{p}mlp."), parts, h, cfg.intermediate_size)?;
+        (Ffn::Dense(mlp), Vec::new())
+    };
+    let layer = Layer {
+        input_norm: index.read_f32(&format!("{p}input_layernorm.weight"), &[h])?,
+        post_attn_norm: index.read_f32(&format!("{p}post_attention_layernorm.weight"), &[h])?,
+        attn,
+        ffn,
+    };
+    Ok((layer, locs))
+}
+
+fn bias(index: &WeightIndex, name: &str, len: usize, on: bool) -> Result<Option<Vec<f32>>> {
+    if on {
+        index.read_f32(name, &[len]).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn load_attention(cfg: &ModelConfig, index: &WeightIndex, p: &str) -> Result<Attention> {
+    let h = cfg.hidden_size;
+    let (qd, kd) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    let a = format!("{p}self_attn.");
+    let (qn, kn) = match cfg.qk_norm {
+        QkNorm::None => (None, None),
+        QkNorm::PerHead => (Some(cfg.head_dim), Some(cfg.head_dim)),
+        QkNorm::Whole => (Some(qd), Some(kd)),
+    };
+    let norm = |name: &str, len: Option<usize>| -> Result<Option<Vec<f32>>> {
+        len.map(|n| index.read_f32(&format!("{a}{name}.weight"), &[n]))
+            .transpose()
+    };
+    Ok(Attention {
+        wq: index.read_f32(&format!("{a}q_proj.weight"), &[qd, h])?,
+        wk: index.read_f32(&format!("{a}k_proj.weight"), &[kd, h])?,
+        wv: index.read_f32(&format!("{a}v_proj.weight"), &[kd, h])?,
+        wo: index.read_f32(&format!("{a}o_proj.weight"), &[h, qd])?,
+        bq: bias(index, &format!("{a}q_proj.bias"), qd, cfg.qkv_bias)?,
+        bk: bias(index, &format!("{a}k_proj.bias"), kd, cfg.qkv_bias)?,
+        bv: bias(index, &format!("{a}v_proj.bias"), kd, cfg.qkv_bias)?,
+        bo: bias(index, &format!("{a}o_proj.bias"), h, cfg.o_bias)?,
+        q_norm: norm("q_norm", qn)?,
+        k_norm: norm("k_norm", kn)?,
+    })
+}
+
+fn load_mla(
+    cfg: &ModelConfig,
+    index: &WeightIndex,
+    p: &str,
+    with_indexer: bool,
+) -> Result<MlaAttention> {
+    let m = cfg.mla.as_ref().expect("load_mla on an MLA config");
+    let (h, heads) = (cfg.hidden_size, cfg.num_heads);
+    let (l, r, qk, vd) = (
+        m.kv_lora_rank,
+        m.qk_rope_head_dim,
+        m.qk_head_dim(),
+        m.v_head_dim,
+    );
+    let a = format!("{p}self_attn.");
+    let b = m.attention_bias;
+    let (q_lora, wq) = match m.q_lora_rank {
+        Some(rank) => (
+            Some(QLora {
+                wa: index.read_f32(&format!("{a}q_a_proj.weight"), &[rank, h])?,
+                ba: bias(index, &format!("{a}q_a_proj.bias"), rank, b)?,
+                norm: index.read_f32(&format!("{a}q_a_layernorm.weight"), &[rank])?,
+                wb: index.read_f32(&format!("{a}q_b_proj.weight"), &[heads * qk, rank])?,
+            }),
+            None,
+        ),
+        None => (
+            None,
+            Some(index.read_f32(&format!("{a}q_proj.weight"), &[heads * qk, h])?),
+        ),
+    };
+    let indexer = if with_indexer {
+        let ix = cfg
+            .indexer
+            .as_ref()
+            .expect("indexer layers come with an indexer config");
+        let rank = m.q_lora_rank.ok_or_else(|| {
+            Error::config(
+                &cfg.path,
+                "q_lora_rank",
+                "the DSA indexer needs q_lora_rank (its queries read the q latent)",
+            )
+        })?;
+        let d = ix.head_dim;
+        let x = format!("{a}indexer.");
+        Some(Indexer {
+            wq_b: index.read_f32(&format!("{x}wq_b.weight"), &[ix.n_heads * d, rank])?,
+            wk: index.read_f32(&format!("{x}wk.weight"), &[d, h])?,
+            k_norm_w: index.read_f32(&format!("{x}k_norm.weight"), &[d])?,
+            k_norm_b: index.read_f32(&format!("{x}k_norm.bias"), &[d])?,
+            weights_proj: index.read_f32(&format!("{x}weights_proj.weight"), &[ix.n_heads, h])?,
+        })
+    } else {
+        None
+    };
+    Ok(MlaAttention {
+        q_lora,
+        wq,
+        wkv_a: index.read_f32(&format!("{a}kv_a_proj_with_mqa.weight"), &[l + r, h])?,
+        bkv_a: bias(index, &format!("{a}kv_a_proj_with_mqa.bias"), l + r, b)?,
+        kv_a_norm: index.read_f32(&format!("{a}kv_a_layernorm.weight"), &[l])?,
+        wkv_b: index.read_f32(
+            &format!("{a}kv_b_proj.weight"),
+            &[heads * (m.qk_nope_head_dim + vd), l],
+        )?,
+        wo: index.read_f32(&format!("{a}o_proj.weight"), &[h, heads * vd])?,
+        bo: bias(index, &format!("{a}o_proj.bias"), h, b)?,
+        indexer,
+    })
+}
+
+pub(super) fn load_mlp(
+    index: &WeightIndex,
+    prefix: &str,
+    parts: [&str; 3],
+    h: usize,
+    i: usize,
+) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: index.read_f32(&format!("{prefix}{}.weight", parts[0]), &[i, h])?,
+        up: index.read_f32(&format!("{prefix}{}.weight", parts[1]), &[i, h])?,
+        down: index.read_f32(&format!("{prefix}{}.weight", parts[2]), &[h, i])?,
+        hidden: h,
+        inter: i,
+    })
+}
+
+fn load_moe(
+    cfg: &ModelConfig,
+    index: &WeightIndex,
+    l: usize,
+) -> Result<(MoeBlock, Vec<ExpertLocation>)> {
+    let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size);
+    let p = names::layer(l);
+    let router_name = names::pick(index, &names::router(cfg.family, l)).to_string();
+    let correction_bias = match cfg.router {
+        RouterKind::SigmoidGrouped { .. } => {
+            Some(index.read_f32(&format!("{p}mlp.gate.e_score_correction_bias"), &[e])?)
+        }
+        RouterKind::SoftmaxTopK { .. } => None,
+    };
+    let parts = ["gate_proj", "up_proj", "down_proj"];
+    let shared = match cfg.shared_experts {
+        SharedExperts::None => None,
+        SharedExperts::Gated(si) => Some(SharedExpert {
+            mlp: load_mlp(index, &format!("{p}mlp.shared_expert."), parts, h, si)?,
+            gate: names::optional(index, &format!("{p}mlp.shared_expert_gate.weight"), &[1, h])?,
+        }),
+        SharedExperts::Plain(si) => Some(SharedExpert {
+            mlp: load_mlp(index, &format!("{p}mlp.shared_experts."), parts, h, si)?,
+            gate: None,
+        }),
+    };
+    let mut locs = Vec::with_capacity(e);
+    for x in 0..e {
+        let cands = names::expert(cfg.family, l, x);
+        let [g, u, d] = names::pick3(index, &cands).clone();
+        locs.push(ExpertLocation {
+            parts: [
+                (g.clone(), index.expect_shape(&g, &[i, h])?.clone()),
+                (u.clone(), index.expect_shape(&u, &[i, h])?.clone()),
+                (d.clone(), index.expect_shape(&d, &[h, i])?.clone()),
+            ],
+        });
+    }
+    let router = Router {
+        weight: index.read_f32(&router_name, &[e, h])?,
+        correction_bias,
+        kind: cfg.router,
+        num_experts: e,
+        top_k: cfg.top_k,
+    };
+    Ok((MoeBlock { router, shared }, locs))
+}
+
+/// The MTP head at layer index `num_layers`, if the config announces one
+/// and the checkpoint holds its weights (hub conversions sometimes drop it).
+fn load_mtp(cfg: &ModelConfig, index: &WeightIndex) -> Result<Option<(Mtp, Vec<ExpertLocation>)>> {
+    let l = cfg.num_layers;
+    let p = names::layer(l);
+    if cfg.mtp_layers == 0 || !index.contains(&format!("{p}eh_proj.weight")) {
+        return Ok(None);
+    }
+    let h = cfg.hidden_size;
+    let spec = LayerSpec {
+        index: l,
+        sparse: index.contains(&format!("{p}mlp.gate.weight")),
+        indexer: cfg.indexer.is_some()
+            && index.contains(&format!("{p}self_attn.indexer.wq_b.weight")),
+    };
+    let (block, locs) = load_layer(cfg, index, &spec)?;
+    let head = names::optional(
+        index,
+        &format!("{p}shared_head.head.weight"),
+        &[cfg.vocab_size, h],
+    )?;
+    let mtp = Mtp {
+        enorm: index.read_f32(&format!("{p}enorm.weight"), &[h])?,
+        hnorm: index.read_f32(&format!("{p}hnorm.weight"), &[h])?,
+        eh_proj: index.read_f32(&format!("{p}eh_proj.weight"), &[h, 2 * h])?,
+        block,
+        norm: index.read_f32(&format!("{p}shared_head.norm.weight"), &[h])?,
+        head,
+        store_layer: l,
+    };
+    Ok(Some((mtp, locs)))
+}

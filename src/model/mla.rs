@@ -1,0 +1,355 @@
+//! Multi-head latent attention (DeepSeek-V3, GLM-5) over the compressed
+//! cache: per position only the normalized latent (kv_lora_rank) and the
+//! rotary key (qk_rope_head_dim) are stored.
+//!
+//! Query: q_b(rmsnorm(q_a(x))) (or q_proj(x)), each head `[nope | rope]`.
+//! Latent: kv_a_proj_with_mqa(x) = `[latent | k_rope]`, latent RMS-normed,
+//! k_rope rotated and shared by every head. Two ways to attend, same math:
+//!
+//! - **explicit** (prefill): reconstruct every position's per-head k_nope
+//!   and v with one batched `kv_b` matmul, then ordinary attention;
+//! - **absorb** (decode): fold kv_b's key half into the query
+//!   (q_lat = W_kbᵀ q_nope), score latents directly, pool latents with the
+//!   softmax weights, and project once through kv_b's value half.
+//!
+//! [`MlaMode::Auto`] picks the cheaper by a multiply-add count for the
+//! tokens in flight. An optional DSA [`Indexer`] restricts each query to
+//! its selected positions.
+
+use super::attention::{add_bias, softmax};
+use super::dsa::{Indexer, IndexerShape, Selection};
+use super::norm::rms_norm;
+use super::rope::Rope;
+use crate::config::MlaConfig;
+use crate::kernels::f32::{dot, matmul};
+use crate::kv::LayerKv;
+
+/// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
+const LORA_NORM_EPS: f64 = 1e-6;
+
+/// How MLA attends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaMode {
+    Absorb,
+    Explicit,
+    Auto,
+}
+
+impl std::str::FromStr for MlaMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MlaMode, String> {
+        match s {
+            "absorb" => Ok(MlaMode::Absorb),
+            "explicit" => Ok(MlaMode::Explicit),
+            "auto" => Ok(MlaMode::Auto),
+            _ => Err(format!("unknown MLA mode `{s}` (absorb, explicit, auto)")),
+        }
+    }
+}
+
+/// Whether the DSA indexer restricts attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DsaMode {
+    /// Always score and select (as transformers does).
+    On,
+    /// Dense attention; indexer keys are still cached.
+    Off,
+    /// Select only when a query sees more than index_topk positions (the
+    /// same output as `On`, without scoring when everything is kept).
+    Auto,
+}
+
+impl std::str::FromStr for DsaMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DsaMode, String> {
+        match s {
+            "on" => Ok(DsaMode::On),
+            "off" => Ok(DsaMode::Off),
+            "auto" => Ok(DsaMode::Auto),
+            _ => Err(format!("unknown DSA mode `{s}` (on, off, auto)")),
+        }
+    }
+}
+
+/// The low-rank query path.
+pub struct QLora {
+    /// (q_lora, hidden)
+    pub wa: Vec<f32>,
+    pub ba: Option<Vec<f32>>,
+    /// (q_lora,)
+    pub norm: Vec<f32>,
+    /// (heads * qk_head_dim, q_lora)
+    pub wb: Vec<f32>,
+}
+
+/// One layer's MLA weights.
+pub struct MlaAttention {
+    pub q_lora: Option<QLora>,
+    /// (heads * qk_head_dim, hidden), when there is no q_lora.
+    pub wq: Option<Vec<f32>>,
+    /// (kv_lora + rope, hidden)
+    pub wkv_a: Vec<f32>,
+    pub bkv_a: Option<Vec<f32>>,
+    /// (kv_lora,)
+    pub kv_a_norm: Vec<f32>,
+    /// (heads * (nope + v), kv_lora)
+    pub wkv_b: Vec<f32>,
+    /// (hidden, heads * v)
+    pub wo: Vec<f32>,
+    pub bo: Option<Vec<f32>>,
+    /// Present on GLM-5 "full" indexer layers.
+    pub indexer: Option<Indexer>,
+}
+
+/// Geometry and switches shared by every MLA layer.
+pub struct MlaShape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub cfg: MlaConfig,
+    pub rope: Rope,
+    pub mode: MlaMode,
+    pub dsa: DsaMode,
+    pub indexer: Option<IndexerShape>,
+}
+
+impl MlaShape {
+    /// Whether `n` queries over `total` positions are cheaper explicitly.
+    pub fn explicit_for(&self, n: usize, total: usize) -> bool {
+        match self.mode {
+            MlaMode::Absorb => false,
+            MlaMode::Explicit => true,
+            MlaMode::Auto => {
+                let c = &self.cfg;
+                let (l, h) = (c.kv_lora_rank, self.heads);
+                let (nope, rope, v) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);
+                let explicit = total * l * h * (nope + v) + n * total * h * (nope + rope + v);
+                let absorb = n * h * (nope * l + total * (2 * l + rope) + l * v);
+                explicit < absorb
+            }
+        }
+    }
+}
+
+/// Per-query inputs of the attention core, `(n, ·)` each.
+struct Queries<'a> {
+    /// (n, heads * qk_head_dim), rope already applied.
+    q: &'a [f32],
+    start: usize,
+    sel: &'a Selection,
+}
+
+impl MlaAttention {
+    /// Attends `n` rows of `x` `(n, hidden)` at cache rows `start..`
+    /// (RoPE positions `rope_offset + start..`), writing `(n, hidden)`.
+    /// `selection` carries the DSA selection between layers: a full
+    /// indexer layer replaces it, a shared layer reuses it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        sh: &MlaShape,
+        x: &[f32],
+        n: usize,
+        start: usize,
+        rope_offset: usize,
+        kv: &mut LayerKv,
+        selection: &mut Option<Selection>,
+        out: &mut [f32],
+    ) {
+        let LayerKv::Mla {
+            latent,
+            k_rope,
+            index_k,
+        } = kv
+        else {
+            panic!("MLA attention given a non-MLA cache layer");
+        };
+        let c = &sh.cfg;
+        let (h, qk, l, r) = (
+            sh.heads,
+            c.qk_head_dim(),
+            c.kv_lora_rank,
+            c.qk_rope_head_dim,
+        );
+        let (q_resid, mut q) = self.queries(sh, x, n); // (n, q_lora), (n, heads * qk)
+        for t in 0..n {
+            for head in q[t * h * qk..(t + 1) * h * qk].chunks_exact_mut(qk) {
+                sh.rope
+                    .apply(&mut head[c.qk_nope_head_dim..], rope_offset + start + t);
+            }
+        }
+        let mut ckv = vec![0f32; n * (l + r)]; // (n, kv_lora + rope)
+        matmul(&self.wkv_a, l + r, sh.hidden, x, n, &mut ckv);
+        add_bias(&mut ckv, &self.bkv_a);
+        for (t, row) in ckv.chunks_exact_mut(l + r).enumerate() {
+            let (lat, rot) = row.split_at_mut(l);
+            let dst = &mut latent[(start + t) * l..(start + t + 1) * l];
+            rms_norm(lat, &self.kv_a_norm, LORA_NORM_EPS, dst);
+            sh.rope.apply(rot, rope_offset + start + t);
+            k_rope[(start + t) * r..(start + t + 1) * r].copy_from_slice(rot);
+        }
+        if let (Some(ix), Some(ish)) = (&self.indexer, &sh.indexer) {
+            ix.write_keys(ish, x, n, start, rope_offset, index_k);
+            *selection = match sh.dsa {
+                DsaMode::Off => None,
+                DsaMode::On | DsaMode::Auto => {
+                    let qr = q_resid
+                        .as_deref()
+                        .expect("config check: an indexer needs q_lora_rank");
+                    let skip_short = sh.dsa == DsaMode::Auto;
+                    Some(ix.select(ish, x, qr, n, start, rope_offset, index_k, skip_short))
+                }
+            };
+        }
+        let all = vec![None; n];
+        let queries = Queries {
+            q: &q,
+            start,
+            sel: selection.as_ref().unwrap_or(&all),
+        };
+        let mut ctx = vec![0f32; n * h * c.v_head_dim]; // (n, heads * v_head_dim)
+        if sh.explicit_for(n, start + n) {
+            self.attend_explicit(sh, &queries, latent, k_rope, &mut ctx);
+        } else {
+            self.attend_absorbed(sh, &queries, latent, k_rope, &mut ctx);
+        }
+        matmul(&self.wo, sh.hidden, h * c.v_head_dim, &ctx, n, out);
+        add_bias(out, &self.bo);
+    }
+
+    /// `(q_resid, q)`: the normed q latent (when q_lora) and `(n, heads * qk)`.
+    fn queries(&self, sh: &MlaShape, x: &[f32], n: usize) -> (Option<Vec<f32>>, Vec<f32>) {
+        let qd = sh.heads * sh.cfg.qk_head_dim();
+        let mut q = vec![0f32; n * qd];
+        match (&self.q_lora, &self.wq) {
+            (Some(ql), _) => {
+                let rank = ql.norm.len();
+                let mut qa = vec![0f32; n * rank]; // (n, q_lora)
+                matmul(&ql.wa, rank, sh.hidden, x, n, &mut qa);
+                add_bias(&mut qa, &ql.ba);
+                let mut normed = vec![0f32; n * rank];
+                for (a, o) in qa.chunks_exact(rank).zip(normed.chunks_exact_mut(rank)) {
+                    rms_norm(a, &ql.norm, LORA_NORM_EPS, o);
+                }
+                matmul(&ql.wb, qd, rank, &normed, n, &mut q);
+                (Some(normed), q)
+            }
+            (None, Some(wq)) => {
+                matmul(wq, qd, sh.hidden, x, n, &mut q);
+                (None, q)
+            }
+            (None, None) => unreachable!("loader guarantees a query projection"),
+        }
+    }
+
+    /// Reconstructs k_nope and v of every position with one batched kv_b
+    /// matmul, then attends per head.
+    fn attend_explicit(
+        &self,
+        sh: &MlaShape,
+        qs: &Queries,
+        latent: &[f32],
+        k_rope: &[f32],
+        ctx: &mut [f32],
+    ) {
+        let c = &sh.cfg;
+        let (h, qk, l, r) = (
+            sh.heads,
+            c.qk_head_dim(),
+            c.kv_lora_rank,
+            c.qk_rope_head_dim,
+        );
+        let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
+        let total = qs.start + qs.sel.len();
+        let kvw = h * (nope + vd);
+        let mut kvb = vec![0f32; total * kvw]; // (total, heads * (nope + v))
+        matmul(&self.wkv_b, kvw, l, &latent[..total * l], total, &mut kvb);
+        let mut scores = Vec::new();
+        for (t, sel) in qs.sel.iter().enumerate() {
+            let row = qs.start + t;
+            let positions = visible(sel, row);
+            for hh in 0..h {
+                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
+                let kv_at =
+                    |s: usize| &kvb[s * kvw + hh * (nope + vd)..s * kvw + (hh + 1) * (nope + vd)];
+                scores.clear();
+                scores.extend(positions.iter().map(|&s| {
+                    let k_dot = dot(&q[..nope], &kv_at(s)[..nope])
+                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]);
+                    k_dot * c.softmax_scale
+                }));
+                softmax(&mut scores);
+                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+                o.fill(0.0);
+                for (&s, p) in positions.iter().zip(&scores) {
+                    for (ov, vv) in o.iter_mut().zip(&kv_at(s)[nope..]) {
+                        *ov += p * vv;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Weight absorption: scores against latents, pools latents, projects
+    /// the pooled latent once through kv_b's value rows.
+    fn attend_absorbed(
+        &self,
+        sh: &MlaShape,
+        qs: &Queries,
+        latent: &[f32],
+        k_rope: &[f32],
+        ctx: &mut [f32],
+    ) {
+        let c = &sh.cfg;
+        let (h, qk, l, r) = (
+            sh.heads,
+            c.qk_head_dim(),
+            c.kv_lora_rank,
+            c.qk_rope_head_dim,
+        );
+        let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
+        let mut q_lat = vec![0f32; l]; // (kv_lora,)
+        let mut pooled = vec![0f32; l]; // (kv_lora,)
+        let mut scores = Vec::new();
+        for (t, sel) in qs.sel.iter().enumerate() {
+            let row = qs.start + t;
+            let positions = visible(sel, row);
+            for hh in 0..h {
+                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
+                let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
+                // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
+                q_lat.fill(0.0);
+                for (i, qi) in q[..nope].iter().enumerate() {
+                    for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
+                        *a += qi * w;
+                    }
+                }
+                scores.clear();
+                scores.extend(positions.iter().map(|&s| {
+                    let k_dot = dot(&q_lat, &latent[s * l..(s + 1) * l])
+                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]);
+                    k_dot * c.softmax_scale
+                }));
+                softmax(&mut scores);
+                pooled.fill(0.0);
+                for (&s, p) in positions.iter().zip(&scores) {
+                    for (a, lv) in pooled.iter_mut().zip(&latent[s * l..(s + 1) * l]) {
+                        *a += p * lv;
+                    }
+                }
+                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+                for (j, ov) in o.iter_mut().enumerate() {
+                    *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
+                }
+            }
+        }
+    }
+}
+
+/// The positions a query at cache row `row` attends: its selection, or all
+/// of `0..=row`.
+fn visible(sel: &Option<Vec<usize>>, row: usize) -> std::borrow::Cow<'_, [usize]> {
+    match sel {
+        Some(v) => std::borrow::Cow::Borrowed(v.as_slice()),
+        None => std::borrow::Cow::Owned((0..=row).collect()),
+    }
+}

@@ -1,0 +1,180 @@
+//! Routers: which experts each token goes to, and with what weight.
+//!
+//! - Softmax top-k (Qwen, Mixtral, OLMoE): softmax over all experts in f32,
+//!   the k largest, renormalized if `norm_topk_prob`.
+//! - Sigmoid group-limited (DeepSeek-V3 `noaux_tc`, GLM): s = sigmoid(logit);
+//!   choice = s + e_score_correction_bias; each group scores the sum of its
+//!   two best choices; the best `topk_group` groups stay; top-k by choice
+//!   among them; weights are the unbiased s of the winners, divided by their
+//!   sum (+1e-20) if `norm_topk_prob`, times `routed_scaling_factor`.
+
+use super::attention::softmax;
+use crate::config::RouterKind;
+use crate::kernels::f32::matvec;
+
+/// The experts chosen for one token and their weights, best first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// One MoE layer's router.
+pub struct Router {
+    /// (num_experts, hidden)
+    pub weight: Vec<f32>,
+    /// (num_experts,) — sigmoid routers only.
+    pub correction_bias: Option<Vec<f32>>,
+    pub kind: RouterKind,
+    pub num_experts: usize,
+    pub top_k: usize,
+}
+
+impl Router {
+    /// Routes one token's normed hidden state `x`.
+    pub fn route(&self, x: &[f32]) -> Route {
+        let mut logits = vec![0f32; self.num_experts];
+        matvec(&self.weight, self.num_experts, x.len(), x, &mut logits);
+        match self.kind {
+            RouterKind::SoftmaxTopK { norm_topk_prob } => {
+                self.softmax_route(logits, norm_topk_prob)
+            }
+            RouterKind::SigmoidGrouped {
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                routed_scaling_factor,
+            } => self.sigmoid_route(
+                &logits,
+                n_group,
+                topk_group,
+                norm_topk_prob,
+                routed_scaling_factor,
+            ),
+        }
+    }
+
+    fn softmax_route(&self, mut probs: Vec<f32>, norm: bool) -> Route {
+        softmax(&mut probs);
+        let experts = top_k(&probs, self.top_k);
+        let mut weights: Vec<f32> = experts.iter().map(|&e| probs[e]).collect();
+        if norm {
+            let sum: f32 = weights.iter().sum();
+            for w in &mut weights {
+                *w /= sum;
+            }
+        }
+        Route { experts, weights }
+    }
+
+    fn sigmoid_route(
+        &self,
+        logits: &[f32],
+        n_group: usize,
+        topk_group: usize,
+        norm: bool,
+        scale: f32,
+    ) -> Route {
+        let scores: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
+        let bias = self.correction_bias.as_deref();
+        let mut choice: Vec<f32> = match bias {
+            Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+            None => scores.clone(),
+        };
+        let per_group = self.num_experts / n_group;
+        let group_scores: Vec<f32> = choice
+            .chunks_exact(per_group)
+            .map(|g| top_k(g, 2.min(per_group)).iter().map(|&i| g[i]).sum())
+            .collect();
+        let kept = top_k(&group_scores, topk_group);
+        for (g, chunk) in choice.chunks_exact_mut(per_group).enumerate() {
+            if !kept.contains(&g) {
+                chunk.fill(f32::NEG_INFINITY);
+            }
+        }
+        let experts = top_k(&choice, self.top_k);
+        let mut weights: Vec<f32> = experts.iter().map(|&e| scores[e]).collect();
+        if norm {
+            let denom = weights.iter().sum::<f32>() + 1e-20;
+            for w in &mut weights {
+                *w /= denom;
+            }
+        }
+        for w in &mut weights {
+            *w *= scale;
+        }
+        Route { experts, weights }
+    }
+}
+
+/// Indices of the `k` largest values, largest first; ties go to the lower index.
+pub fn top_k(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_and_breaks_ties_low_first() {
+        assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.2], 3), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn softmax_route_renormalizes_when_asked() {
+        let r = Router {
+            weight: vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0],
+            correction_bias: None,
+            kind: RouterKind::SoftmaxTopK {
+                norm_topk_prob: true,
+            },
+            num_experts: 3,
+            top_k: 2,
+        };
+        let route = r.route(&[2.0, 0.0]);
+        assert_eq!(route.experts, vec![0, 2]);
+        assert!((route.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    /// 4 experts in 2 groups; the bias favours expert 3 for choice, but the
+    /// weight is its unbiased score; group 0 is dropped by topk_group = 1.
+    #[test]
+    fn sigmoid_route_limits_groups_and_weights_by_unbiased_score() {
+        // logits = identity rows: expert e's logit is x[e].
+        let mut weight = vec![0f32; 16];
+        for e in 0..4 {
+            weight[e * 4 + e] = 1.0;
+        }
+        let r = Router {
+            weight,
+            correction_bias: Some(vec![0.0, 0.0, 0.0, 0.5]),
+            kind: RouterKind::SigmoidGrouped {
+                n_group: 2,
+                topk_group: 1,
+                norm_topk_prob: false,
+                routed_scaling_factor: 2.0,
+            },
+            num_experts: 4,
+            top_k: 2,
+        };
+        let x = [3.0f32, 2.9, 0.0, 0.1];
+        let route = r.route(&x);
+        // group 0 choice sum ≈ 0.953 + 0.948; group 1 ≈ 0.5 + 1.025 → group 0 wins.
+        assert_eq!(route.experts, vec![0, 1]);
+        let s0 = 1.0 / (1.0 + (-3.0f32).exp());
+        assert!((route.weights[0] - 2.0 * s0).abs() < 1e-6);
+        // With a large bias the other group wins and the weight stays unbiased.
+        let r2 = Router {
+            correction_bias: Some(vec![0.0, 0.0, 0.0, 2.0]),
+            ..r
+        };
+        let route = r2.route(&x);
+        assert_eq!(route.experts, vec![3, 2]);
+        let s3 = 1.0 / (1.0 + (-0.1f32).exp());
+        assert!((route.weights[0] - 2.0 * s3).abs() < 1e-6);
+    }
+}
