@@ -451,7 +451,7 @@ fn router_kind(f: &Fields, family: Family, num_experts: usize, top_k: usize) -> 
     };
     let n_group = f.usize_opt(&["n_group"])?.unwrap_or(group_default);
     let topk_group = f.usize_opt(&["topk_group"])?.unwrap_or(n_group.min(4));
-    if n_group == 0 || num_experts % n_group != 0 {
+    if n_group == 0 || !num_experts.is_multiple_of(n_group) {
         return Err(f.err(
             "n_group",
             format!("{n_group} does not divide the {num_experts} routed experts"),

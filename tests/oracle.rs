@@ -79,21 +79,23 @@ fn check_greedy_at(dir: &Path, extra: &[&str]) {
 }
 
 fn check_eval(family: &str) {
-    check_eval_at(&fixture(family))
+    check_eval_at(&fixture(family), &[])
 }
 
-fn check_eval_at(dir: &Path) {
+fn check_eval_at(dir: &Path, extra: &[&str]) {
     let o = oracle_at(dir);
     let family = dir.display().to_string();
     let eval_ids = ids(&u32s(&o["eval_ids"]));
-    let out = moestream(&[
+    let mut args = vec![
         "eval",
         "--model",
         dir.to_str().unwrap(),
         "--prompt-ids",
         &eval_ids,
         "--json",
-    ]);
+    ];
+    args.extend(extra);
+    let out = moestream(&args);
     assert!(out.ok, "{family}: {}", out.stderr);
     let v: Value = serde_json::from_str(&out.stdout).expect("one JSON object");
     assert_eq!(
@@ -153,6 +155,45 @@ family_tests! {
     qwen2_moe => "qwen2_moe",
     mixtral => "mixtral",
     olmoe => "olmoe",
+    deepseek_v3 => "deepseek_v3",
+    glm4_moe => "glm4_moe",
+    glm_moe_dsa => "glm_moe_dsa",
+}
+
+/// MLA families must match transformers through either attention path.
+macro_rules! mla_tests {
+    ($($name:ident => $family:literal),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn greedy_tokens_match_absorbed_and_explicit() {
+                super::check_greedy($family, &["--mla", "absorb"]);
+                super::check_greedy($family, &["--mla", "explicit"]);
+            }
+            #[test]
+            fn teacher_forced_match_absorbed_and_explicit() {
+                super::check_eval_with($family, &["--mla", "absorb"]);
+                super::check_eval_with($family, &["--mla", "explicit"]);
+            }
+        }
+    )*};
+}
+
+mod mla {
+    use super::{check_eval_at, check_greedy_at};
+    use crate::common::fixture;
+
+    pub fn check_greedy(family: &str, extra: &[&str]) {
+        check_greedy_at(&fixture(family), extra)
+    }
+
+    pub fn check_eval_with(family: &str, extra: &[&str]) {
+        check_eval_at(&fixture(family), extra)
+    }
+
+    mla_tests! {
+        deepseek_v3 => "deepseek_v3",
+        glm_moe_dsa => "glm_moe_dsa",
+    }
 }
 
 /// Held-out models (other seeds and shapes, made with scripts/make_oracle.py
@@ -166,7 +207,7 @@ fn held_out_oracle_dirs_match_transformers() {
     assert!(!dirs.is_empty(), "MOESTREAM_ORACLE_DIRS names no directory");
     for d in dirs {
         check_greedy_at(Path::new(d), &[]);
-        check_eval_at(Path::new(d));
+        check_eval_at(Path::new(d), &[]);
         eprintln!("ok: {d}");
     }
 }

@@ -5,6 +5,7 @@
 
 use super::norm::{rms_norm, rms_norm_rows};
 use super::rope::Rope;
+use super::Rows;
 use crate::config::{ModelConfig, QkNorm};
 use crate::kernels::f32::{dot, matmul};
 use crate::kv::LayerKv;
@@ -76,19 +77,22 @@ fn norm_heads(x: &mut [f32], w: &[f32], eps: f64) {
 }
 
 impl Attention {
-    /// Attends `n` new rows of `x` `(n, hidden)` stored at cache rows
+    /// Attends `rows.n` new rows of `x` `(n, hidden)` stored at cache rows
     /// `start..start+n` (RoPE positions `rope_offset + start..`), appending
     /// their keys/values to `kv`; writes `(n, hidden)`.
     pub fn forward(
         &self,
         s: &AttentionShape,
         x: &[f32],
-        n: usize,
-        start: usize,
-        rope_offset: usize,
+        rows: Rows,
         kv: &mut LayerKv,
         out: &mut [f32],
     ) {
+        let Rows {
+            n,
+            start,
+            rope_offset,
+        } = rows;
         let LayerKv::Gqa { k: kc, v: vc } = kv else {
             panic!("GQA attention given a non-GQA cache layer");
         };

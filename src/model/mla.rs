@@ -20,6 +20,7 @@ use super::attention::{add_bias, softmax};
 use super::dsa::{Indexer, IndexerShape, Selection};
 use super::norm::rms_norm;
 use super::rope::Rope;
+use super::Rows;
 use crate::config::MlaConfig;
 use crate::kernels::f32::{dot, matmul};
 use crate::kv::LayerKv;
@@ -143,18 +144,20 @@ impl MlaAttention {
     /// (RoPE positions `rope_offset + start..`), writing `(n, hidden)`.
     /// `selection` carries the DSA selection between layers: a full
     /// indexer layer replaces it, a shared layer reuses it.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         sh: &MlaShape,
         x: &[f32],
-        n: usize,
-        start: usize,
-        rope_offset: usize,
+        rows: Rows,
         kv: &mut LayerKv,
         selection: &mut Option<Selection>,
         out: &mut [f32],
     ) {
+        let Rows {
+            n,
+            start,
+            rope_offset,
+        } = rows;
         let LayerKv::Mla {
             latent,
             k_rope,

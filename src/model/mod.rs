@@ -225,24 +225,23 @@ impl Model {
         let mut y = vec![0f32; x.len()]; // (n, hidden) block output
         self.norm_rows(x, &layer.input_norm, &mut xn);
         let t0 = Instant::now();
-        let (n, start, off) = (rows.n, rows.start, rows.rope_offset);
         match &layer.attn {
-            AttnBlock::Gqa(a) => a.forward(&self.shapes.gqa, &xn, n, start, off, kv, &mut y),
+            AttnBlock::Gqa(a) => a.forward(&self.shapes.gqa, &xn, rows, kv, &mut y),
             AttnBlock::Mla(a) => {
                 let sh = self
                     .shapes
                     .mla
                     .as_ref()
                     .expect("MLA layers come with an MLA shape");
-                a.forward(sh, &xn, n, start, off, kv, selection, &mut y)
+                a.forward(sh, &xn, rows, kv, selection, &mut y)
             }
         }
         prof.attention += t0.elapsed();
         add(x, &y);
         self.norm_rows(x, &layer.post_attn_norm, &mut xn);
         match &layer.ffn {
-            Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
-            Ffn::Moe(block) => block.forward(l, &self.store, &xn, n, prof, &mut y)?,
+            Ffn::Dense(mlp) => mlp.forward(&xn, rows.n, &mut y),
+            Ffn::Moe(block) => block.forward(l, &self.store, &xn, rows.n, prof, &mut y)?,
         }
         add(x, &y);
         Ok(())
