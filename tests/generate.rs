@@ -1,0 +1,106 @@
+//! Generation through the CLI: EOS stops a run unless `--ignore-eos`,
+//! seeded sampling reproduces, `--top-k 1` is greedy, and text mode streams
+//! text then ends with the stats line.
+
+mod common;
+
+use common::{moestream, tiny_model};
+use serde_json::Value;
+use std::path::Path;
+
+fn run_json(dir: &Path, extra: &[&str]) -> Vec<u32> {
+    let mut args = vec![
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "5,6,7",
+        "--json",
+    ];
+    args.extend(extra);
+    let out = moestream(&args);
+    assert!(out.ok, "{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    v["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn eos_stops_generation_unless_ignored() {
+    let dir = tiny_model();
+    let all = run_json(dir.path(), &["--max-tokens", "8", "--ignore-eos"]);
+    assert_eq!(all.len(), 8);
+    let eos = all[2];
+    let first = all.iter().position(|t| *t == eos).unwrap();
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        format!("{{\"eos_token_id\": [{eos}]}}"),
+    )
+    .unwrap();
+    let stopped = run_json(dir.path(), &["--max-tokens", "8"]);
+    assert_eq!(
+        stopped,
+        all[..=first].to_vec(),
+        "stops at (and includes) the first EOS"
+    );
+    assert_eq!(
+        run_json(dir.path(), &["--max-tokens", "8", "--ignore-eos"]),
+        all
+    );
+}
+
+#[test]
+fn seeded_sampling_reproduces_and_top_k_one_is_greedy() {
+    let dir = tiny_model();
+    let sample = [
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--temperature",
+        "1.5",
+        "--top-p",
+        "0.95",
+    ];
+    let a = run_json(dir.path(), &[&sample[..], &["--seed", "9"]].concat());
+    let b = run_json(dir.path(), &[&sample[..], &["--seed", "9"]].concat());
+    assert_eq!(a, b);
+    let greedy = run_json(dir.path(), &["--max-tokens", "12", "--ignore-eos"]);
+    let k1 = run_json(
+        dir.path(),
+        &[&sample[..], &["--top-k", "1", "--seed", "3"]].concat(),
+    );
+    assert_eq!(greedy, k1);
+}
+
+#[test]
+fn text_mode_streams_then_prints_the_stats_line() {
+    let dir = tiny_model();
+    let out = moestream(&[
+        "run",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt",
+        "the engine",
+        "--max-tokens",
+        "5",
+        "--ignore-eos",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let line = out.stderr.lines().last().unwrap();
+    for part in [
+        "5 tokens",
+        "tok/s",
+        "expert hit rate",
+        "peak RSS",
+        "disk",
+        "expert-matmul",
+        "attention",
+        "other",
+    ] {
+        assert!(line.contains(part), "stats line lacks `{part}`: {line}");
+    }
+}
