@@ -208,6 +208,42 @@ fn held_out_oracle_dirs_match_transformers() {
     for d in dirs {
         check_greedy_at(Path::new(d), &[]);
         check_eval_at(Path::new(d), &[]);
+        check_mtp_at(Path::new(d));
         eprintln!("ok: {d}");
     }
+}
+
+/// MTP one-step (through `eval --mtp`) and 3-step drafts, where the oracle has them.
+fn check_mtp_at(dir: &Path) {
+    let o = oracle_at(dir);
+    if o.get("mtp").is_none() {
+        return;
+    }
+    let eval_ids = ids(&u32s(&o["eval_ids"]));
+    let out = moestream(&[
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &eval_ids,
+        "--json",
+        "--mtp",
+    ]);
+    assert!(out.ok, "{}: {}", dir.display(), out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        u32s(&v["mtp_argmax"]),
+        u32s(&o["mtp"]["one_step"]),
+        "{}",
+        dir.display()
+    );
+    let model = moestream::model::Model::load(dir, &Default::default()).unwrap();
+    let next = u32s(&o["greedy_ids"])[0];
+    let drafts = model.draft(&u32s(&o["prompt_ids"]), next, 3).unwrap();
+    assert_eq!(
+        drafts,
+        u32s(&o["mtp"]["draft3"]),
+        "{}: 3-step draft",
+        dir.display()
+    );
 }
