@@ -77,14 +77,24 @@ pub fn generate(
         return Err(Error::Request("the prompt is empty".into()));
     }
     model.check_tokens(prompt)?;
+    let context_max = model.cfg.rope.max_position_embeddings;
+    if prompt.len() > context_max {
+        return Err(Error::Request(format!(
+            "the prompt has {} tokens; the model's context is {context_max} (max_position_embeddings)",
+            prompt.len()
+        )));
+    }
+    // The KV cache is sized once, for the whole request, and never past the
+    // model's context: generation stops when the context is full.
+    let max_tokens = opts.max_tokens.min(context_max - prompt.len());
     let start = Instant::now();
     let before = model.store.counters();
     let mut prof = Profile::default();
-    let mut kv = model.new_kv(prompt.len() + opts.max_tokens);
+    let mut kv = model.new_kv(prompt.len() + max_tokens);
     let mut sampler = Sampler::new(opts.sampling);
-    let mut out = Vec::with_capacity(opts.max_tokens);
+    let mut out = Vec::with_capacity(max_tokens);
     let mut prefill_seconds = 0.0;
-    if opts.max_tokens > 0 {
+    if max_tokens > 0 {
         let mut logits = model.forward(prompt, &mut kv, false, &mut prof)?;
         prefill_seconds = start.elapsed().as_secs_f64();
         loop {
@@ -92,7 +102,7 @@ pub fn generate(
             out.push(id);
             on_token(id)?;
             let stop = !opts.ignore_eos && opts.eos_ids.contains(&id);
-            if stop || out.len() == opts.max_tokens {
+            if stop || out.len() == max_tokens {
                 break;
             }
             logits = model.forward(&[id], &mut kv, false, &mut prof)?;

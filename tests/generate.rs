@@ -104,3 +104,32 @@ fn text_mode_streams_then_prints_the_stats_line() {
         assert!(line.contains(part), "stats line lacks `{part}`: {line}");
     }
 }
+
+#[test]
+fn generation_stops_at_the_model_context() {
+    let dir = tiny_model();
+    let path = dir.path().join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["max_position_embeddings"] = 10.into();
+    std::fs::write(&path, v.to_string()).unwrap();
+    // 3 prompt tokens + 7 new fill the 10-position context.
+    assert_eq!(
+        run_json(dir.path(), &["--max-tokens", "1000000", "--ignore-eos"]).len(),
+        7
+    );
+    let long: Vec<String> = (0..11).map(|i| (i + 1).to_string()).collect();
+    let out = moestream(&[
+        "run",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt-ids",
+        &long.join(","),
+        "--json",
+    ]);
+    assert!(!out.ok && out.stdout.is_empty());
+    assert!(
+        out.stderr.contains("max_position_embeddings"),
+        "{}",
+        out.stderr
+    );
+}
