@@ -59,6 +59,17 @@ struct ModelArgs {
     /// when a query sees more than index_topk positions; same output as on).
     #[arg(long, default_value = "auto")]
     dsa: DsaMode,
+    /// How a layer's expert misses are read: reactor (all in flight at once
+    /// through io_uring, falling back to sync where unavailable) or sync
+    /// (one after another).
+    #[arg(long, value_enum, default_value_t = IoPath::Reactor)]
+    io: IoPath,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum IoPath {
+    Reactor,
+    Sync,
 }
 
 #[derive(Args)]
@@ -182,6 +193,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
         read_mode: m.read_mode,
         mla: m.mla,
         dsa: m.dsa,
+        io_reactor: m.io == IoPath::Reactor,
     };
     Ok(Model::load(&m.model, &opts)?)
 }

@@ -26,6 +26,9 @@ pub struct LoadOptions {
     pub read_mode: moestream_io::ReadMode,
     pub mla: MlaMode,
     pub dsa: DsaMode,
+    /// Batch each layer's expert misses through the io_uring reactor (when
+    /// the kernel supports it); otherwise read them one by one.
+    pub io_reactor: bool,
 }
 
 impl Default for LoadOptions {
@@ -35,6 +38,7 @@ impl Default for LoadOptions {
             read_mode: moestream_io::ReadMode::Buffered,
             mla: MlaMode::Auto,
             dsa: DsaMode::Auto,
+            io_reactor: true,
         }
     }
 }
@@ -83,8 +87,8 @@ impl Model {
             index,
             locations,
             opts.expert_cache,
-            h,
-            cfg.moe_intermediate_size,
+            (h, cfg.moe_intermediate_size),
+            opts.io_reactor,
         );
         let shapes = shapes(&cfg, opts);
         Ok(Model {

@@ -29,6 +29,12 @@ pub struct MoeBlock {
 
 impl MoeBlock {
     /// Applies the block to `n` rows of `x` `(n, hidden)`, writing `(n, hidden)`.
+    ///
+    /// The pipeline: route every token → look the union of experts up in the
+    /// cache → a reader thread fetches the misses (all in flight at once
+    /// through the reactor) while this thread computes the hits → misses are
+    /// computed as they arrive → outputs are summed in expert order (so the
+    /// result does not depend on what was cached or when reads completed).
     pub fn forward(
         &self,
         layer: usize,
@@ -39,7 +45,6 @@ impl MoeBlock {
         out: &mut [f32],
     ) -> Result<()> {
         let h = x.len() / n;
-        out.fill(0.0);
         // expert -> [(token, weight)], in expert order as transformers sums them.
         let mut users: BTreeMap<usize, Vec<(usize, f32)>> = BTreeMap::new();
         for t in 0..n {
@@ -49,25 +54,58 @@ impl MoeBlock {
                 users.entry(e).or_default().push((t, w));
             }
         }
-        for (e, toks) in users {
-            let expert = store.get(layer, e)?;
+        let ids: Vec<usize> = users.keys().copied().collect();
+        let tokens: Vec<&[(usize, f32)]> = users.values().map(Vec::as_slice).collect();
+        let cached = store.lookup(layer, &ids);
+        let misses: Vec<usize> = ids
+            .iter()
+            .zip(&cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(e, _)| *e)
+            .collect();
+        let mut ys: Vec<Vec<f32>> = vec![Vec::new(); ids.len()]; // per expert (m, hidden)
+        let mut apply = |e: usize, expert: &Mlp| {
+            let i = ids
+                .binary_search(&e)
+                .expect("fetched experts were asked for");
             let start = Instant::now();
-            let m = toks.len();
-            let mut xs = vec![0f32; m * h]; // (m, hidden) gathered rows
-            for (i, (t, _)) in toks.iter().enumerate() {
-                xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            ys[i] = apply_expert(expert, x, h, tokens[i]);
+            prof.expert_matmul += start.elapsed();
+        };
+        if misses.is_empty() {
+            for (&e, m) in ids.iter().zip(&cached) {
+                apply(e, m.as_ref().expect("no misses"));
             }
-            let mut ys = vec![0f32; m * h]; // (m, hidden)
-            expert.forward(&xs, m, &mut ys);
-            for (i, (t, w)) in toks.iter().enumerate() {
-                for (o, y) in out[t * h..(t + 1) * h]
+        } else {
+            std::thread::scope(|s| -> Result<()> {
+                let (tx, rx) = crossbeam::channel::unbounded();
+                let reader = s.spawn(move || {
+                    store.fetch(layer, &misses, |e, m| {
+                        // The receiver outlives the reader; a send cannot fail.
+                        let _ = tx.send((e, m));
+                    })
+                });
+                for (&e, m) in ids.iter().zip(&cached) {
+                    if let Some(m) = m {
+                        apply(e, m);
+                    }
+                }
+                for (e, m) in rx {
+                    apply(e, &m);
+                }
+                reader.join().expect("expert reader thread panicked")
+            })?;
+        }
+        out.fill(0.0);
+        for (toks, y) in tokens.iter().zip(&ys) {
+            for (k, (t, w)) in toks.iter().enumerate() {
+                for (o, yv) in out[t * h..(t + 1) * h]
                     .iter_mut()
-                    .zip(&ys[i * h..(i + 1) * h])
+                    .zip(&y[k * h..(k + 1) * h])
                 {
-                    *o += y * w;
+                    *o += yv * w;
                 }
             }
-            prof.expert_matmul += start.elapsed();
         }
         if let Some(shared) = &self.shared {
             let mut ys = vec![0f32; n * h]; // (n, hidden)
@@ -87,4 +125,16 @@ impl MoeBlock {
         }
         Ok(())
     }
+}
+
+/// Runs `expert` on the rows of `x` listed in `toks`, `(toks.len(), hidden)`.
+fn apply_expert(expert: &Mlp, x: &[f32], h: usize, toks: &[(usize, f32)]) -> Vec<f32> {
+    let m = toks.len();
+    let mut xs = vec![0f32; m * h]; // (m, hidden) gathered rows
+    for (i, (t, _)) in toks.iter().enumerate() {
+        xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+    }
+    let mut ys = vec![0f32; m * h]; // (m, hidden)
+    expert.forward(&xs, m, &mut ys);
+    ys
 }

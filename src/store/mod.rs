@@ -14,7 +14,10 @@ use crate::model::mlp::Mlp;
 use crate::weights::dtype;
 use crate::weights::{TensorEntry, WeightIndex};
 use lru::Lru;
-use moestream_io::{coalesce, ByteRange, CoalesceLimits};
+use moestream_io::{
+    coalesce, ByteRange, CoalesceLimits, OpenFile, Reactor, ReactorConfig, ReadMode, ReadReq, Slab,
+};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use usage::{Usage, UsageTable};
@@ -31,6 +34,15 @@ const COALESCE: CoalesceLimits = CoalesceLimits {
 pub struct ExpertLocation {
     /// gate, up, down (with their tensor names, for errors).
     pub parts: [(String, TensorEntry); 3],
+}
+
+/// One coalesced read of an expert: a span of one shard, and the expert
+/// parts (0 gate, 1 up, 2 down) it holds as byte windows into the span.
+struct SpanRead {
+    shard: usize,
+    offset: u64,
+    len: usize,
+    parts: Vec<(usize, Range<usize>)>,
 }
 
 /// Counters of the store (summed over layers).
@@ -65,7 +77,15 @@ pub struct ExpertStore {
     inter: usize,
     io: Mutex<(u64, Duration)>,
     usage: Mutex<UsageTable>,
+    /// Batches a layer's misses when io_uring works and every shard reader
+    /// has a descriptor (not mmap; not drop, whose fadvise is per read).
+    reactor: Option<Mutex<Reactor>>,
+    /// Per shard, its descriptor for reactor reads.
+    files: Vec<Option<Arc<OpenFile>>>,
 }
+
+/// Reads in flight at once through the reactor.
+const REACTOR_DEPTH: u32 = 32;
 
 /// Heats halve every this many forwarded tokens.
 const HEAT_DECAY_TOKENS: u64 = 256;
@@ -73,13 +93,31 @@ const HEAT_DECAY_TOKENS: u64 = 256;
 impl ExpertStore {
     /// A store over `locations` with `capacity` cached experts per layer.
     /// Every location must already be shape-checked against (hidden, inter).
+    /// With `use_reactor`, misses go through io_uring when it is available.
     pub fn new(
         index: Arc<WeightIndex>,
         locations: Vec<Vec<ExpertLocation>>,
         capacity: usize,
-        hidden: usize,
-        inter: usize,
+        (hidden, inter): (usize, usize),
+        use_reactor: bool,
     ) -> ExpertStore {
+        let files: Vec<Option<Arc<OpenFile>>> =
+            index.shards.iter().map(|s| s.reader.open_file()).collect();
+        let batchable = index
+            .shards
+            .iter()
+            .all(|s| s.reader.open_file().is_some() && s.reader.effective_mode() != ReadMode::Drop);
+        let reactor = if use_reactor && batchable && Reactor::probe().is_ok() {
+            let config = ReactorConfig {
+                depth: REACTOR_DEPTH,
+                ..ReactorConfig::default()
+            };
+            Reactor::new(config, moestream_io::shared_pool())
+                .ok()
+                .map(Mutex::new)
+        } else {
+            None
+        };
         let caches = locations
             .iter()
             .map(|_| Mutex::new(Lru::new(capacity)))
@@ -94,6 +132,8 @@ impl ExpertStore {
             inter,
             io: Mutex::new((0, Duration::ZERO)),
             usage: usage_table,
+            reactor,
+            files,
         }
     }
 
@@ -122,29 +162,122 @@ impl ExpertStore {
 
     /// The expert, from the layer's cache or read from disk on a miss.
     pub fn get(&self, layer: usize, expert: usize) -> Result<Arc<Mlp>> {
-        if let Some(m) = self.caches[layer].lock().expect("cache lock").get(expert) {
+        if let Some(m) = self.lookup(layer, &[expert]).pop().flatten() {
             return Ok(m);
         }
-        let mlp = Arc::new(self.read(layer, expert)?);
-        self.caches[layer]
-            .lock()
-            .expect("cache lock")
-            .insert(expert, mlp.clone());
-        Ok(mlp)
+        let mut got = None;
+        self.fetch(layer, &[expert], |_, m| got = Some(m))?;
+        Ok(got.expect("fetch hands every expert to the sink"))
     }
 
-    /// Reads and widens one expert, bypassing the cache. The three tensors
-    /// are coalesced per shard into as few reads as the limits allow (one,
-    /// for the usual adjacent layout).
-    pub fn read(&self, layer: usize, expert: usize) -> Result<Mlp> {
-        let loc = &self.locations[layer][expert];
+    /// Looks `experts` up in the layer's cache, counting each as a hit or a
+    /// miss; `None` for a miss.
+    pub fn lookup(&self, layer: usize, experts: &[usize]) -> Vec<Option<Arc<Mlp>>> {
+        let mut cache = self.caches[layer].lock().expect("cache lock");
+        experts.iter().map(|&e| cache.get(e)).collect()
+    }
+
+    /// Reads `experts` of `layer` from disk, inserts each into the layer's
+    /// cache and hands it to `sink` as soon as it is complete. With the
+    /// io_uring reactor, all their reads are in flight at once and experts
+    /// are handed over in completion order; otherwise one after another.
+    pub fn fetch(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        mut sink: impl FnMut(usize, Arc<Mlp>),
+    ) -> Result<()> {
         let start = Instant::now();
-        let mut mats: [Vec<f32>; 3] = Default::default();
         let mut bytes = 0u64;
+        let mut done = |e: usize, mlp: Mlp| {
+            let mlp = Arc::new(mlp);
+            self.caches[layer]
+                .lock()
+                .expect("cache lock")
+                .insert(e, mlp.clone());
+            sink(e, mlp);
+        };
+        let res = match &self.reactor {
+            Some(reactor) if experts.len() > 1 => {
+                self.fetch_batched(reactor, layer, experts, &mut bytes, &mut done)
+            }
+            _ => experts.iter().try_for_each(|&e| {
+                let spans = self.plan(layer, e);
+                let mut slabs = Vec::with_capacity(spans.len());
+                for sp in &spans {
+                    slabs.push(self.index.shards[sp.shard].reader.read(sp.offset, sp.len)?);
+                    bytes += sp.len as u64;
+                }
+                done(e, self.assemble(layer, e, &spans, &slabs)?);
+                Ok(())
+            }),
+        };
+        let mut io = self.io.lock().expect("io lock");
+        io.0 += bytes;
+        io.1 += start.elapsed();
+        res
+    }
+
+    /// All spans of all `experts` submitted as one reactor batch; an expert
+    /// is assembled when its last span completes.
+    fn fetch_batched(
+        &self,
+        reactor: &Mutex<Reactor>,
+        layer: usize,
+        experts: &[usize],
+        bytes: &mut u64,
+        done: &mut impl FnMut(usize, Mlp),
+    ) -> Result<()> {
+        let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| self.plan(layer, e)).collect();
+        let mut reqs = Vec::new();
+        let mut owner = Vec::new(); // tag -> (expert slot, span index)
+        for (i, spans) in plans.iter().enumerate() {
+            for (j, sp) in spans.iter().enumerate() {
+                let file = self.files[sp.shard]
+                    .clone()
+                    .expect("reactor only with descriptor-backed readers");
+                reqs.push(ReadReq {
+                    tag: owner.len() as u64,
+                    file,
+                    offset: sp.offset,
+                    len: sp.len,
+                });
+                owner.push((i, j));
+                *bytes += sp.len as u64;
+            }
+        }
+        let results = reactor.lock().expect("reactor lock").submit_batch(reqs)?;
+        let mut slabs: Vec<Vec<Option<Slab>>> = plans
+            .iter()
+            .map(|p| p.iter().map(|_| None).collect())
+            .collect();
+        let mut left: Vec<usize> = plans.iter().map(Vec::len).collect();
+        for (tag, slab) in results {
+            let (i, j) = owner[tag as usize];
+            slabs[i][j] = Some(slab?);
+            left[i] -= 1;
+            if left[i] == 0 {
+                let got: Vec<Slab> = slabs[i]
+                    .iter_mut()
+                    .map(|s| s.take().expect("every span completed"))
+                    .collect();
+                done(
+                    experts[i],
+                    self.assemble(layer, experts[i], &plans[i], &got)?,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The coalesced reads of one expert: per shard, its tensors merged into
+    /// as few spans as the limits allow (one, for the usual adjacent layout).
+    fn plan(&self, layer: usize, expert: usize) -> Vec<SpanRead> {
+        let loc = &self.locations[layer][expert];
         let mut order: Vec<usize> = (0..3).collect();
         order.sort_by_key(|&i| (loc.parts[i].1.shard, loc.parts[i].1.offset));
+        let mut spans = Vec::new();
         for shard_parts in order.chunk_by(|&a, &b| loc.parts[a].1.shard == loc.parts[b].1.shard) {
-            let shard = loc.parts[shard_parts[0]].1.shard;
             let ranges: Vec<ByteRange> = shard_parts
                 .iter()
                 .map(|&i| ByteRange {
@@ -153,24 +286,37 @@ impl ExpertStore {
                 })
                 .collect();
             for merged in coalesce(&ranges, COALESCE) {
-                let slab = self.index.shards[shard]
-                    .reader
-                    .read(merged.offset, merged.len as usize)?;
-                bytes += merged.len;
-                for &p in &merged.parts {
-                    let (name, e) = &loc.parts[shard_parts[p]];
-                    mats[shard_parts[p]] = widen(
-                        &self.index,
-                        name,
-                        e,
-                        &slab.bytes()[merged.window(ranges[p])],
-                    )?;
-                }
+                spans.push(SpanRead {
+                    shard: loc.parts[shard_parts[0]].1.shard,
+                    offset: merged.offset,
+                    len: merged.len as usize,
+                    parts: merged
+                        .parts
+                        .iter()
+                        .map(|&p| (shard_parts[p], merged.window(ranges[p])))
+                        .collect(),
+                });
             }
         }
-        let mut io = self.io.lock().expect("io lock");
-        io.0 += bytes;
-        io.1 += start.elapsed();
+        spans
+    }
+
+    /// Widens the bytes of `spans` (read into `slabs`) into the expert.
+    fn assemble(
+        &self,
+        layer: usize,
+        expert: usize,
+        spans: &[SpanRead],
+        slabs: &[Slab],
+    ) -> Result<Mlp> {
+        let loc = &self.locations[layer][expert];
+        let mut mats: [Vec<f32>; 3] = Default::default();
+        for (sp, slab) in spans.iter().zip(slabs) {
+            for (part, window) in &sp.parts {
+                let (name, e) = &loc.parts[*part];
+                mats[*part] = widen(&self.index, name, e, &slab.bytes()[window.clone()])?;
+            }
+        }
         let [gate, up, down] = mats;
         Ok(Mlp {
             gate,
@@ -179,6 +325,21 @@ impl ExpertStore {
             hidden: self.hidden,
             inter: self.inter,
         })
+    }
+
+    /// Reads and widens one expert, bypassing the cache.
+    pub fn read(&self, layer: usize, expert: usize) -> Result<Mlp> {
+        let spans = self.plan(layer, expert);
+        let slabs = spans
+            .iter()
+            .map(|sp| self.index.shards[sp.shard].reader.read(sp.offset, sp.len))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.assemble(layer, expert, &spans, &slabs)
+    }
+
+    /// Whether misses are read through the io_uring reactor.
+    pub fn uses_reactor(&self) -> bool {
+        self.reactor.is_some()
     }
 
     /// Counters summed over layers.
