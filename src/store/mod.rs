@@ -187,8 +187,9 @@ impl ExpertStore {
         experts: &[usize],
         mut sink: impl FnMut(usize, Arc<Mlp>),
     ) -> Result<()> {
-        let start = Instant::now();
+        // Bytes read and time spent waiting on reads (widening to f32 excluded).
         let mut bytes = 0u64;
+        let mut wait = Duration::ZERO;
         let mut done = |e: usize, mlp: Mlp| {
             let mlp = Arc::new(mlp);
             self.caches[layer]
@@ -199,13 +200,15 @@ impl ExpertStore {
         };
         let res = match &self.reactor {
             Some(reactor) if experts.len() > 1 => {
-                self.fetch_batched(reactor, layer, experts, &mut bytes, &mut done)
+                self.fetch_batched(reactor, layer, experts, (&mut bytes, &mut wait), &mut done)
             }
             _ => experts.iter().try_for_each(|&e| {
                 let spans = self.plan(layer, e);
                 let mut slabs = Vec::with_capacity(spans.len());
                 for sp in &spans {
+                    let start = Instant::now();
                     slabs.push(self.index.shards[sp.shard].reader.read(sp.offset, sp.len)?);
+                    wait += start.elapsed();
                     bytes += sp.len as u64;
                 }
                 done(e, self.assemble(layer, e, &spans, &slabs)?);
@@ -214,7 +217,7 @@ impl ExpertStore {
         };
         let mut io = self.io.lock().expect("io lock");
         io.0 += bytes;
-        io.1 += start.elapsed();
+        io.1 += wait;
         res
     }
 
@@ -225,7 +228,7 @@ impl ExpertStore {
         reactor: &Mutex<Reactor>,
         layer: usize,
         experts: &[usize],
-        bytes: &mut u64,
+        (bytes, wait): (&mut u64, &mut Duration),
         done: &mut impl FnMut(usize, Mlp),
     ) -> Result<()> {
         let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| self.plan(layer, e)).collect();
@@ -246,7 +249,9 @@ impl ExpertStore {
                 *bytes += sp.len as u64;
             }
         }
+        let start = Instant::now();
         let results = reactor.lock().expect("reactor lock").submit_batch(reqs)?;
+        *wait += start.elapsed();
         let mut slabs: Vec<Vec<Option<Slab>>> = plans
             .iter()
             .map(|p| p.iter().map(|_| None).collect())
