@@ -9,7 +9,8 @@
 //! reference forward pass and its layers), [`store`] (routed experts:
 //! disk → per-layer cache), [`kernels`] (scalar + SIMD), [`kv`],
 //! [`sampler`], [`generate`] (generation, teacher-forced eval),
-//! [`synth`] (the embedded synthetic default model), [`profile`].
+//! [`synth`] (the embedded synthetic default model), [`tensor`] (weight
+//! matrices in their kept element type), [`profile`].
 
 pub mod config;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod profile;
 pub mod sampler;
 pub mod store;
 pub mod synth;
+pub mod tensor;
 pub mod tokenizer;
 pub mod weights;
 

@@ -113,3 +113,70 @@ fn a_shard_truncated_after_load_is_an_error_naming_it_not_garbage() {
         assert!(e.contains(file), "reactor={reactor}: {e}");
     }
 }
+
+/// Rewrites every BF16 tensor of `dir`'s shards as F32 (exact widening).
+fn widen_checkpoint(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let (header, data) = common::read_shard(&path);
+        let mut entries: Vec<(String, serde_json::Value)> = header
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        entries.sort_by_key(|(_, v)| v["data_offsets"][0].as_u64().unwrap());
+        let mut out_header = serde_json::Map::new();
+        let mut out = Vec::new();
+        for (name, mut v) in entries {
+            let (b, e) = (
+                v["data_offsets"][0].as_u64().unwrap() as usize,
+                v["data_offsets"][1].as_u64().unwrap() as usize,
+            );
+            let start = out.len();
+            if v["dtype"] == "BF16" {
+                for c in data[b..e].chunks_exact(2) {
+                    out.extend_from_slice(
+                        &f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)
+                            .to_le_bytes(),
+                    );
+                }
+                v["dtype"] = "F32".into();
+            } else {
+                out.extend_from_slice(&data[b..e]);
+            }
+            v["data_offsets"] = serde_json::json!([start, out.len()]);
+            out_header.insert(name, v);
+        }
+        common::write_shard(&path, &serde_json::Value::Object(out_header), &out);
+    }
+}
+
+#[test]
+fn bf16_experts_give_bit_identical_logits_to_the_widened_f32_checkpoint() {
+    let bf = common::tiny_model();
+    let wide = common::tiny_model();
+    widen_checkpoint(wide.path());
+    let ids = [5u32, 6, 7, 8, 9, 10];
+    let a =
+        moestream::generate::evaluate(&load(bf.path(), 2, ReadMode::Buffered, true), &ids).unwrap();
+    let b = moestream::generate::evaluate(&load(wide.path(), 2, ReadMode::Buffered, true), &ids)
+        .unwrap();
+    assert!(a
+        .last_logits
+        .iter()
+        .zip(&b.last_logits)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert_eq!(a.argmax, b.argmax);
+    // Kept in BF16, an expert holds half the bytes of its f32 twin.
+    let m_bf = load(bf.path(), 2, ReadMode::Buffered, true);
+    let m_wide = load(wide.path(), 2, ReadMode::Buffered, true);
+    assert_eq!(
+        m_bf.store.read(1, 0).unwrap().bytes() * 2,
+        m_wide.store.read(1, 0).unwrap().bytes()
+    );
+}

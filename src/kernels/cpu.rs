@@ -27,7 +27,7 @@ pub fn isa() -> Isa {
 
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Isa {
-    if is_x86_feature_detected!("avx512f") {
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
         Isa::Avx512
     } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         Isa::Avx2

@@ -274,9 +274,9 @@ pub(super) fn load_mlp(
     i: usize,
 ) -> Result<Mlp> {
     Ok(Mlp {
-        gate: index.read_f32(&format!("{prefix}{}.weight", parts[0]), &[i, h])?,
-        up: index.read_f32(&format!("{prefix}{}.weight", parts[1]), &[i, h])?,
-        down: index.read_f32(&format!("{prefix}{}.weight", parts[2]), &[h, i])?,
+        gate: index.read_mat(&format!("{prefix}{}.weight", parts[0]), i, h)?,
+        up: index.read_mat(&format!("{prefix}{}.weight", parts[1]), i, h)?,
+        down: index.read_mat(&format!("{prefix}{}.weight", parts[2]), h, i)?,
         hidden: h,
         inter: i,
     })

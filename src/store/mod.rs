@@ -11,7 +11,7 @@ pub mod usage;
 
 use crate::error::Result;
 use crate::model::mlp::Mlp;
-use crate::weights::dtype;
+use crate::tensor::Mat;
 use crate::weights::{TensorEntry, WeightIndex};
 use lru::Lru;
 use moestream_io::{
@@ -315,14 +315,16 @@ impl ExpertStore {
         slabs: &[Slab],
     ) -> Result<Mlp> {
         let loc = &self.locations[layer][expert];
-        let mut mats: [Vec<f32>; 3] = Default::default();
+        let mut mats: [Option<Mat>; 3] = Default::default();
         for (sp, slab) in spans.iter().zip(slabs) {
             for (part, window) in &sp.parts {
                 let (name, e) = &loc.parts[*part];
-                mats[*part] = widen(&self.index, name, e, &slab.bytes()[window.clone()])?;
+                let dt = self.index.dtype(name, e)?;
+                let bytes = &slab.bytes()[window.clone()];
+                mats[*part] = Some(Mat::from_bytes(dt, bytes, e.shape[0], e.shape[1]));
             }
         }
-        let [gate, up, down] = mats;
+        let [gate, up, down] = mats.map(|m| m.expect("the spans cover every part"));
         Ok(Mlp {
             gate,
             up,
@@ -332,7 +334,7 @@ impl ExpertStore {
         })
     }
 
-    /// Reads and widens one expert, bypassing the cache.
+    /// Reads one expert, bypassing the cache.
     pub fn read(&self, layer: usize, expert: usize) -> Result<Mlp> {
         let spans = self.plan(layer, expert);
         let slabs = spans
@@ -361,11 +363,4 @@ impl ExpertStore {
         c.disk_time = io.1;
         c
     }
-}
-
-fn widen(index: &WeightIndex, name: &str, e: &TensorEntry, bytes: &[u8]) -> Result<Vec<f32>> {
-    let dt = index.dtype(name, e)?;
-    let mut out = vec![0f32; e.numel()];
-    dtype::to_f32(dt, bytes, &mut out);
-    Ok(out)
 }

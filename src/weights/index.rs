@@ -8,6 +8,7 @@
 
 use super::dtype::{self, DType};
 use crate::error::{Error, Result};
+use crate::tensor::Mat;
 use moestream_io::{RangeReader, ReadMode};
 use std::collections::HashMap;
 use std::io::Read;
@@ -132,6 +133,15 @@ impl WeightIndex {
             });
         }
         Ok(e)
+    }
+
+    /// Reads matrix `name` of shape `(rows, cols)` in its kept element type
+    /// (see [`Mat::from_bytes`]).
+    pub fn read_mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
+        let e = self.expect_shape(name, &[rows, cols])?;
+        let dt = self.dtype(name, e)?;
+        let slab = self.shards[e.shard].reader.read(e.offset, e.len)?;
+        Ok(Mat::from_bytes(dt, slab.bytes(), rows, cols))
     }
 
     /// Reads tensor `name` of `shape` widened to f32.

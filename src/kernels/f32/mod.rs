@@ -9,10 +9,6 @@ mod avx2;
 mod avx512;
 
 use super::cpu::{isa, Isa};
-use rayon::prelude::*;
-
-/// Below this many multiply-adds a product runs on the calling thread.
-const PARALLEL_MACS_MIN: usize = 1 << 18;
 
 /// Scalar reference dot product (8 interleaved partial sums, like the SIMD lanes).
 pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
@@ -48,54 +44,23 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y[r] = W[r, :] · x` for `W` of shape `(rows, cols)`.
 pub fn matvec(w: &[f32], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
-    assert_eq!(w.len(), rows * cols);
-    assert_eq!(x.len(), cols);
-    assert_eq!(y.len(), rows);
-    if rows * cols < PARALLEL_MACS_MIN {
-        for (r, yr) in y.iter_mut().enumerate() {
-            *yr = dot(&w[r * cols..(r + 1) * cols], x);
-        }
-    } else {
-        y.par_iter_mut()
-            .enumerate()
-            .with_min_len(16)
-            .for_each(|(r, yr)| {
-                *yr = dot(&w[r * cols..(r + 1) * cols], x);
-            });
-    }
+    matmul(w, rows, cols, x, 1, y)
 }
 
 /// `Y[t, r] = W[r, :] · X[t, :]` for `n` rows of `X` `(n, cols)` into `Y` `(n, rows)`.
-/// Each weight row is streamed once for all `n` inputs.
 pub fn matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     assert_eq!(w.len(), rows * cols);
-    assert_eq!(x.len(), n * cols);
-    assert_eq!(y.len(), n * rows);
-    if n == 1 {
-        return matvec(w, rows, cols, x, y);
-    }
-    // Compute transposed (rows, n) so each task owns a contiguous output block.
-    let mut yt = vec![0f32; rows * n];
-    let body = |(r, out): (usize, &mut [f32])| {
-        let wr = &w[r * cols..(r + 1) * cols];
-        for (t, o) in out.iter_mut().enumerate() {
-            *o = dot(wr, &x[t * cols..(t + 1) * cols]);
-        }
-    };
-    if rows * cols * n < PARALLEL_MACS_MIN {
-        yt.chunks_mut(n).enumerate().for_each(body);
-    } else {
-        yt.par_chunks_mut(n)
-            .enumerate()
-            .with_min_len(8)
-            .for_each(body);
-    }
-    for r in 0..rows {
-        for t in 0..n {
-            y[t * rows + r] = yt[r * n + t];
-        }
-    }
+    super::matmul_rows(rows, cols, x, n, y, |r, xr| {
+        dot(&w[r * cols..(r + 1) * cols], xr)
+    });
 }
+
+/// The AVX2 version, for the BF16 kernels' twin tests.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) use avx2::dot as avx2_dot;
+/// The AVX-512 version, for the BF16 kernels' twin tests.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) use avx512::dot as avx512_dot;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,120 @@
+//! Weight matrices in the element type they are kept in RAM. F32 and BF16
+//! checkpoints keep their own type (BF16 halves the RAM of every expert and
+//! needs no widening on a cache miss); F16 is widened to f32 on load. Every
+//! product runs through the format's kernel with results identical to the
+//! f32 path on the widened weights.
+
+use crate::kernels::{bf16, f32 as kf32, matmul_rows};
+use crate::weights::dtype::{self, DType};
+
+/// The elements of a matrix.
+pub enum MatData {
+    F32(Vec<f32>),
+    /// Raw BF16 bit patterns.
+    Bf16(Vec<u16>),
+}
+
+/// A row-major `(rows, cols)` weight matrix, as PyTorch's `Linear` stores it.
+pub struct Mat {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: MatData,
+}
+
+impl Mat {
+    /// An f32 matrix.
+    pub fn f32(rows: usize, cols: usize, data: Vec<f32>) -> Mat {
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "matrix data does not match its shape"
+        );
+        Mat {
+            rows,
+            cols,
+            data: MatData::F32(data),
+        }
+    }
+
+    /// A matrix from stored little-endian bytes of `dt`, kept in BF16 when
+    /// stored in BF16, else f32.
+    pub fn from_bytes(dt: DType, bytes: &[u8], rows: usize, cols: usize) -> Mat {
+        assert_eq!(
+            bytes.len(),
+            rows * cols * dt.size(),
+            "byte length does not match the shape"
+        );
+        let data = match dt {
+            DType::BF16 => MatData::Bf16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+            DType::F32 | DType::F16 => {
+                let mut out = vec![0f32; rows * cols];
+                dtype::to_f32(dt, bytes, &mut out);
+                MatData::F32(out)
+            }
+        };
+        Mat { rows, cols, data }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            MatData::F32(v) => v.len() * 4,
+            MatData::Bf16(v) => v.len() * 2,
+        }
+    }
+
+    /// `Y[t, :] = W · X[t, :]` for `n` rows of `x` `(n, cols)` into `y` `(n, rows)`.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let c = self.cols;
+        match &self.data {
+            MatData::F32(w) => kf32::matmul(w, self.rows, c, x, n, y),
+            MatData::Bf16(w) => matmul_rows(self.rows, c, x, n, y, |r, xr| {
+                bf16::dot(&w[r * c..(r + 1) * c], xr)
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16 as hbf16;
+
+    #[test]
+    fn bf16_matrix_matches_its_widened_f32_twin_bit_for_bit() {
+        let (rows, cols, n) = (37, 75, 3);
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 263) as f32 - 131.0) / 37.0)
+            .collect();
+        let bytes: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| hbf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let m = Mat::from_bytes(DType::BF16, &bytes, rows, cols);
+        assert!(matches!(m.data, MatData::Bf16(_)));
+        assert_eq!(m.bytes(), rows * cols * 2);
+        let mut widened = vec![0f32; rows * cols];
+        dtype::to_f32(DType::BF16, &bytes, &mut widened);
+        let twin = Mat::f32(rows, cols, widened);
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+        m.matmul(&x, n, &mut a);
+        twin.matmul(&x, n, &mut b);
+        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+    }
+
+    #[test]
+    fn f16_is_widened_on_load() {
+        let bytes: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect();
+        let m = Mat::from_bytes(DType::F16, &bytes, 1, 2);
+        assert!(matches!(m.data, MatData::F32(ref v) if v == &[1.5, -2.0]));
+    }
+}
