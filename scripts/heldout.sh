@@ -28,4 +28,7 @@ $M --family glm4_moe --seed 25 --out "$OUT/glm4_a" --top-k 3 --norm-topk-prob 0
 $V deepseek_v3 "$OUT/dsv3_noqlora" '{"norm_topk_prob": false, "rope_interleave": false}' '{"q_lora": null}' 41
 $V glm4_moe "$OUT/glm4_noqk" '{"use_qk_norm": false, "norm_topk_prob": false}' '{}' 42
 $V deepseek_v3 "$OUT/dsv3_bias" '{"attention_bias": true}' '{}' 43
+$V mixtral "$OUT/mixtral_sw" '{"sliding_window": 5}' '{}' 51
+$V qwen2_moe "$OUT/qwen2_sw" '{"use_sliding_window": true, "sliding_window": 6, "max_window_layers": 2, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}' '{}' 52
+$V qwen3_moe "$OUT/qwen3_sw" '{"use_sliding_window": true, "sliding_window": 7}' '{}' 53
 MOESTREAM_ORACLE_DIRS=$(ls -d "$OUT"/*/ | tr '\n' ':') cargo test --test oracle -- --ignored --nocapture

@@ -204,6 +204,8 @@ pub struct ModelConfig {
     pub o_bias: bool,
     pub qk_norm: QkNorm,
     pub clip_qkv: Option<f32>,
+    /// `sliding_window[l]`: layer `l` attends only to its last `w` positions.
+    pub sliding_window: Vec<Option<usize>>,
     pub tie_word_embeddings: bool,
     /// Multi-head latent attention (replaces the GQA fields' use) if set.
     pub mla: Option<MlaConfig>,
@@ -313,26 +315,7 @@ impl ModelConfig {
             supported: Family::SUPPORTED.join(", "),
         })?;
         let hidden_size = f.positive(&["hidden_size"])?;
-        let num_heads = f.positive(&["num_attention_heads"])?;
-        let num_kv_heads = f.usize_opt(&["num_key_value_heads"])?.unwrap_or(num_heads);
-        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
-            ));
-        }
-        let head_dim = match f.usize_opt(&["head_dim"])? {
-            Some(d) => d,
-            None => {
-                if hidden_size % num_heads != 0 {
-                    return Err(f.err(
-                        "head_dim",
-                        "missing and hidden_size % num_attention_heads != 0",
-                    ));
-                }
-                hidden_size / num_heads
-            }
-        };
+        let (num_heads, num_kv_heads, head_dim) = heads(&f, family, hidden_size)?;
         let num_layers = f.positive(&["num_hidden_layers"])?;
         let num_experts = f.positive(&["num_experts", "num_local_experts", "n_routed_experts"])?;
         let top_k = f.positive(&["num_experts_per_tok"])?;
@@ -349,34 +332,10 @@ impl ModelConfig {
         };
         let router = router_kind(&f, family, num_experts, top_k)?;
         let sparse_layers = sparse_layers(&f, family, num_layers)?;
-        let shared_experts = match family {
-            Family::Qwen2Moe => match f.usize_opt(&["shared_expert_intermediate_size"])? {
-                Some(0) | None => SharedExperts::None,
-                Some(n) => SharedExperts::Gated(n),
-            },
-            Family::DeepseekV3 | Family::Glm4Moe | Family::GlmMoeDsa => {
-                match f.usize_opt(&["n_shared_experts"])?.unwrap_or(1) {
-                    0 => SharedExperts::None,
-                    n => SharedExperts::Plain(n * moe_intermediate_size),
-                }
-            }
-            Family::Qwen3Moe | Family::Mixtral | Family::Olmoe => SharedExperts::None,
-        };
-        let qkv_bias = match family {
-            Family::Qwen2Moe => f.bool_or(&["qkv_bias"], true)?,
-            _ => f.bool_or(&["attention_bias"], false)?,
-        };
-        let o_bias = match family {
-            Family::Qwen2Moe | Family::Mixtral | Family::Glm4Moe => false,
-            _ => f.bool_or(&["attention_bias"], false)?,
-        };
-        let qk_norm = match family {
-            Family::Qwen3Moe => QkNorm::PerHead,
-            Family::Olmoe => QkNorm::Whole,
-            Family::Glm4Moe if f.bool_or(&["use_qk_norm"], false)? => QkNorm::PerHead,
-            _ => QkNorm::None,
-        };
+        let shared_experts = shared_experts(&f, family, moe_intermediate_size)?;
+        let (qkv_bias, o_bias, qk_norm) = attention_flags(&f, family)?;
         let clip_qkv = f.f64_opt(&["clip_qkv"])?.map(|c| c as f32);
+        let sliding_window = sliding_windows(&f, family, num_layers)?;
         let mla = if family.is_mla() {
             Some(mla_config(&f)?)
         } else {
@@ -420,6 +379,7 @@ impl ModelConfig {
             o_bias,
             qk_norm,
             clip_qkv,
+            sliding_window,
             tie_word_embeddings: f.bool_or(&["tie_word_embeddings"], false)?,
             mla,
             indexer,
@@ -428,6 +388,67 @@ impl ModelConfig {
                 .unwrap_or(0),
         })
     }
+}
+
+/// (heads, kv heads, head dim). MLA families take their head dims from the
+/// MLA fields, so a missing `head_dim` is not an error for them.
+fn heads(f: &Fields, family: Family, hidden: usize) -> Result<(usize, usize, usize)> {
+    let num_heads = f.positive(&["num_attention_heads"])?;
+    let num_kv_heads = f.usize_opt(&["num_key_value_heads"])?.unwrap_or(num_heads);
+    if num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(f.err(
+            "num_key_value_heads",
+            format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
+        ));
+    }
+    let head_dim = match f.usize_opt(&["head_dim"])? {
+        Some(d) => d,
+        None if family.is_mla() || hidden.is_multiple_of(num_heads) => hidden / num_heads,
+        None => {
+            return Err(f.err(
+                "head_dim",
+                "missing and hidden_size % num_attention_heads != 0",
+            ));
+        }
+    };
+    Ok((num_heads, num_kv_heads, head_dim))
+}
+
+/// The shared experts of each family.
+fn shared_experts(f: &Fields, family: Family, moe_inter: usize) -> Result<SharedExperts> {
+    Ok(match family {
+        Family::Qwen2Moe => match f.usize_opt(&["shared_expert_intermediate_size"])? {
+            Some(0) | None => SharedExperts::None,
+            Some(n) => SharedExperts::Gated(n),
+        },
+        Family::DeepseekV3 | Family::Glm4Moe | Family::GlmMoeDsa => {
+            match f.usize_opt(&["n_shared_experts"])?.unwrap_or(1) {
+                0 => SharedExperts::None,
+                n => SharedExperts::Plain(n * moe_inter),
+            }
+        }
+        Family::Qwen3Moe | Family::Mixtral | Family::Olmoe => SharedExperts::None,
+    })
+}
+
+/// (q/k/v bias, o bias, q/k norm) of the GQA families, as transformers
+/// builds each family's attention.
+fn attention_flags(f: &Fields, family: Family) -> Result<(bool, bool, QkNorm)> {
+    let qkv_bias = match family {
+        Family::Qwen2Moe => f.bool_or(&["qkv_bias"], true)?,
+        _ => f.bool_or(&["attention_bias"], false)?,
+    };
+    let o_bias = match family {
+        Family::Qwen2Moe | Family::Mixtral | Family::Glm4Moe => false,
+        _ => f.bool_or(&["attention_bias"], false)?,
+    };
+    let qk_norm = match family {
+        Family::Qwen3Moe => QkNorm::PerHead,
+        Family::Olmoe => QkNorm::Whole,
+        Family::Glm4Moe if f.bool_or(&["use_qk_norm"], false)? => QkNorm::PerHead,
+        _ => QkNorm::None,
+    };
+    Ok((qkv_bias, o_bias, qk_norm))
 }
 
 /// The router of each family, with the sigmoid families' group checks.
@@ -578,6 +599,54 @@ fn indexer_pattern(f: &Fields, num_layers: usize) -> Result<Vec<bool>> {
     Ok((0..num_layers)
         .map(|i| (i + 1).saturating_sub(offset) % freq == 0)
         .collect())
+}
+
+/// Per-layer sliding windows, as transformers applies them: Mixtral's
+/// `sliding_window` on every layer; Qwen3-MoE's when `use_sliding_window`;
+/// Qwen2-MoE's on the layers `layer_types` marks "sliding_attention"
+/// (derived from `max_window_layers` when absent).
+fn sliding_windows(f: &Fields, family: Family, num_layers: usize) -> Result<Vec<Option<usize>>> {
+    let window = |on: bool| -> Result<Option<usize>> {
+        match (on, f.usize_opt(&["sliding_window"])?) {
+            (true, Some(0)) => Err(f.err("sliding_window", "must be > 0")),
+            (true, w) => Ok(w),
+            (false, _) => Ok(None),
+        }
+    };
+    match family {
+        Family::Mixtral => Ok(vec![window(true)?; num_layers]),
+        Family::Qwen3Moe => Ok(vec![
+            window(f.bool_or(&["use_sliding_window"], false)?)?;
+            num_layers
+        ]),
+        Family::Qwen2Moe => {
+            let on = f.bool_or(&["use_sliding_window"], false)?;
+            let max_window_layers = f.usize_opt(&["max_window_layers"])?.unwrap_or(28);
+            let types: Vec<bool> = match f.get(&["layer_types"]) {
+                Some(Value::Array(a)) => {
+                    if a.len() != num_layers {
+                        return Err(f.err(
+                            "layer_types",
+                            format!("has {} entries for {num_layers} layers", a.len()),
+                        ));
+                    }
+                    a.iter()
+                        .map(|t| t.as_str() == Some("sliding_attention"))
+                        .collect()
+                }
+                _ => (0..num_layers)
+                    .map(|i| on && i % 2 == 0 && i < max_window_layers)
+                    .collect(),
+            };
+            let w = if types.iter().any(|t| *t) {
+                window(true)?
+            } else {
+                None
+            };
+            Ok(types.iter().map(|t| if *t { w } else { None }).collect())
+        }
+        _ => Ok(vec![None; num_layers]),
+    }
 }
 
 /// Which layers are MoE: Qwen's `mlp_only_layers` / `decoder_sparse_step` rule;
@@ -752,6 +821,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("hidden_size"), "{e}");
+    }
+
+    #[test]
+    fn qwen2_sliding_layers_follow_max_window_layers() {
+        let mut v = base();
+        v["model_type"] = json!("qwen2_moe");
+        v["num_hidden_layers"] = json!(5);
+        v["use_sliding_window"] = json!(true);
+        v["sliding_window"] = json!(64);
+        v["max_window_layers"] = json!(3);
+        let c = ModelConfig::from_json(Path::new("c.json"), &v).unwrap();
+        assert_eq!(c.sliding_window, vec![Some(64), None, Some(64), None, None]);
+        v["use_sliding_window"] = json!(false);
+        let c = ModelConfig::from_json(Path::new("c.json"), &v).unwrap();
+        assert_eq!(c.sliding_window, vec![None; 5]);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use super::Rows;
 use crate::config::{ModelConfig, QkNorm};
 use crate::kernels::f32::{dot, matmul};
 use crate::kv::LayerKv;
+use std::ops::Range;
 
 /// One layer's attention weights.
 pub struct Attention {
@@ -27,6 +28,8 @@ pub struct Attention {
     /// head_dim (PerHead) or heads*head_dim (Whole).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// Attend only to the last `w` positions (sliding-window layers).
+    pub window: Option<usize>,
 }
 
 /// Shapes and switches shared by every layer's attention.
@@ -136,36 +139,38 @@ impl Attention {
         let mut ctx = vec![0f32; n * qd]; // (n, heads * head_dim)
         for t in 0..n {
             let q_row = &q[t * qd..(t + 1) * qd];
-            attend(
-                s,
-                q_row,
-                kc,
-                vc,
-                start + t + 1,
-                &mut ctx[t * qd..(t + 1) * qd],
-            );
+            let len = start + t + 1;
+            let first = self.window.map_or(0, |w| len.saturating_sub(w));
+            attend(s, q_row, kc, vc, first..len, &mut ctx[t * qd..(t + 1) * qd]);
         }
         matmul(&self.wo, s.hidden, qd, &ctx, n, out);
         add_bias(out, &self.bo);
     }
 }
 
-/// Causal attention of one query row over cached positions `0..len`.
-fn attend(s: &AttentionShape, q: &[f32], kc: &[f32], vc: &[f32], len: usize, ctx: &mut [f32]) {
+/// Attention of one query row over the cached positions `span`.
+fn attend(
+    s: &AttentionShape,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    span: Range<usize>,
+    ctx: &mut [f32],
+) {
     let (d, kd) = (s.head_dim, s.kv_heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut scores = vec![0f32; len];
+    let mut scores = vec![0f32; span.len()];
     for h in 0..s.heads {
         let kvh = h / group;
         let qh = &q[h * d..(h + 1) * d];
-        for (p, sc) in scores.iter_mut().enumerate() {
+        for (p, sc) in span.clone().zip(scores.iter_mut()) {
             *sc = dot(qh, &kc[p * kd + kvh * d..p * kd + (kvh + 1) * d]) * scale;
         }
         softmax(&mut scores);
         let out = &mut ctx[h * d..(h + 1) * d];
         out.fill(0.0);
-        for (p, w) in scores.iter().enumerate() {
+        for (p, w) in span.clone().zip(&scores) {
             let vp = &vc[p * kd + kvh * d..p * kd + (kvh + 1) * d];
             for (o, vv) in out.iter_mut().zip(vp) {
                 *o += w * vv;

@@ -138,7 +138,9 @@ fn load_layer(
     let attn = if cfg.mla.is_some() {
         AttnBlock::Mla(load_mla(cfg, index, &p, spec.indexer)?)
     } else {
-        AttnBlock::Gqa(load_attention(cfg, index, &p)?)
+        let mut a = load_attention(cfg, index, &p)?;
+        a.window = cfg.sliding_window.get(spec.index).copied().flatten();
+        AttnBlock::Gqa(a)
     };
     let (ffn, locs) = if spec.sparse {
         let (block, locs) = load_moe(cfg, index, spec.index)?;
@@ -192,6 +194,7 @@ fn load_attention(cfg: &ModelConfig, index: &WeightIndex, p: &str) -> Result<Att
         bo: bias(index, &format!("{a}o_proj.bias"), h, cfg.o_bias)?,
         q_norm: norm("q_norm", qn)?,
         k_norm: norm("k_norm", kn)?,
+        window: None,
     })
 }
 
