@@ -68,6 +68,20 @@ impl Mat {
         }
     }
 
+    /// Row `r` widened to f32 into `out` (an embedding lookup).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        assert_eq!(out.len(), c);
+        match &self.data {
+            MatData::F32(v) => out.copy_from_slice(&v[r * c..(r + 1) * c]),
+            MatData::Bf16(v) => {
+                for (o, b) in out.iter_mut().zip(&v[r * c..(r + 1) * c]) {
+                    *o = bf16::widen(*b);
+                }
+            }
+        }
+    }
+
     /// `Y[t, :] = W · X[t, :]` for `n` rows of `x` `(n, cols)` into `y` `(n, rows)`.
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
         let c = self.cols;

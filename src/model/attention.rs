@@ -7,20 +7,21 @@ use super::norm::{rms_norm, rms_norm_rows};
 use super::rope::Rope;
 use super::Rows;
 use crate::config::{ModelConfig, QkNorm};
-use crate::kernels::f32::{dot, matmul};
+use crate::kernels::f32::dot;
 use crate::kv::LayerKv;
+use crate::tensor::Mat;
 use std::ops::Range;
 
 /// One layer's attention weights.
 pub struct Attention {
     /// (heads * head_dim, hidden)
-    pub wq: Vec<f32>,
+    pub wq: Mat,
     /// (kv_heads * head_dim, hidden)
-    pub wk: Vec<f32>,
+    pub wk: Mat,
     /// (kv_heads * head_dim, hidden)
-    pub wv: Vec<f32>,
+    pub wv: Mat,
     /// (hidden, heads * head_dim)
-    pub wo: Vec<f32>,
+    pub wo: Mat,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
@@ -103,9 +104,9 @@ impl Attention {
         let mut q = vec![0f32; n * qd]; // (n, heads * head_dim)
         let mut k = vec![0f32; n * kd]; // (n, kv_heads * head_dim)
         let mut v = vec![0f32; n * kd]; // (n, kv_heads * head_dim)
-        matmul(&self.wq, qd, s.hidden, x, n, &mut q);
-        matmul(&self.wk, kd, s.hidden, x, n, &mut k);
-        matmul(&self.wv, kd, s.hidden, x, n, &mut v);
+        self.wq.matmul(x, n, &mut q);
+        self.wk.matmul(x, n, &mut k);
+        self.wv.matmul(x, n, &mut v);
         add_bias(&mut q, &self.bq);
         add_bias(&mut k, &self.bk);
         add_bias(&mut v, &self.bv);
@@ -143,7 +144,7 @@ impl Attention {
             let first = self.window.map_or(0, |w| len.saturating_sub(w));
             attend(s, q_row, kc, vc, first..len, &mut ctx[t * qd..(t + 1) * qd]);
         }
-        matmul(&self.wo, s.hidden, qd, &ctx, n, out);
+        self.wo.matmul(&ctx, n, out);
         add_bias(out, &self.bo);
     }
 }

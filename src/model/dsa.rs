@@ -12,7 +12,8 @@
 
 use super::rope::Rope;
 use super::router::top_k;
-use crate::kernels::f32::{dot, matmul};
+use crate::kernels::f32::dot;
+use crate::tensor::Mat;
 
 /// Positions each query row may attend to: `None` = every visible one.
 pub type Selection = Vec<Option<Vec<usize>>>;
@@ -20,14 +21,14 @@ pub type Selection = Vec<Option<Vec<usize>>>;
 /// One layer's indexer weights.
 pub struct Indexer {
     /// (heads * head_dim, q_lora_rank)
-    pub wq_b: Vec<f32>,
+    pub wq_b: Mat,
     /// (head_dim, hidden)
-    pub wk: Vec<f32>,
+    pub wk: Mat,
     /// (head_dim,) LayerNorm weight and bias.
     pub k_norm_w: Vec<f32>,
     pub k_norm_b: Vec<f32>,
     /// (heads, hidden)
-    pub weights_proj: Vec<f32>,
+    pub weights_proj: Mat,
 }
 
 /// Geometry shared by every indexer of a model.
@@ -68,7 +69,7 @@ impl Indexer {
     ) {
         let d = sh.head_dim;
         let mut k = vec![0f32; n * d]; // (n, head_dim)
-        matmul(&self.wk, d, sh.hidden, x, n, &mut k);
+        self.wk.matmul(x, n, &mut k);
         for (t, row) in k.chunks_exact_mut(d).enumerate() {
             layer_norm(row, &self.k_norm_w, &self.k_norm_b);
             sh.rope.apply(row, rope_offset + start + t);
@@ -98,9 +99,9 @@ impl Indexer {
             return vec![None; n];
         }
         let mut q = vec![0f32; n * h * d]; // (n, heads * head_dim)
-        matmul(&self.wq_b, h * d, sh.q_lora, q_resid, n, &mut q);
+        self.wq_b.matmul(q_resid, n, &mut q);
         let mut w = vec![0f32; n * h]; // (n, heads)
-        matmul(&self.weights_proj, h, sh.hidden, x, n, &mut w);
+        self.weights_proj.matmul(x, n, &mut w);
         let w_scale = (h as f32).powf(-0.5);
         let softmax_scale = (d as f32).powf(-0.5);
         let mut out = Vec::with_capacity(n);

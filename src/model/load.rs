@@ -57,11 +57,11 @@ impl Model {
         let cfg = ModelConfig::load(dir)?;
         let index = Arc::new(WeightIndex::open(dir, opts.read_mode)?);
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed = index.read_f32("model.embed_tokens.weight", &[v, h])?;
+        let embed = index.read_mat("model.embed_tokens.weight", v, h)?;
         let lm_head = if cfg.tie_word_embeddings && !index.contains("lm_head.weight") {
             None
         } else {
-            Some(index.read_f32("lm_head.weight", &[v, h])?)
+            Some(index.read_mat("lm_head.weight", v, h)?)
         };
         let norm = index.read_f32("model.norm.weight", &[h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -136,11 +136,11 @@ fn load_layer(
     let p = names::layer(spec.index);
     let h = cfg.hidden_size;
     let attn = if cfg.mla.is_some() {
-        AttnBlock::Mla(load_mla(cfg, index, &p, spec.indexer)?)
+        AttnBlock::Mla(Box::new(load_mla(cfg, index, &p, spec.indexer)?))
     } else {
         let mut a = load_attention(cfg, index, &p)?;
         a.window = cfg.sliding_window.get(spec.index).copied().flatten();
-        AttnBlock::Gqa(a)
+        AttnBlock::Gqa(Box::new(a))
     };
     let (ffn, locs) = if spec.sparse {
         let (block, locs) = load_moe(cfg, index, spec.index)?;
@@ -184,10 +184,10 @@ fn load_attention(cfg: &ModelConfig, index: &WeightIndex, p: &str) -> Result<Att
             .transpose()
     };
     Ok(Attention {
-        wq: index.read_f32(&format!("{a}q_proj.weight"), &[qd, h])?,
-        wk: index.read_f32(&format!("{a}k_proj.weight"), &[kd, h])?,
-        wv: index.read_f32(&format!("{a}v_proj.weight"), &[kd, h])?,
-        wo: index.read_f32(&format!("{a}o_proj.weight"), &[h, qd])?,
+        wq: index.read_mat(&format!("{a}q_proj.weight"), qd, h)?,
+        wk: index.read_mat(&format!("{a}k_proj.weight"), kd, h)?,
+        wv: index.read_mat(&format!("{a}v_proj.weight"), kd, h)?,
+        wo: index.read_mat(&format!("{a}o_proj.weight"), h, qd)?,
         bq: bias(index, &format!("{a}q_proj.bias"), qd, cfg.qkv_bias)?,
         bk: bias(index, &format!("{a}k_proj.bias"), kd, cfg.qkv_bias)?,
         bv: bias(index, &format!("{a}v_proj.bias"), kd, cfg.qkv_bias)?,
@@ -217,16 +217,16 @@ fn load_mla(
     let (q_lora, wq) = match m.q_lora_rank {
         Some(rank) => (
             Some(QLora {
-                wa: index.read_f32(&format!("{a}q_a_proj.weight"), &[rank, h])?,
+                wa: index.read_mat(&format!("{a}q_a_proj.weight"), rank, h)?,
                 ba: bias(index, &format!("{a}q_a_proj.bias"), rank, b)?,
                 norm: index.read_f32(&format!("{a}q_a_layernorm.weight"), &[rank])?,
-                wb: index.read_f32(&format!("{a}q_b_proj.weight"), &[heads * qk, rank])?,
+                wb: index.read_mat(&format!("{a}q_b_proj.weight"), heads * qk, rank)?,
             }),
             None,
         ),
         None => (
             None,
-            Some(index.read_f32(&format!("{a}q_proj.weight"), &[heads * qk, h])?),
+            Some(index.read_mat(&format!("{a}q_proj.weight"), heads * qk, h)?),
         ),
     };
     let indexer = if with_indexer {
@@ -244,11 +244,11 @@ fn load_mla(
         let d = ix.head_dim;
         let x = format!("{a}indexer.");
         Some(Indexer {
-            wq_b: index.read_f32(&format!("{x}wq_b.weight"), &[ix.n_heads * d, rank])?,
-            wk: index.read_f32(&format!("{x}wk.weight"), &[d, h])?,
+            wq_b: index.read_mat(&format!("{x}wq_b.weight"), ix.n_heads * d, rank)?,
+            wk: index.read_mat(&format!("{x}wk.weight"), d, h)?,
             k_norm_w: index.read_f32(&format!("{x}k_norm.weight"), &[d])?,
             k_norm_b: index.read_f32(&format!("{x}k_norm.bias"), &[d])?,
-            weights_proj: index.read_f32(&format!("{x}weights_proj.weight"), &[ix.n_heads, h])?,
+            weights_proj: index.read_mat(&format!("{x}weights_proj.weight"), ix.n_heads, h)?,
         })
     } else {
         None
@@ -256,14 +256,14 @@ fn load_mla(
     Ok(MlaAttention {
         q_lora,
         wq,
-        wkv_a: index.read_f32(&format!("{a}kv_a_proj_with_mqa.weight"), &[l + r, h])?,
+        wkv_a: index.read_mat(&format!("{a}kv_a_proj_with_mqa.weight"), l + r, h)?,
         bkv_a: bias(index, &format!("{a}kv_a_proj_with_mqa.bias"), l + r, b)?,
         kv_a_norm: index.read_f32(&format!("{a}kv_a_layernorm.weight"), &[l])?,
         wkv_b: index.read_f32(
             &format!("{a}kv_b_proj.weight"),
             &[heads * (m.qk_nope_head_dim + vd), l],
         )?,
-        wo: index.read_f32(&format!("{a}o_proj.weight"), &[h, heads * vd])?,
+        wo: index.read_mat(&format!("{a}o_proj.weight"), h, heads * vd)?,
         bo: bias(index, &format!("{a}o_proj.bias"), h, b)?,
         indexer,
     })
@@ -349,15 +349,16 @@ fn load_mtp(cfg: &ModelConfig, index: &WeightIndex) -> Result<Option<(Mtp, Vec<E
             && index.contains(&format!("{p}self_attn.indexer.wq_b.weight")),
     };
     let (block, locs) = load_layer(cfg, index, &spec)?;
-    let head = names::optional(
-        index,
-        &format!("{p}shared_head.head.weight"),
-        &[cfg.vocab_size, h],
-    )?;
+    let head_name = format!("{p}shared_head.head.weight");
+    let head = if index.contains(&head_name) {
+        Some(index.read_mat(&head_name, cfg.vocab_size, h)?)
+    } else {
+        None
+    };
     let mtp = Mtp {
         enorm: index.read_f32(&format!("{p}enorm.weight"), &[h])?,
         hnorm: index.read_f32(&format!("{p}hnorm.weight"), &[h])?,
-        eh_proj: index.read_f32(&format!("{p}eh_proj.weight"), &[h, 2 * h])?,
+        eh_proj: index.read_mat(&format!("{p}eh_proj.weight"), h, 2 * h)?,
         block,
         norm: index.read_f32(&format!("{p}shared_head.norm.weight"), &[h])?,
         head,

@@ -24,6 +24,7 @@ use super::Rows;
 use crate::config::MlaConfig;
 use crate::kernels::f32::{dot, matmul};
 use crate::kv::LayerKv;
+use crate::tensor::Mat;
 
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
 const LORA_NORM_EPS: f64 = 1e-6;
@@ -75,28 +76,29 @@ impl std::str::FromStr for DsaMode {
 /// The low-rank query path.
 pub struct QLora {
     /// (q_lora, hidden)
-    pub wa: Vec<f32>,
+    pub wa: Mat,
     pub ba: Option<Vec<f32>>,
     /// (q_lora,)
     pub norm: Vec<f32>,
     /// (heads * qk_head_dim, q_lora)
-    pub wb: Vec<f32>,
+    pub wb: Mat,
 }
 
 /// One layer's MLA weights.
 pub struct MlaAttention {
     pub q_lora: Option<QLora>,
     /// (heads * qk_head_dim, hidden), when there is no q_lora.
-    pub wq: Option<Vec<f32>>,
+    pub wq: Option<Mat>,
     /// (kv_lora + rope, hidden)
-    pub wkv_a: Vec<f32>,
+    pub wkv_a: Mat,
     pub bkv_a: Option<Vec<f32>>,
     /// (kv_lora,)
     pub kv_a_norm: Vec<f32>,
-    /// (heads * (nope + v), kv_lora)
+    /// (heads * (nope + v), kv_lora), f32: the absorbed path reads its
+    /// per-head key and value blocks directly.
     pub wkv_b: Vec<f32>,
     /// (hidden, heads * v)
-    pub wo: Vec<f32>,
+    pub wo: Mat,
     pub bo: Option<Vec<f32>>,
     /// Present on GLM-5 "full" indexer layers.
     pub indexer: Option<Indexer>,
@@ -181,7 +183,7 @@ impl MlaAttention {
             }
         }
         let mut ckv = vec![0f32; n * (l + r)]; // (n, kv_lora + rope)
-        matmul(&self.wkv_a, l + r, sh.hidden, x, n, &mut ckv);
+        self.wkv_a.matmul(x, n, &mut ckv);
         add_bias(&mut ckv, &self.bkv_a);
         for (t, row) in ckv.chunks_exact_mut(l + r).enumerate() {
             let (lat, rot) = row.split_at_mut(l);
@@ -215,7 +217,7 @@ impl MlaAttention {
         } else {
             self.attend_absorbed(sh, &queries, latent, k_rope, &mut ctx);
         }
-        matmul(&self.wo, sh.hidden, h * c.v_head_dim, &ctx, n, out);
+        self.wo.matmul(&ctx, n, out);
         add_bias(out, &self.bo);
     }
 
@@ -227,17 +229,17 @@ impl MlaAttention {
             (Some(ql), _) => {
                 let rank = ql.norm.len();
                 let mut qa = vec![0f32; n * rank]; // (n, q_lora)
-                matmul(&ql.wa, rank, sh.hidden, x, n, &mut qa);
+                ql.wa.matmul(x, n, &mut qa);
                 add_bias(&mut qa, &ql.ba);
                 let mut normed = vec![0f32; n * rank];
                 for (a, o) in qa.chunks_exact(rank).zip(normed.chunks_exact_mut(rank)) {
                     rms_norm(a, &ql.norm, LORA_NORM_EPS, o);
                 }
-                matmul(&ql.wb, qd, rank, &normed, n, &mut q);
+                ql.wb.matmul(&normed, n, &mut q);
                 (Some(normed), q)
             }
             (None, Some(wq)) => {
-                matmul(wq, qd, sh.hidden, x, n, &mut q);
+                wq.matmul(x, n, &mut q);
                 (None, q)
             }
             (None, None) => unreachable!("loader guarantees a query projection"),

@@ -21,10 +21,10 @@ pub mod router;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::kernels::f32::matmul;
 use crate::kv::{KvCache, KvLayout, LayerKv};
 use crate::profile::Profile;
 use crate::store::ExpertStore;
+use crate::tensor::Mat;
 use attention::{Attention, AttentionShape};
 use dsa::Selection;
 use mla::{DsaMode, MlaAttention, MlaMode, MlaShape};
@@ -37,8 +37,8 @@ pub use load::LoadOptions;
 
 /// The attention of a layer.
 pub enum AttnBlock {
-    Gqa(Attention),
-    Mla(MlaAttention),
+    Gqa(Box<Attention>),
+    Mla(Box<MlaAttention>),
 }
 
 /// The feed-forward part of a layer.
@@ -65,11 +65,11 @@ pub struct Shapes {
 pub struct Model {
     pub cfg: ModelConfig,
     /// (vocab, hidden)
-    pub embed: Vec<f32>,
+    pub embed: Mat,
     pub layers: Vec<Layer>,
     pub norm: Vec<f32>,
     /// (vocab, hidden); `None` when tied to `embed`.
-    pub lm_head: Option<Vec<f32>>,
+    pub lm_head: Option<Mat>,
     pub shapes: Shapes,
     pub store: ExpertStore,
     /// The multi-token-prediction head, when the checkpoint has one.
@@ -191,8 +191,8 @@ impl Model {
         let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
         let m = hidden.len() / h;
         let mut logits = vec![0f32; m * v]; // (m, vocab)
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        matmul(head, v, h, hidden, m, &mut logits);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        head.matmul(hidden, m, &mut logits);
         logits
     }
 
@@ -201,8 +201,7 @@ impl Model {
         let h = self.cfg.hidden_size;
         let mut x = vec![0f32; tokens.len() * h];
         for (t, &id) in tokens.iter().enumerate() {
-            x[t * h..(t + 1) * h]
-                .copy_from_slice(&self.embed[id as usize * h..(id as usize + 1) * h]);
+            self.embed.row_into(id as usize, &mut x[t * h..(t + 1) * h]);
         }
         x
     }

@@ -12,22 +12,22 @@
 
 use super::{Layer, Model, Rows};
 use crate::error::{Error, Result};
-use crate::kernels::f32::matmul;
 use crate::kv::KvCache;
 use crate::profile::Profile;
 use crate::sampler::argmax;
+use crate::tensor::Mat;
 
 /// The MTP head's resident weights.
 pub struct Mtp {
     pub enorm: Vec<f32>,
     pub hnorm: Vec<f32>,
     /// (hidden, 2 * hidden)
-    pub eh_proj: Vec<f32>,
+    pub eh_proj: Mat,
     pub block: Layer,
     /// shared_head.norm
     pub norm: Vec<f32>,
     /// shared_head.head (vocab, hidden); `None`: the main lm_head.
-    pub head: Option<Vec<f32>>,
+    pub head: Option<Mat>,
     /// The block's layer index in the expert store.
     pub store_layer: usize,
 }
@@ -79,7 +79,7 @@ impl Model {
             self.norm_rows(&hidden[t * h..(t + 1) * h], &mtp.hnorm, h_half);
         }
         let mut x = vec![0f32; m * h]; // (m, hidden)
-        matmul(&mtp.eh_proj, h, 2 * h, &cat, m, &mut x);
+        mtp.eh_proj.matmul(&cat, m, &mut x);
         let rows = Rows {
             n: m,
             start: st.kv.len(),
@@ -102,7 +102,7 @@ impl Model {
             Some(head) => {
                 let v = self.cfg.vocab_size;
                 let mut out = vec![0f32; m * v];
-                matmul(head, v, h, &normed, m, &mut out);
+                head.matmul(&normed, m, &mut out);
                 out
             }
             None => self.logits(&normed),
