@@ -135,6 +135,8 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 const CORPUS: &str = include_str!("synth_corpus.txt");
 
 /// Trains a byte-level BPE on the embedded corpus; returns its vocab size.
+/// The alphabet is only the corpus's own (ASCII) characters, so every token
+/// decodes to valid text and the random model prints words, not stray bytes.
 fn write_tokenizer(dir: &Path, vocab: usize) -> Result<usize> {
     use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -149,7 +151,6 @@ fn write_tokenizer(dir: &Path, vocab: usize) -> Result<usize> {
         .min_frequency(2)
         .show_progress(false)
         .special_tokens(vec![AddedToken::from("<|endoftext|>", true)])
-        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
     let mut tok = TokenizerBuilder::<
         BPE,

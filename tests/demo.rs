@@ -24,7 +24,7 @@ fn demo_creates_the_model_then_reuses_it() {
     assert!(err.contains("expert hit rate"), "{err}");
     assert!(cache
         .path()
-        .join("synthetic-qwen3moe-v1/config.json")
+        .join("synthetic-qwen3moe-v2/config.json")
         .exists());
     let second = run();
     let err = String::from_utf8_lossy(&second.stderr);

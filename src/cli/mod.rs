@@ -287,7 +287,7 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
     let dir = a
         .dir
         .clone()
-        .unwrap_or_else(|| synth::cache_dir().join("synthetic-qwen3moe-v1"));
+        .unwrap_or_else(|| synth::cache_dir().join("synthetic-qwen3moe-v2"));
     let spec = SynthSpec::default();
     if !dir.join("config.json").exists() {
         eprintln!(
