@@ -15,6 +15,7 @@ fn run(dir: &Path, prompt: &[u32]) -> Out {
         &ids(prompt),
         "--max-tokens",
         "3",
+        "--ignore-eos",
         "--json",
     ])
 }
