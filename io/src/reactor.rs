@@ -156,6 +156,20 @@ impl Reactor {
     /// in completion order (requests rejected before I/O come first). The
     /// outer error is a fatal ring failure; the reactor is then unusable.
     pub fn submit_batch(&mut self, reqs: Vec<ReadReq>) -> Result<Vec<ReadDone>, IoError> {
+        let mut out = Vec::with_capacity(reqs.len());
+        self.submit_batch_with(reqs, |d| out.push(d))?;
+        Ok(out)
+    }
+
+    /// Like [`Reactor::submit_batch`], but hands each result to `on_done` as
+    /// soon as its completion is reaped, so the caller can consume slabs in
+    /// completion order while later reads are still in flight. On a fatal
+    /// ring error some results may already have been handed over.
+    pub fn submit_batch_with(
+        &mut self,
+        reqs: Vec<ReadReq>,
+        mut on_done: impl FnMut(ReadDone),
+    ) -> Result<(), IoError> {
         if self.broken {
             return Err(IoError::Ring {
                 op: "submit_batch",
@@ -166,6 +180,7 @@ impl Reactor {
         for req in reqs {
             self.prepare(req, &mut done);
         }
+        done.drain(..).for_each(&mut on_done);
         while !self.parked.is_empty() || self.in_kernel > 0 {
             self.fill();
             if let Err(e) = self.ring.submit_and_wait(1) {
@@ -173,8 +188,9 @@ impl Reactor {
                 return Err(e);
             }
             self.reap(&mut done);
+            done.drain(..).for_each(&mut on_done);
         }
-        Ok(done)
+        Ok(())
     }
 
     /// Turns a request into a parked op, or finishes it without I/O.

@@ -204,3 +204,36 @@ fn parked_reads_leave_in_fifo_order() {
         "one in flight: completion order = FIFO"
     );
 }
+
+#[test]
+fn streamed_results_arrive_once_each_with_the_right_bytes() {
+    let Some(mut reactor) = reactor(ReactorConfig {
+        depth: 4,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let reqs = requests(&file, 40);
+    let mut seen = HashSet::new();
+    reactor
+        .submit_batch_with(reqs.clone(), |(tag, result)| {
+            let req = &reqs[tag as usize];
+            let start = req.offset as usize;
+            assert_eq!(
+                result.unwrap().bytes(),
+                &data[start..start + req.len],
+                "tag {tag}"
+            );
+            assert!(seen.insert(tag), "tag {tag} handed over twice");
+        })
+        .unwrap();
+    assert_eq!(seen.len(), 40);
+    assert!(
+        in_flight_at_handover > 0,
+        "results are handed over before the batch ends"
+    );
+    assert_eq!((reactor.queued(), reactor.in_kernel()), (0, 0));
+}

@@ -9,7 +9,7 @@
 pub mod lru;
 pub mod usage;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::mlp::Mlp;
 use crate::tensor::Mat;
 use crate::weights::{TensorEntry, WeightIndex};
@@ -249,28 +249,49 @@ impl ExpertStore {
                 *bytes += sp.len as u64;
             }
         }
-        let start = Instant::now();
-        let results = reactor.lock().expect("reactor lock").submit_batch(reqs)?;
-        *wait += start.elapsed();
         let mut slabs: Vec<Vec<Option<Slab>>> = plans
             .iter()
             .map(|p| p.iter().map(|_| None).collect())
             .collect();
         let mut left: Vec<usize> = plans.iter().map(Vec::len).collect();
-        for (tag, slab) in results {
-            let (i, j) = owner[tag as usize];
-            slabs[i][j] = Some(slab?);
-            left[i] -= 1;
-            if left[i] == 0 {
-                let got: Vec<Slab> = slabs[i]
-                    .iter_mut()
-                    .map(|s| s.take().expect("every span completed"))
-                    .collect();
-                done(
-                    experts[i],
-                    self.assemble(layer, experts[i], &plans[i], &got)?,
-                );
-            }
+        let mut first_err: Option<Error> = None;
+        let mut assembling = Duration::ZERO;
+        let start = Instant::now();
+        // Each expert is assembled and handed over as soon as its last span
+        // lands, while the rest of the batch is still in flight.
+        let ring = reactor
+            .lock()
+            .expect("reactor lock")
+            .submit_batch_with(reqs, |(tag, slab)| {
+                if first_err.is_some() {
+                    return;
+                }
+                let (i, j) = owner[tag as usize];
+                match slab {
+                    Ok(slab) => slabs[i][j] = Some(slab),
+                    Err(e) => {
+                        first_err = Some(e.into());
+                        return;
+                    }
+                }
+                left[i] -= 1;
+                if left[i] == 0 {
+                    let t = Instant::now();
+                    let got: Vec<Slab> = slabs[i]
+                        .iter_mut()
+                        .map(|s| s.take().expect("every span completed"))
+                        .collect();
+                    match self.assemble(layer, experts[i], &plans[i], &got) {
+                        Ok(mlp) => done(experts[i], mlp),
+                        Err(e) => first_err = Some(e),
+                    }
+                    assembling += t.elapsed();
+                }
+            });
+        *wait += start.elapsed().saturating_sub(assembling);
+        ring?;
+        if let Some(e) = first_err {
+            return Err(e);
         }
         Ok(())
     }
