@@ -160,16 +160,6 @@ impl ExpertStore {
         self.locations[layer].len()
     }
 
-    /// The expert, from the layer's cache or read from disk on a miss.
-    pub fn get(&self, layer: usize, expert: usize) -> Result<Arc<Mlp>> {
-        if let Some(m) = self.lookup(layer, &[expert]).pop().flatten() {
-            return Ok(m);
-        }
-        let mut got = None;
-        self.fetch(layer, &[expert], |_, m| got = Some(m))?;
-        Ok(got.expect("fetch hands every expert to the sink"))
-    }
-
     /// Looks `experts` up in the layer's cache, counting each as a hit or a
     /// miss; `None` for a miss.
     pub fn lookup(&self, layer: usize, experts: &[usize]) -> Vec<Option<Arc<Mlp>>> {
