@@ -1,10 +1,13 @@
 //! The expert store: where routed experts live and how they reach compute.
 //!
 //! Each routed expert (gate, up, down) stays on disk until a router picks
-//! it; then its bytes are read through the shard's `moestream-io` reader
-//! (one coalesced read when the three tensors are adjacent in one shard),
-//! widened to f32 and kept in a per-layer LRU cache ([`lru`]) of bounded
-//! size. Counters record hits, misses, bytes read and time spent on disk.
+//! it; then its bytes are read (one coalesced read when the three tensors
+//! are adjacent in one shard) and kept, in their stored element type, in a
+//! per-layer LRU cache ([`lru`]) of bounded size. A layer's misses are read
+//! together: through the io_uring reactor as one batch, each expert handed
+//! over as soon as its last span lands, or one by one through the shard
+//! readers. Counters record hits, misses, bytes read and time spent waiting
+//! on reads; [`usage`] records every router selection for tiering.
 
 pub mod lru;
 pub mod usage;
