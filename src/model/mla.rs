@@ -257,41 +257,23 @@ impl MlaAttention {
         ctx: &mut [f32],
     ) {
         let c = &sh.cfg;
-        let (h, qk, l, r) = (
-            sh.heads,
-            c.qk_head_dim(),
-            c.kv_lora_rank,
-            c.qk_rope_head_dim,
-        );
+        let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
         let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
         let total = qs.start + qs.sel.len();
         let kvw = h * (nope + vd);
         let mut kvb = vec![0f32; total * kvw]; // (total, heads * (nope + v))
         matmul(&self.wkv_b, kvw, l, &latent[..total * l], total, &mut kvb);
         let mut scores = Vec::new();
-        for (t, sel) in qs.sel.iter().enumerate() {
-            let row = qs.start + t;
-            let positions = visible(sel, row);
-            for hh in 0..h {
-                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
-                let kv_at =
-                    |s: usize| &kvb[s * kvw + hh * (nope + vd)..s * kvw + (hh + 1) * (nope + vd)];
-                scores.clear();
-                scores.extend(positions.iter().map(|&s| {
-                    let k_dot = dot(&q[..nope], &kv_at(s)[..nope])
-                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]);
-                    k_dot * c.softmax_scale
-                }));
-                softmax(&mut scores);
-                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
-                o.fill(0.0);
-                for (&s, p) in positions.iter().zip(&scores) {
-                    for (ov, vv) in o.iter_mut().zip(&kv_at(s)[nope..]) {
-                        *ov += p * vv;
-                    }
-                }
-            }
-        }
+        each_query_head(sh, qs, |t, hh, q, positions| {
+            let kv_at =
+                |s: usize| &kvb[s * kvw + hh * (nope + vd)..s * kvw + (hh + 1) * (nope + vd)];
+            let score = |s: usize| {
+                (dot(&q[..nope], &kv_at(s)[..nope]) + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
+                    * c.softmax_scale
+            };
+            let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+            softmax_pool(positions, &mut scores, score, |s| &kv_at(s)[nope..], o);
+        });
     }
 
     /// Weight absorption: scores against latents, pools latents, projects
@@ -305,47 +287,71 @@ impl MlaAttention {
         ctx: &mut [f32],
     ) {
         let c = &sh.cfg;
-        let (h, qk, l, r) = (
-            sh.heads,
-            c.qk_head_dim(),
-            c.kv_lora_rank,
-            c.qk_rope_head_dim,
-        );
+        let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
         let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
         let mut q_lat = vec![0f32; l]; // (kv_lora,)
         let mut pooled = vec![0f32; l]; // (kv_lora,)
         let mut scores = Vec::new();
-        for (t, sel) in qs.sel.iter().enumerate() {
-            let row = qs.start + t;
-            let positions = visible(sel, row);
-            for hh in 0..h {
-                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
-                let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
-                // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
-                q_lat.fill(0.0);
-                for (i, qi) in q[..nope].iter().enumerate() {
-                    for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
-                        *a += qi * w;
-                    }
-                }
-                scores.clear();
-                scores.extend(positions.iter().map(|&s| {
-                    let k_dot = dot(&q_lat, &latent[s * l..(s + 1) * l])
-                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]);
-                    k_dot * c.softmax_scale
-                }));
-                softmax(&mut scores);
-                pooled.fill(0.0);
-                for (&s, p) in positions.iter().zip(&scores) {
-                    for (a, lv) in pooled.iter_mut().zip(&latent[s * l..(s + 1) * l]) {
-                        *a += p * lv;
-                    }
-                }
-                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
-                for (j, ov) in o.iter_mut().enumerate() {
-                    *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
+        each_query_head(sh, qs, |t, hh, q, positions| {
+            let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
+            // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
+            q_lat.fill(0.0);
+            for (i, qi) in q[..nope].iter().enumerate() {
+                for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
+                    *a += qi * w;
                 }
             }
+            let score = |s: usize| {
+                (dot(&q_lat, &latent[s * l..(s + 1) * l])
+                    + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
+                    * c.softmax_scale
+            };
+            softmax_pool(
+                positions,
+                &mut scores,
+                score,
+                |s| &latent[s * l..(s + 1) * l],
+                &mut pooled,
+            );
+            let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+            for (j, ov) in o.iter_mut().enumerate() {
+                *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
+            }
+        });
+    }
+}
+
+/// Calls `f(t, head, q_head, positions)` for every query row and head.
+fn each_query_head(sh: &MlaShape, qs: &Queries, mut f: impl FnMut(usize, usize, &[f32], &[usize])) {
+    let (h, qk) = (sh.heads, sh.cfg.qk_head_dim());
+    for (t, sel) in qs.sel.iter().enumerate() {
+        let positions = visible(sel, qs.start + t);
+        for hh in 0..h {
+            f(
+                t,
+                hh,
+                &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk],
+                &positions,
+            );
+        }
+    }
+}
+
+/// `out = Σ_s softmax(score)(s) · value(s)` over `positions`, in f32.
+fn softmax_pool<'a>(
+    positions: &[usize],
+    scores: &mut Vec<f32>,
+    score: impl Fn(usize) -> f32,
+    value: impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
+    scores.clear();
+    scores.extend(positions.iter().map(|&s| score(s)));
+    softmax(scores);
+    out.fill(0.0);
+    for (&s, p) in positions.iter().zip(scores.iter()) {
+        for (o, v) in out.iter_mut().zip(value(s)) {
+            *o += p * v;
         }
     }
 }
