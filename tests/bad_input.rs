@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{ids, moestream, read_shard, shard_of, tiny_model, write_shard, Out};
+use common::{
+    assert_clean_failure, ids, moestream, read_shard, shard_of, tiny_model, write_shard, Out,
+};
 use std::path::Path;
 
 fn run(dir: &Path, prompt: &[u32]) -> Out {
@@ -18,23 +20,6 @@ fn run(dir: &Path, prompt: &[u32]) -> Out {
         "--ignore-eos",
         "--json",
     ])
-}
-
-fn assert_clean_failure(out: &Out, needles: &[&str]) {
-    assert!(!out.ok, "expected failure, got success: {}", out.stdout);
-    assert!(
-        out.stdout.is_empty(),
-        "no output on failure, got: {}",
-        out.stdout
-    );
-    assert!(!out.stderr.contains("panicked"), "panicked: {}", out.stderr);
-    for n in needles {
-        assert!(
-            out.stderr.contains(n),
-            "stderr should name `{n}`: {}",
-            out.stderr
-        );
-    }
 }
 
 #[test]

@@ -6,23 +6,9 @@
 
 mod common;
 
-use common::{fixture, ids, moestream};
+use common::{fixture, ids, moestream, oracle_at, u32s};
 use serde_json::Value;
 use std::path::Path;
-
-fn oracle_at(dir: &Path) -> Value {
-    let path = dir.join("oracle.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 fn f64s(v: &Value) -> Vec<f64> {
     v.as_array()

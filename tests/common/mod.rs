@@ -93,3 +93,38 @@ pub fn shard_of(dir: &Path, name: &str) -> PathBuf {
         .find(|p| read_shard(p).0.get(name).is_some())
         .unwrap_or_else(|| panic!("no shard holds {name}"))
 }
+
+/// The oracle.json of a model dir.
+pub fn oracle_at(dir: &Path) -> serde_json::Value {
+    let path = dir.join("oracle.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A JSON array of ids.
+pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A failed run: non-zero exit, nothing on stdout, no panic, and stderr
+/// naming each of `needles`.
+pub fn assert_clean_failure(out: &Out, needles: &[&str]) {
+    assert!(!out.ok, "expected failure, got success: {}", out.stdout);
+    assert!(
+        out.stdout.is_empty(),
+        "no output on failure, got: {}",
+        out.stdout
+    );
+    assert!(!out.stderr.contains("panicked"), "panicked: {}", out.stderr);
+    for n in needles {
+        assert!(
+            out.stderr.contains(n),
+            "stderr should name `{n}`: {}",
+            out.stderr
+        );
+    }
+}
