@@ -116,11 +116,6 @@ impl KvCache {
         self.capacity
     }
 
-    /// The layout of each layer.
-    pub fn layouts(&self) -> &[KvLayout] {
-        &self.layouts
-    }
-
     /// Checks that `n` more positions fit.
     pub fn reserve(&self, n: usize) -> Result<()> {
         if self.len + n > self.capacity {

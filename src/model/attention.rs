@@ -128,12 +128,10 @@ impl Attention {
         }
         for t in 0..n {
             let pos = rope_offset + start + t;
-            for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(s.head_dim) {
-                s.rope.apply(head, pos);
-            }
-            for head in k[t * kd..(t + 1) * kd].chunks_exact_mut(s.head_dim) {
-                s.rope.apply(head, pos);
-            }
+            s.rope
+                .apply_heads(&mut q[t * qd..(t + 1) * qd], s.head_dim, 0, pos);
+            s.rope
+                .apply_heads(&mut k[t * kd..(t + 1) * kd], s.head_dim, 0, pos);
         }
         kc[start * kd..(start + n) * kd].copy_from_slice(&k);
         vc[start * kd..(start + n) * kd].copy_from_slice(&v);

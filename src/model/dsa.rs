@@ -72,7 +72,7 @@ impl Indexer {
         self.wk.matmul(x, n, &mut k);
         for (t, row) in k.chunks_exact_mut(d).enumerate() {
             layer_norm(row, &self.k_norm_w, &self.k_norm_b);
-            sh.rope.apply(row, rope_offset + start + t);
+            sh.rope.apply_heads(row, d, 0, rope_offset + start + t);
         }
         index_k[start * d..(start + n) * d].copy_from_slice(&k);
     }
@@ -113,9 +113,7 @@ impl Indexer {
                 continue;
             }
             let qt = &mut q[t * h * d..(t + 1) * h * d];
-            for head in qt.chunks_exact_mut(d) {
-                sh.rope.apply(head, rope_offset + row);
-            }
+            sh.rope.apply_heads(qt, d, 0, rope_offset + row);
             scores.clear();
             scores.resize(row + 1, 0f32);
             for (hh, qh) in qt.chunks_exact(d).enumerate() {

@@ -177,10 +177,13 @@ impl MlaAttention {
         );
         let (q_resid, mut q) = self.queries(sh, x, n); // (n, q_lora), (n, heads * qk)
         for t in 0..n {
-            for head in q[t * h * qk..(t + 1) * h * qk].chunks_exact_mut(qk) {
-                sh.rope
-                    .apply(&mut head[c.qk_nope_head_dim..], rope_offset + start + t);
-            }
+            let pos = rope_offset + start + t;
+            sh.rope.apply_heads(
+                &mut q[t * h * qk..(t + 1) * h * qk],
+                qk,
+                c.qk_nope_head_dim,
+                pos,
+            );
         }
         let mut ckv = vec![0f32; n * (l + r)]; // (n, kv_lora + rope)
         self.wkv_a.matmul(x, n, &mut ckv);
@@ -189,7 +192,7 @@ impl MlaAttention {
             let (lat, rot) = row.split_at_mut(l);
             let dst = &mut latent[(start + t) * l..(start + t + 1) * l];
             rms_norm(lat, &self.kv_a_norm, LORA_NORM_EPS, dst);
-            sh.rope.apply(rot, rope_offset + start + t);
+            sh.rope.apply_heads(rot, r, 0, rope_offset + start + t);
             k_rope[(start + t) * r..(start + t + 1) * r].copy_from_slice(rot);
         }
         if let (Some(ix), Some(ish)) = (&self.indexer, &sh.indexer) {

@@ -64,11 +64,6 @@ impl Rope {
         }
     }
 
-    /// The yarn attention factor (1 for other schemes).
-    pub fn attention_scaling(&self) -> f32 {
-        self.attention_scaling
-    }
-
     /// cos and sin of each frequency at `pos`, times the attention scaling.
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
         for (i, f) in self.inv_freq.iter().enumerate() {
@@ -78,18 +73,26 @@ impl Rope {
         }
     }
 
-    /// Rotates the leading `rotary_dim` dims of `head` at position `pos`.
-    pub fn apply(&self, head: &mut [f32], pos: usize) {
+    /// Rotates, at position `pos`, every `head_dim`-wide head of `x` from
+    /// dim `skip` on (the rotary slice). cos/sin are computed once for all
+    /// heads.
+    pub fn apply_heads(&self, x: &mut [f32], head_dim: usize, skip: usize, pos: usize) {
         let half = self.rotary_dim / 2;
         let mut cos = [0f32; 512];
         let mut sin = [0f32; 512];
         assert!(half <= cos.len(), "rotary dim too large");
+        assert!(
+            skip + self.rotary_dim <= head_dim,
+            "rotary slice outside the head"
+        );
         self.cos_sin(pos, &mut cos[..half], &mut sin[..half]);
-        self.apply_with(head, &cos[..half], &sin[..half]);
+        for head in x.chunks_exact_mut(head_dim) {
+            self.apply_with(&mut head[skip..], &cos[..half], &sin[..half]);
+        }
     }
 
     /// Rotates with precomputed `cos`/`sin` (length `rotary_dim / 2`).
-    pub fn apply_with(&self, head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    fn apply_with(&self, head: &mut [f32], cos: &[f32], sin: &[f32]) {
         let half = self.rotary_dim / 2;
         for i in 0..half {
             let (a, b) = if self.interleaved {
@@ -197,7 +200,7 @@ mod tests {
     fn position_zero_is_identity() {
         let r = Rope::new(&cfg(false));
         let mut h = [1.0f32, 2.0, 3.0, 4.0, 5.0];
-        r.apply(&mut h, 0);
+        r.apply_heads(&mut h, 5, 0, 0);
         assert_eq!(h, [1.0, 2.0, 3.0, 4.0, 5.0]);
     }
 
@@ -206,7 +209,7 @@ mod tests {
         for inter in [false, true] {
             let r = Rope::new(&cfg(inter));
             let mut h = [1.0f32, 2.0, 3.0, 4.0];
-            r.apply(&mut h, 7);
+            r.apply_heads(&mut h, 4, 0, 7);
             let n: f32 = h.iter().map(|v| v * v).sum();
             assert!((n - 30.0).abs() < 1e-4);
         }
