@@ -53,11 +53,11 @@ struct ModelArgs {
     threads: Option<usize>,
     /// MLA attention: absorb (decode-style), explicit (K/V reconstruction),
     /// auto (the cheaper for the tokens in flight).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = MlaMode::Auto)]
     mla: MlaMode,
     /// DSA indexer (GLM-5): on, off (dense attention), auto (select only
     /// when a query sees more than index_topk positions; same output as on).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, value_enum, default_value_t = DsaMode::Auto)]
     dsa: DsaMode,
     /// How a layer's expert misses are read: reactor (all in flight at once
     /// through io_uring, falling back to sync where unavailable) or sync

@@ -29,28 +29,16 @@ use crate::tensor::Mat;
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
 const LORA_NORM_EPS: f64 = 1e-6;
 
-/// How MLA attends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How MLA attends (`--mla`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum MlaMode {
     Absorb,
     Explicit,
     Auto,
 }
 
-impl std::str::FromStr for MlaMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<MlaMode, String> {
-        match s {
-            "absorb" => Ok(MlaMode::Absorb),
-            "explicit" => Ok(MlaMode::Explicit),
-            "auto" => Ok(MlaMode::Auto),
-            _ => Err(format!("unknown MLA mode `{s}` (absorb, explicit, auto)")),
-        }
-    }
-}
-
-/// Whether the DSA indexer restricts attention.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Whether the DSA indexer restricts attention (`--dsa`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DsaMode {
     /// Always score and select (as transformers does).
     On,
@@ -59,18 +47,6 @@ pub enum DsaMode {
     /// Select only when a query sees more than index_topk positions (the
     /// same output as `On`, without scoring when everything is kept).
     Auto,
-}
-
-impl std::str::FromStr for DsaMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<DsaMode, String> {
-        match s {
-            "on" => Ok(DsaMode::On),
-            "off" => Ok(DsaMode::Off),
-            "auto" => Ok(DsaMode::Auto),
-            _ => Err(format!("unknown DSA mode `{s}` (on, off, auto)")),
-        }
-    }
 }
 
 /// The low-rank query path.
