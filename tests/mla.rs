@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_clean_failure, fixture, ids, moestream, oracle_at, u32s};
+use common::{assert_clean_failure, eval_json, fixture, moestream, oracle_at, u32s};
 
 fn oracle(family: &str) -> Value {
     oracle_at(&fixture(family))
@@ -132,19 +132,7 @@ fn dsa_selection_changes_long_contexts() {
 fn mtp_one_step_matches_the_reference_through_eval() {
     for family in ["deepseek_v3", "glm4_moe", "glm_moe_dsa"] {
         let o = oracle(family);
-        let dir = fixture(family);
-        let eval_ids = ids(&u32s(&o["eval_ids"]));
-        let out = moestream(&[
-            "eval",
-            "--model",
-            dir.to_str().unwrap(),
-            "--prompt-ids",
-            &eval_ids,
-            "--json",
-            "--mtp",
-        ]);
-        assert!(out.ok, "{family}: {}", out.stderr);
-        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        let v = eval_json(&fixture(family), &["--mtp"]);
         assert_eq!(
             u32s(&v["mtp_argmax"]),
             u32s(&o["mtp"]["one_step"]),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{fixture, ids, moestream, oracle_at, u32s};
+use common::{eval_json, fixture, ids, moestream, oracle_at, u32s};
 use serde_json::Value;
 use std::path::Path;
 
@@ -71,19 +71,7 @@ fn check_eval(family: &str) {
 fn check_eval_at(dir: &Path, extra: &[&str]) {
     let o = oracle_at(dir);
     let family = dir.display().to_string();
-    let eval_ids = ids(&u32s(&o["eval_ids"]));
-    let mut args = vec![
-        "eval",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt-ids",
-        &eval_ids,
-        "--json",
-    ];
-    args.extend(extra);
-    let out = moestream(&args);
-    assert!(out.ok, "{family}: {}", out.stderr);
-    let v: Value = serde_json::from_str(&out.stdout).expect("one JSON object");
+    let v = eval_json(dir, extra);
     assert_eq!(
         u32s(&v["argmax"]),
         u32s(&o["argmax"]),
@@ -208,18 +196,7 @@ fn check_mtp_at(dir: &Path) {
     if o.get("mtp").is_none() {
         return;
     }
-    let eval_ids = ids(&u32s(&o["eval_ids"]));
-    let out = moestream(&[
-        "eval",
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt-ids",
-        &eval_ids,
-        "--json",
-        "--mtp",
-    ]);
-    assert!(out.ok, "{}: {}", dir.display(), out.stderr);
-    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let v = eval_json(dir, &["--mtp"]);
     assert_eq!(
         u32s(&v["mtp_argmax"]),
         u32s(&o["mtp"]["one_step"]),

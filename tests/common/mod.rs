@@ -128,3 +128,21 @@ pub fn assert_clean_failure(out: &Out, needles: &[&str]) {
         );
     }
 }
+
+/// `eval --json` (plus `extra`) over the oracle's `eval_ids` of `dir`; the
+/// parsed JSON object.
+pub fn eval_json(dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let eval_ids = ids(&u32s(&oracle_at(dir)["eval_ids"]));
+    let mut args = vec![
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &eval_ids,
+        "--json",
+    ];
+    args.extend(extra);
+    let out = moestream(&args);
+    assert!(out.ok, "{}: {}", dir.display(), out.stderr);
+    serde_json::from_str(&out.stdout).expect("one JSON object")
+}
