@@ -63,7 +63,9 @@ fn cache_size_changes_hit_rate_not_tokens() {
 #[test]
 fn reactor_and_sync_reads_agree_in_every_mode() {
     let dir = common::tiny_model();
-    let want = gen(&load(dir.path(), 1, ReadMode::Buffered, false)).unwrap();
+    let baseline = load(dir.path(), 1, ReadMode::Buffered, false);
+    let want = gen(&baseline).unwrap();
+    let want_counts = baseline.store.counters();
     for mode in [
         ReadMode::Direct,
         ReadMode::Buffered,
@@ -87,6 +89,11 @@ fn reactor_and_sync_reads_agree_in_every_mode() {
             }
             assert_eq!(gen(&model).unwrap(), want, "{mode} reactor={reactor}");
             let c = model.store.counters();
+            assert_eq!(
+                (c.hits, c.misses),
+                (want_counts.hits, want_counts.misses),
+                "{mode} reactor={reactor}: cache behaviour"
+            );
             assert_eq!(
                 c.bytes_read,
                 c.misses * 3 * 16 * 32 * 2,

@@ -183,12 +183,17 @@ impl ExpertStore {
         // Bytes read and time spent waiting on reads (widening to f32 excluded).
         let mut bytes = 0u64;
         let mut wait = Duration::ZERO;
+        // Experts go to the sink as they complete, but into the cache in the
+        // order asked for, so what the LRU later evicts never depends on
+        // which read finished first.
+        let mut fetched: Vec<Option<Arc<Mlp>>> = vec![None; experts.len()];
         let mut done = |e: usize, mlp: Mlp| {
             let mlp = Arc::new(mlp);
-            self.caches[layer]
-                .lock()
-                .expect("cache lock")
-                .insert(e, mlp.clone());
+            let i = experts
+                .iter()
+                .position(|&x| x == e)
+                .expect("fetched experts were asked for");
+            fetched[i] = Some(mlp.clone());
             sink(e, mlp);
         };
         let res = match &self.reactor {
@@ -208,6 +213,13 @@ impl ExpertStore {
                 Ok(())
             }),
         };
+        let mut cache = self.caches[layer].lock().expect("cache lock");
+        for (&e, mlp) in experts.iter().zip(fetched) {
+            if let Some(mlp) = mlp {
+                cache.insert(e, mlp);
+            }
+        }
+        drop(cache);
         let mut io = self.io.lock().expect("io lock");
         io.0 += bytes;
         io.1 += wait;
