@@ -1,11 +1,29 @@
-//! Kernel throughput: f32 matrix-vector products over weights the size of a
-//! small expert matrix and of a GLM-5 expert matrix (6144 × 2048), scalar
-//! twin against the dispatched SIMD kernel. Throughput is weight bytes per
-//! second (decode is memory-bandwidth bound); compare with the machine's
-//! measured memory bandwidth (~27–37 GB/s on 2 threads here).
+//! Kernel throughput, as weight bytes streamed per second (decode is
+//! memory-bandwidth bound); compare with the machine's measured read
+//! bandwidth (`moestream::bench::mem::read_bandwidth`, results/kernels.md).
+//!
+//! - `f32_matvec`: the original f32 group — one matrix the size of a small
+//!   expert and one GLM-5 expert matrix, scalar twin against SIMD.
+//! - `{f32,int8,int4}_matmul`: `rows x cols` at GLM-5 (2048x6144, 6144x2048)
+//!   and Qwen3-30B-A3B (768x2048, 2048x768) expert shapes, batch 1/4/16.
+//!   Each iteration uses the next of enough distinct matrices that the
+//!   working set is >= 256 MiB (8x this machine's 32 MiB L3), so the weights
+//!   really come from memory. Throughput = packed bytes + scales per call.
+//!   int8/int4 run the integer path (`kernels::quant::matmul_int`);
+//!   `int4_float_path` is the `--no-int-dot` path for comparison.
+//! - `decode_sequence`: 24 back-to-back Qwen3 expert matvecs (8 experts x
+//!   gate/up 768x2048 + down 2048x768, int4) under each `Threading`, from
+//!   memory (a fresh set of experts per iteration) and from cache (one set).
+//!
+//! `MOESTREAM_BENCH_THREADING=single|rayon` runs the matmul groups on that
+//! threading instead of the hot pool; `MOESTREAM_SPIN_US` sets the pool's
+//! idle spin.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use moestream::kernels::f32::{dot, dot_scalar, matvec};
+use moestream::kernels::quant::{matmul_float, matmul_int};
+use moestream::kernels::{f32 as kf32, set_threading, Threading};
+use moestream::quant::QBits;
 
 fn weights(n: usize) -> Vec<f32> {
     (0..n)
@@ -51,5 +69,207 @@ fn bench_matvec(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_matvec);
+/// Working set each shape group cycles through (>= 4x the LLC).
+const WORKING_SET_BYTES: usize = 256 << 20;
+const SHAPES: [(usize, usize); 4] = [(2048, 6144), (6144, 2048), (768, 2048), (2048, 768)];
+const BATCHES: [usize; 3] = [1, 4, 16];
+
+/// Cheap deterministic bytes (xorshift64*).
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        out.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// One packed matrix as the kernels see it.
+struct Packed {
+    data: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+/// Enough distinct packed `(rows, cols)` matrices to fill the working set.
+fn packed_set(bits: QBits, rows: usize, cols: usize) -> Vec<Packed> {
+    let per = rows * bits.row_bytes(cols) + rows * 4;
+    (0..WORKING_SET_BYTES.div_ceil(per))
+        .map(|k| Packed {
+            data: bytes(rows * bits.row_bytes(cols), k as u64 + 1),
+            scales: (0..rows).map(|r| 1e-3 * (1 + r % 7) as f32).collect(),
+        })
+        .collect()
+}
+
+fn bench_f32_matmul(c: &mut Criterion) {
+    set_threading(threading_from_env());
+    let mut g = c.benchmark_group("f32_matmul");
+    for (rows, cols) in SHAPES {
+        let per = rows * cols * 4;
+        let mats: Vec<Vec<f32>> = (0..WORKING_SET_BYTES.div_ceil(per))
+            .map(|k| {
+                bytes(rows * cols, k as u64 + 7)
+                    .iter()
+                    .map(|&b| b as f32 / 256.0 - 0.5)
+                    .collect()
+            })
+            .collect();
+        g.throughput(Throughput::Bytes(per as u64));
+        for n in BATCHES {
+            let x = weights(n * cols);
+            let mut y = vec![0f32; n * rows];
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(format!("{rows}x{cols}"), n), |b| {
+                b.iter(|| {
+                    i = (i + 1) % mats.len();
+                    kf32::matmul(&mats[i], rows, cols, black_box(&x), n, &mut y)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn bench_quant_matmul(c: &mut Criterion, bits: QBits, float_path: bool) {
+    let name = match (bits, float_path) {
+        (QBits::Int8, false) => "int8_matmul",
+        (QBits::Int4, false) => "int4_matmul",
+        (QBits::Int4, true) => "int4_float_path",
+        _ => unreachable!("not benched"),
+    };
+    let run = if float_path { matmul_float } else { matmul_int };
+    set_threading(threading_from_env());
+    let mut g = c.benchmark_group(name);
+    let shapes: &[(usize, usize)] = if float_path { &SHAPES[..1] } else { &SHAPES };
+    for &(rows, cols) in shapes {
+        let mats = packed_set(bits, rows, cols);
+        g.throughput(Throughput::Bytes(
+            (rows * bits.row_bytes(cols) + rows * 4) as u64,
+        ));
+        for n in BATCHES {
+            let x = weights(n * cols);
+            let mut y = vec![0f32; n * rows];
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(format!("{rows}x{cols}"), n), |b| {
+                b.iter(|| {
+                    i = (i + 1) % mats.len();
+                    let m = &mats[i];
+                    run(
+                        bits,
+                        &m.data,
+                        &m.scales,
+                        rows,
+                        cols,
+                        black_box(&x),
+                        n,
+                        &mut y,
+                    )
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn bench_int8(c: &mut Criterion) {
+    bench_quant_matmul(c, QBits::Int8, false)
+}
+
+fn bench_int4(c: &mut Criterion) {
+    bench_quant_matmul(c, QBits::Int4, false)
+}
+
+fn bench_int4_float(c: &mut Criterion) {
+    bench_quant_matmul(c, QBits::Int4, true)
+}
+
+/// `MOESTREAM_BENCH_THREADING=single|rayon` runs the matmul groups on that
+/// threading instead of the default hot pool.
+fn threading_from_env() -> Threading {
+    match std::env::var("MOESTREAM_BENCH_THREADING").as_deref() {
+        Ok("single") => Threading::Single,
+        Ok("rayon") => Threading::Rayon,
+        _ => Threading::Pool,
+    }
+}
+
+/// 24 back-to-back int4 expert matvecs, as one MoE layer of Qwen3-30B-A3B
+/// decodes one token (8 experts x gate, up, down).
+fn bench_decode_sequence(c: &mut Criterion) {
+    let (h, f) = (2048usize, 768usize);
+    let bits = QBits::Int4;
+    let per_set = 8 * (2 * f * bits.row_bytes(h) + h * bits.row_bytes(f) + (2 * f + h) * 4);
+    let sets = WORKING_SET_BYTES.div_ceil(per_set);
+    let layers: Vec<Vec<[Packed; 3]>> = (0..sets)
+        .map(|s| {
+            (0..8)
+                .map(|e| {
+                    let k = (s * 8 + e) as u64 * 3;
+                    let gate = Packed {
+                        data: bytes(f * h / 2, k + 1),
+                        scales: vec![1e-3; f],
+                    };
+                    let up = Packed {
+                        data: bytes(f * h / 2, k + 2),
+                        scales: vec![1e-3; f],
+                    };
+                    let down = Packed {
+                        data: bytes(h * f / 2, k + 3),
+                        scales: vec![1e-3; h],
+                    };
+                    [gate, up, down]
+                })
+                .collect()
+        })
+        .collect();
+    let x = weights(h);
+    let (mut g1, mut u1, mut y) = (vec![0f32; f], vec![0f32; f], vec![0f32; h]);
+    let mut g = c.benchmark_group("decode_sequence");
+    g.throughput(Throughput::Bytes(per_set as u64));
+    for (label, set_count) in [("memory", sets), ("cache", 1)] {
+        for t in [Threading::Single, Threading::Rayon, Threading::Pool] {
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(label, format!("{t:?}")), |b| {
+                set_threading(t);
+                b.iter(|| {
+                    i = (i + 1) % set_count;
+                    for [gate, up, down] in &layers[i] {
+                        matmul_int(
+                            bits,
+                            &gate.data,
+                            &gate.scales,
+                            f,
+                            h,
+                            black_box(&x),
+                            1,
+                            &mut g1,
+                        );
+                        matmul_int(bits, &up.data, &up.scales, f, h, &x, 1, &mut u1);
+                        // The gating product (SiLU left out: not kernel work).
+                        for (a, b) in g1.iter_mut().zip(&u1) {
+                            *a *= b;
+                        }
+                        matmul_int(bits, &down.data, &down.scales, h, f, &g1, 1, &mut y);
+                    }
+                })
+            });
+        }
+    }
+    set_threading(Threading::Pool);
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_matvec,
+    bench_f32_matmul,
+    bench_int8,
+    bench_int4,
+    bench_int4_float,
+    bench_decode_sequence
+);
 criterion_main!(benches);

@@ -67,6 +67,9 @@ pub enum Error {
         position: usize,
         vocab_size: usize,
     },
+    /// The RAM budget cannot hold the model's resident set and slack.
+    #[error("{0}")]
+    Budget(String),
     /// A request asks for something the engine cannot do.
     #[error("bad request: {0}")]
     Request(String),

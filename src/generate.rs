@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::profile::{peak_rss_bytes, Profile};
+use crate::profile::{device_read_bytes, peak_rss_bytes, Profile};
 use crate::sampler::{argmax, Sampler, SamplingParams};
 use serde::Serialize;
 use std::time::Instant;
@@ -28,9 +28,18 @@ pub struct RunStats {
     pub prefill_seconds: f64,
     pub tok_per_s: f64,
     pub expert_hit_rate: f64,
+    /// Hits served by pinned (hot-tier) experts, of all lookups.
+    pub expert_pinned_hit_rate: f64,
+    /// Hits served by the on-demand (warm-tier) cache, of all lookups.
+    pub expert_warm_hit_rate: f64,
+    /// Pinned and warm hits together.
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub expert_bytes_read: u64,
+    /// Bytes this process caused to be read from the block device
+    /// (/proc/self/io `read_bytes`; page-cache hits and read-ahead waste
+    /// show up as the gap to `expert_bytes_read`). 0 where unavailable.
+    pub device_bytes_read: u64,
     pub peak_rss_bytes: u64,
     pub expert_disk_s: f64,
     pub expert_matmul_s: f64,
@@ -42,13 +51,16 @@ impl RunStats {
     /// The one-line summary every run ends with.
     pub fn line(&self) -> String {
         format!(
-            "[stats] {} tokens in {:.2} s ({:.2} tok/s) | prompt {} tok, prefill {:.2} s | expert hit rate {:.1}% | peak RSS {:.1} MiB | disk {:.2} s, expert-matmul {:.2} s, attention {:.2} s, other {:.2} s",
+            "[stats] {} tokens in {:.2} s ({:.2} tok/s) | prompt {} tok, prefill {:.2} s | expert hit rate {:.1}% (pinned {:.1}%) | read {:.1} MiB, device {:.1} MiB | peak RSS {:.1} MiB | disk {:.2} s, expert-matmul {:.2} s, attention {:.2} s, other {:.2} s",
             self.tokens,
             self.seconds,
             self.tok_per_s,
             self.prompt_tokens,
             self.prefill_seconds,
             self.expert_hit_rate * 100.0,
+            self.expert_pinned_hit_rate * 100.0,
+            self.expert_bytes_read as f64 / (1 << 20) as f64,
+            self.device_bytes_read as f64 / (1 << 20) as f64,
             self.peak_rss_bytes as f64 / (1 << 20) as f64,
             self.expert_disk_s,
             self.expert_matmul_s,
@@ -89,6 +101,7 @@ pub fn generate(
     let max_tokens = opts.max_tokens.min(context_max - prompt.len());
     let start = Instant::now();
     let before = model.store.counters();
+    let device_before = device_read_bytes();
     let mut prof = Profile::default();
     let mut kv = model.new_kv(prompt.len() + max_tokens);
     let mut sampler = Sampler::new(opts.sampling);
@@ -110,8 +123,17 @@ pub fn generate(
     }
     let seconds = start.elapsed().as_secs_f64();
     let after = model.store.counters();
-    let hits = after.hits - before.hits;
+    let pinned = after.pinned_hits - before.pinned_hits;
+    let warm = after.hits - before.hits;
+    let hits = pinned + warm;
     let misses = after.misses - before.misses;
+    let rate = |x: u64| {
+        if hits + misses > 0 {
+            x as f64 / (hits + misses) as f64
+        } else {
+            0.0
+        }
+    };
     let disk = (after.disk_time - before.disk_time).as_secs_f64();
     let matmul = prof.expert_matmul.as_secs_f64();
     let attention = prof.attention.as_secs_f64();
@@ -125,14 +147,13 @@ pub fn generate(
         } else {
             0.0
         },
-        expert_hit_rate: if hits + misses > 0 {
-            hits as f64 / (hits + misses) as f64
-        } else {
-            0.0
-        },
+        expert_hit_rate: rate(hits),
+        expert_pinned_hit_rate: rate(pinned),
+        expert_warm_hit_rate: rate(warm),
         expert_hits: hits,
         expert_misses: misses,
         expert_bytes_read: after.bytes_read - before.bytes_read,
+        device_bytes_read: device_read_bytes().saturating_sub(device_before),
         peak_rss_bytes: peak_rss_bytes(),
         expert_disk_s: disk,
         expert_matmul_s: matmul,
@@ -155,6 +176,9 @@ pub struct Evaluation {
     pub nll: Vec<f64>,
     /// Full logits of the last position.
     pub last_logits: Vec<f32>,
+    /// Logits of every position, `(ids, vocab)` row-major.
+    #[serde(skip)]
+    pub logits: Vec<f32>,
 }
 
 /// Runs `ids` through the model in one forward and scores every position.
@@ -175,6 +199,7 @@ pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
         argmax,
         nll,
         last_logits: rows[rows.len() - 1].to_vec(),
+        logits,
     })
 }
 

@@ -12,13 +12,17 @@
 //! [`synth`] (the embedded synthetic default model), [`tensor`] (weight
 //! matrices in their kept element type), [`profile`].
 
+pub mod bench;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod profile;
+pub mod quality;
+pub mod quant;
 pub mod sampler;
 pub mod store;
 pub mod synth;

@@ -1,20 +1,27 @@
 //! Weight matrices in the element type they are kept in RAM. F32 and BF16
 //! checkpoints keep their own type (BF16 halves the RAM of every expert and
-//! needs no widening on a cache miss); F16 is widened to f32 on load. Every
-//! product runs through the format's kernel with results identical to the
-//! f32 path on the widened weights.
+//! needs no widening on a cache miss); F16 is widened to f32 on load; packed
+//! int8/int4/int2 container tensors stay packed. BF16 products are identical
+//! to the f32 path on the widened weights; packed products run the integer
+//! kernels.
 
-use crate::kernels::{bf16, f32 as kf32, matmul_rows};
+use crate::kernels::{bf16, f32 as kf32, matmul_rows, quant};
+use crate::quant::policy::Width;
+use crate::quant::QMatrix;
 use crate::weights::dtype::{self, DType};
 
 /// The elements of a matrix.
+#[derive(Clone, Debug, PartialEq)]
 pub enum MatData {
     F32(Vec<f32>),
     /// Raw BF16 bit patterns.
     Bf16(Vec<u16>),
+    /// Packed integers with per-row scales.
+    Q(QMatrix),
 }
 
 /// A row-major `(rows, cols)` weight matrix, as PyTorch's `Linear` stores it.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Mat {
     pub rows: usize,
     pub cols: usize,
@@ -60,11 +67,57 @@ impl Mat {
         Mat { rows, cols, data }
     }
 
+    /// A packed matrix.
+    pub fn quant(q: QMatrix) -> Mat {
+        Mat {
+            rows: q.rows,
+            cols: q.cols,
+            data: MatData::Q(q),
+        }
+    }
+
+    /// Stores row-major f32 `w` `(rows, cols)` at `width`: the one encoder
+    /// of the converter and the runtime quantizer.
+    pub fn encode(w: Vec<f32>, rows: usize, cols: usize, width: Width) -> Mat {
+        match width {
+            Width::F32 => Mat::f32(rows, cols, w),
+            Width::Bf16 => Mat {
+                rows,
+                cols,
+                data: MatData::Bf16(
+                    w.iter()
+                        .map(|v| half::bf16::from_f32(*v).to_bits())
+                        .collect(),
+                ),
+            },
+            Width::Int(bits) => Mat::quant(QMatrix::quantize(&w, rows, cols, bits)),
+        }
+    }
+
+    /// The width the matrix is kept at.
+    pub fn width(&self) -> Width {
+        match &self.data {
+            MatData::F32(_) => Width::F32,
+            MatData::Bf16(_) => Width::Bf16,
+            MatData::Q(q) => Width::Int(q.bits),
+        }
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         match &self.data {
             MatData::F32(v) => v.len() * 4,
             MatData::Bf16(v) => v.len() * 2,
+            MatData::Q(q) => q.data.len() + q.scales.len() * 4,
+        }
+    }
+
+    /// The whole matrix widened (or dequantized) to f32, row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match &self.data {
+            MatData::F32(v) => v.clone(),
+            MatData::Bf16(v) => v.iter().map(|b| bf16::widen(*b)).collect(),
+            MatData::Q(q) => q.dequantize(),
         }
     }
 
@@ -79,6 +132,7 @@ impl Mat {
                     *o = bf16::widen(*b);
                 }
             }
+            MatData::Q(q) => q.dequant_row(r, out),
         }
     }
 
@@ -90,6 +144,7 @@ impl Mat {
             MatData::Bf16(w) => matmul_rows(self.rows, c, x, n, y, |r, xr| {
                 bf16::dot(&w[r * c..(r + 1) * c], xr)
             }),
+            MatData::Q(q) => quant::matmul_qmatrix(q, x, n, y),
         }
     }
 }

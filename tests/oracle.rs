@@ -135,6 +135,29 @@ family_tests! {
     // Mixtral with sliding_window 5 < the 31-token context (made with
     // scripts/oracle_variant.py, see scripts/heldout.sh).
     mixtral_sliding_window => "mixtral_sliding_window",
+    // DeepSeek-V3 shipped the vendors' way: FP8 e4m3 matrices with 128x128
+    // block scales, BF16 embeddings/router (scripts/make_fp8_oracle.py; the
+    // oracle is transformers on the dequantized weights).
+    deepseek_v3_fp8 => "deepseek_v3_fp8",
+}
+
+/// The FP8 checkpoint converted with every class kept f32 must match the
+/// oracle of its dequantized weights exactly like the checkpoint itself.
+#[test]
+fn fp8_converted_to_an_f32_container_matches_transformers() {
+    let src = fixture("deepseek_v3_fp8");
+    let out = tempfile::tempdir().unwrap();
+    let dst = out.path().join("c");
+    let mut args = vec!["convert", "--input", src.to_str().unwrap()];
+    args.extend(["--output", dst.to_str().unwrap(), "--quiet"]);
+    for f in ["--expert-bits", "--dense-bits", "--io-bits", "--mtp-bits"] {
+        args.extend([f, "32"]);
+    }
+    let r = moestream(&args);
+    assert!(r.ok, "{}", r.stderr);
+    std::fs::copy(src.join("oracle.json"), dst.join("oracle.json")).unwrap();
+    check_greedy_at(&dst, &[]);
+    check_eval_at(&dst, &[]);
 }
 
 /// MLA families must match transformers through either attention path.

@@ -3,10 +3,14 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use moestream::convert::{self, ConvertOptions};
 use moestream::generate::{evaluate, generate, GenOptions, Generation};
 use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
+use moestream::quality;
+use moestream::quant::policy::{Class, Policy, Width};
 use moestream::sampler::SamplingParams;
+use moestream::store::policy::EvictPolicy;
 use moestream::synth::{self, SynthSpec};
 use moestream::tokenizer::{eos_ids, TextStream, Tokenizer};
 use moestream_io::ReadMode;
@@ -35,6 +39,65 @@ enum Cmd {
     Demo(DemoArgs),
     /// Write a synthetic random-weight MoE checkpoint.
     Synth(SynthArgs),
+    /// Convert a Hugging Face checkpoint (FP8/BF16/F16/F32) into the
+    /// quantized moestream container.
+    Convert(ConvertArgs),
+    /// Measurements of this machine.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Memory read bandwidth (the ceiling of every decode kernel).
+    Mem(MemArgs),
+}
+
+#[derive(Args)]
+struct MemArgs {
+    /// Buffer size in MiB (much larger than the last-level cache).
+    #[arg(long, default_value_t = 1024)]
+    mib: usize,
+    /// Reader threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// Hugging Face checkpoint directory.
+    #[arg(long)]
+    input: PathBuf,
+    /// Output directory (created).
+    #[arg(long)]
+    output: PathBuf,
+    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32).
+    #[arg(long, default_value_t = 4)]
+    expert_bits: u32,
+    /// Bits of attention, dense MLP and shared experts.
+    #[arg(long, default_value_t = 8)]
+    dense_bits: u32,
+    /// Bits of the token embeddings and lm_head.
+    #[arg(long, default_value_t = 8)]
+    io_bits: u32,
+    /// Bits of the multi-token-prediction layers.
+    #[arg(long, default_value_t = 8)]
+    mtp_bits: u32,
+    /// Per-class override CLASS=BITS (expert, shared, attention, dense,
+    /// embed, lm_head, mtp, other); repeatable; applied last.
+    #[arg(long = "bits")]
+    overrides: Vec<String>,
+    /// Continue an interrupted conversion into --output.
+    #[arg(long)]
+    resume: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args)]
@@ -64,6 +127,29 @@ struct ModelArgs {
     /// (one after another).
     #[arg(long, value_enum, default_value_t = IoPath::Reactor)]
     io: IoPath,
+    /// Quantize a float or FP8 checkpoint while loading: routed experts at
+    /// BITS, the rest by the converter's default policy (identical bytes to
+    /// `convert --expert-bits BITS`).
+    #[arg(long, value_name = "BITS")]
+    quantize_at_load: Option<u32>,
+    /// Packed weights multiply in f32 (dequantized rows) instead of
+    /// integer dot products against an int8-quantized activation.
+    #[arg(long)]
+    no_int_dot: bool,
+    /// RAM budget in GB (10^9 bytes): expert cache slots per layer are
+    /// planned so resident weights + caches + itemized slack fit (overrides
+    /// --expert-cache); the plan is printed at start.
+    #[arg(long, value_name = "GB")]
+    ram_gb: Option<f64>,
+    /// Which cached expert a full cache evicts: lfru (frequency first,
+    /// recency breaks ties) or lru.
+    #[arg(long, value_enum, default_value_t = EvictPolicy::Lfru)]
+    policy: EvictPolicy,
+    /// Do not pin experts from the usage history (moestream-usage.json in
+    /// the model directory), and do not update it.
+    #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    no_history: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -127,6 +213,13 @@ struct EvalArgs {
     /// and `mtp_last_logits`.
     #[arg(long)]
     mtp: bool,
+    /// Save every position's logits (a reference for --ref-logits).
+    #[arg(long, value_name = "FILE")]
+    save_logits: Option<PathBuf>,
+    /// Compare with logits saved by --save-logits: adds `ref` (top-1
+    /// agreement, mean and max KL divergence) to the output.
+    #[arg(long, value_name = "FILE")]
+    ref_logits: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -171,6 +264,8 @@ pub fn main() -> ExitCode {
         Cmd::Eval(a) => cmd_eval(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Synth(a) => cmd_synth(a),
+        Cmd::Convert(a) => cmd_convert(a),
+        Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -188,14 +283,57 @@ fn load(m: &ModelArgs) -> Result<Model> {
             .build_global()
             .ok();
     }
+    moestream::kernels::quant::set_int_dot(!m.no_int_dot);
+    let quantize_at_load = match m.quantize_at_load {
+        None => None,
+        Some(bits) => {
+            let mut p = Policy::default();
+            p.set(Class::Expert, width(bits, "--quantize-at-load")?)
+                .map_err(anyhow::Error::msg)?;
+            Some(p)
+        }
+    };
     let opts = LoadOptions {
         expert_cache: m.expert_cache,
         read_mode: m.read_mode,
         mla: m.mla,
         dsa: m.dsa,
         io_reactor: m.io == IoPath::Reactor,
+        quantize_at_load,
+        ram_budget: match m.ram_gb {
+            Some(gb) if !(gb > 0.0 && gb.is_finite()) => bail!("--ram-gb {gb}: must be positive"),
+            Some(gb) => Some((gb * 1e9) as u64),
+            None => None,
+        },
+        policy: m.policy,
+        pin_history: !m.no_history,
+        ..LoadOptions::default()
     };
-    Ok(Model::load(&m.model, &opts)?)
+    let model = Model::load(&m.model, &opts)?;
+    if let Some(plan) = &model.plan {
+        eprintln!("{plan}");
+    }
+    if let Some(note) = &model.history {
+        eprintln!("{note}");
+    }
+    Ok(model)
+}
+
+/// Saves the usage history into the model directory (a read-only
+/// directory only costs a warning).
+fn save_history(model: &Model, m: &ModelArgs) {
+    if m.no_history {
+        return;
+    }
+    let path = m.model.join(moestream::store::usage::HISTORY_FILE);
+    if let Err(e) = model.store.save_history(&path) {
+        eprintln!("warning: usage history not saved: {e}");
+    }
+}
+
+fn width(bits: u32, flag: &str) -> Result<Width> {
+    Width::from_bits(bits)
+        .with_context(|| format!("{flag} {bits}: bits must be 2, 4, 8, 16 (BF16) or 32 (f32)"))
 }
 
 fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
@@ -227,6 +365,7 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     let opts = gen_options(&a.gen, dir)?;
     if a.gen.json {
         let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
+        save_history(&model, &a.model);
         let text = match &tok {
             Ok(t) => t.decode(&g.token_ids)?,
             Err(_) => String::new(),
@@ -236,6 +375,7 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     }
     let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
     let g = stream_text(&model, &tok, &prompt, &opts)?;
+    save_history(&model, &a.model);
     eprintln!("{}", g.stats.line());
     Ok(())
 }
@@ -274,6 +414,15 @@ fn cmd_eval(a: EvalArgs) -> Result<()> {
     let model = load(&a.model)?;
     let e = evaluate(&model, &a.prompt_ids)?;
     let mut v = serde_json::to_value(&e)?;
+    if let Some(path) = &a.save_logits {
+        quality::save_logits(path, &a.prompt_ids, &e.logits, model.cfg.vocab_size)?;
+    }
+    if let Some(path) = &a.ref_logits {
+        let reference = quality::load_logits(path)?;
+        let agreement = quality::compare(&reference, &a.prompt_ids, &e.logits)
+            .with_context(|| format!("comparing with {}", path.display()))?;
+        v["ref"] = serde_json::to_value(agreement)?;
+    }
     if a.mtp {
         let (mtp_argmax, mtp_last_logits) = model.mtp_one_step(&a.prompt_ids)?;
         v["mtp_argmax"] = serde_json::json!(mtp_argmax);
@@ -342,5 +491,67 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
     }
     synth::ensure(&a.out, &spec)?;
     eprintln!("wrote a synthetic model to {}", a.out.display());
+    Ok(())
+}
+
+fn cmd_convert(a: ConvertArgs) -> Result<()> {
+    let mut policy = Policy::default();
+    let classes: [(&[Class], u32, &str); 4] = [
+        (&[Class::Expert], a.expert_bits, "--expert-bits"),
+        (
+            &[Class::Attention, Class::Dense, Class::Shared],
+            a.dense_bits,
+            "--dense-bits",
+        ),
+        (&[Class::Embed, Class::LmHead], a.io_bits, "--io-bits"),
+        (&[Class::Mtp], a.mtp_bits, "--mtp-bits"),
+    ];
+    for (cs, bits, flag) in classes {
+        let w = width(bits, flag)?;
+        for c in cs {
+            policy.set(*c, w).map_err(anyhow::Error::msg)?;
+        }
+    }
+    for o in &a.overrides {
+        policy.apply_override(o).map_err(anyhow::Error::msg)?;
+    }
+    eprintln!("moestream convert: policy {}", policy.summary());
+    let opts = ConvertOptions {
+        input: a.input.clone(),
+        output: a.output.clone(),
+        policy,
+        resume: a.resume,
+        progress: !a.quiet,
+    };
+    let report = convert::convert(&opts)?;
+    if !report.skipped.is_empty() {
+        eprintln!(
+            "resumed: {} finished file(s) kept, {} written",
+            report.skipped.len(),
+            report.written.len()
+        );
+    }
+    println!("{}", report.census.table().trim_end());
+    eprintln!("wrote {} (verified)", a.output.display());
+    Ok(())
+}
+
+fn cmd_bench_mem(a: MemArgs) -> Result<()> {
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let r = moestream::bench::mem::read_bandwidth(a.mib << 20, threads, a.reps);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"bytes": a.mib << 20, "threads": threads, "reps": a.reps,
+                "median_gbs": r.median_gbs, "best_gbs": r.best_gbs})
+        );
+    } else {
+        println!(
+            "memory read bandwidth: median {:.1} GB/s, best {:.1} GB/s ({} MiB, {threads} threads, {} reps)",
+            r.median_gbs, r.best_gbs, a.mib, a.reps
+        );
+    }
     Ok(())
 }

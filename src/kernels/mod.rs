@@ -1,20 +1,148 @@
 //! Compute kernels. Each format lives in its own folder with the scalar
 //! reference (always compiled) beside its SIMD versions; the best version is
-//! picked once at run time from the CPU's features ([`cpu`]).
+//! picked once at run time from the CPU's features ([`cpu`]). [`quant`]
+//! drives the int8/int4/int2 dots ([`int8`], [`int4`], [`int2`]) over whole
+//! matrices. Every matmul splits its output rows into blocks run by
+//! [`par_row_blocks`] on the hot worker pool ([`pool`]); a row's result never
+//! depends on the split or the thread, so threading is invisible in the
+//! numbers.
 
 pub mod bf16;
 pub mod cpu;
 pub mod f32;
+pub mod int2;
+pub mod int4;
+pub mod int8;
+pub mod pool;
+pub mod quant;
 
 use rayon::prelude::*;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MACS_MIN: usize = 1 << 18;
+/// Weight bytes one block of rows aims at (a few pages: long enough for the
+/// prefetchers, short enough to balance two to a few dozen threads).
+const BLOCK_BYTES: usize = 16 << 10;
+
+/// Who runs the row blocks of a large product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threading {
+    /// The hot worker pool ([`pool`]): the default.
+    Pool,
+    /// rayon's global pool (the seed engine's choice; kept for comparison).
+    Rayon,
+    /// The calling thread only.
+    Single,
+}
+
+static THREADING: AtomicU8 = AtomicU8::new(0);
+
+/// Selects who runs the row blocks of every later product (process-wide).
+pub fn set_threading(t: Threading) {
+    THREADING.store(t as u8, Ordering::Relaxed);
+}
+
+/// The current [`Threading`].
+pub fn threading() -> Threading {
+    match THREADING.load(Ordering::Relaxed) {
+        0 => Threading::Pool,
+        1 => Threading::Rayon,
+        _ => Threading::Single,
+    }
+}
+
+/// A block of output rows of `Y (n, rows)` that one task owns: it may write
+/// `Y[t, r]` for every `t < n` and `r` in [`RowBlock::rows`], nothing else.
+pub struct RowBlock<'a> {
+    y: *mut f32,
+    rows_total: usize,
+    n: usize,
+    range: Range<usize>,
+    _y: PhantomData<&'a mut [f32]>,
+}
+
+impl RowBlock<'_> {
+    /// The weight rows of this block.
+    pub fn rows(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// `Y[t, r] = v`.
+    #[inline]
+    pub fn set(&mut self, t: usize, r: usize, v: f32) {
+        assert!(
+            t < self.n && self.range.contains(&r),
+            "write outside the block"
+        );
+        // SAFETY: `y` points at `n * rows_total` floats (checked in
+        // `par_row_blocks`) and t < n, r < rows_total; blocks own disjoint row
+        // ranges, so no other task writes this element while the `&mut [f32]`
+        // behind `y` is lent out.
+        unsafe { *self.y.add(t * self.rows_total + r) = v };
+    }
+}
+
+/// Raw output pointer shared by the blocks of one product.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the blocks of one product write disjoint elements (see `RowBlock`),
+// and `par_row_blocks` holds the `&mut` borrow until every block is done.
+unsafe impl Sync for OutPtr {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Splits the `rows` output rows of `Y (n, rows)` into blocks of about
+/// 16 KiB of weights (`row_bytes` per row) and runs `body` on each, on the
+/// current [`Threading`] when `rows · cols · n` reaches 2^18 multiply-adds
+/// (else on the calling thread).
+pub fn par_row_blocks(
+    rows: usize,
+    cols: usize,
+    n: usize,
+    row_bytes: usize,
+    y: &mut [f32],
+    body: impl Fn(&mut RowBlock<'_>) + Sync,
+) {
+    assert_eq!(y.len(), n * rows, "output shape");
+    let out = OutPtr(y.as_mut_ptr());
+    let parallel = rows * cols * n >= PARALLEL_MACS_MIN;
+    let block_rows = if parallel {
+        BLOCK_BYTES.div_ceil(row_bytes.max(1)).max(1)
+    } else {
+        rows.max(1)
+    };
+    let blocks = rows.div_ceil(block_rows);
+    let run_block = |i: usize| {
+        let range = i * block_rows..((i + 1) * block_rows).min(rows);
+        body(&mut RowBlock {
+            y: out.get(),
+            rows_total: rows,
+            n,
+            range,
+            _y: PhantomData,
+        });
+    };
+    match (parallel, threading()) {
+        (true, Threading::Pool) => pool::run(blocks, &run_block),
+        (true, Threading::Rayon) => (0..blocks).into_par_iter().for_each(run_block),
+        _ => (0..blocks).for_each(run_block),
+    }
+}
 
 /// `Y[t, r] = row_dot(r, X[t, :])` for `n` rows of `X` `(n, cols)` into `Y`
-/// `(n, rows)`: the shared skeleton of every format's matmul. Each weight row
-/// is streamed once for all `n` inputs; rows are split over rayon workers
-/// when the product is large enough to pay for it.
+/// `(n, rows)`: the shared skeleton of the f32 and BF16 matmuls. Each weight
+/// row is streamed once for all `n` inputs; row blocks go to
+/// [`par_row_blocks`] (blocks sized as if the weights were f32).
 pub fn matmul_rows(
     rows: usize,
     cols: usize,
@@ -24,35 +152,11 @@ pub fn matmul_rows(
     row_dot: impl Fn(usize, &[f32]) -> f32 + Sync,
 ) {
     assert_eq!(x.len(), n * cols);
-    assert_eq!(y.len(), n * rows);
-    let big = rows * cols * n >= PARALLEL_MACS_MIN;
-    if n == 1 {
-        let body = |(r, yr): (usize, &mut f32)| *yr = row_dot(r, x);
-        if big {
-            y.par_iter_mut().enumerate().with_min_len(16).for_each(body);
-        } else {
-            y.iter_mut().enumerate().for_each(body);
+    par_row_blocks(rows, cols, n, cols * 4, y, |blk| {
+        for r in blk.rows() {
+            for t in 0..n {
+                blk.set(t, r, row_dot(r, &x[t * cols..(t + 1) * cols]));
+            }
         }
-        return;
-    }
-    // Compute transposed (rows, n) so each task owns a contiguous output block.
-    let mut yt = vec![0f32; rows * n];
-    let body = |(r, out): (usize, &mut [f32])| {
-        for (t, o) in out.iter_mut().enumerate() {
-            *o = row_dot(r, &x[t * cols..(t + 1) * cols]);
-        }
-    };
-    if big {
-        yt.par_chunks_mut(n)
-            .enumerate()
-            .with_min_len(8)
-            .for_each(body);
-    } else {
-        yt.chunks_mut(n).enumerate().for_each(body);
-    }
-    for r in 0..rows {
-        for t in 0..n {
-            y[t * rows + r] = yt[r * n + t];
-        }
-    }
+    });
 }

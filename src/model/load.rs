@@ -13,7 +13,12 @@ use super::router::Router;
 use super::{names, AttnBlock, Ffn, Layer, Model, Shapes};
 use crate::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
+use crate::quant::policy::Policy;
+use crate::store::budget::{self, BudgetInput};
+use crate::store::policy::EvictPolicy;
+use crate::store::usage::HISTORY_FILE;
 use crate::store::{ExpertLocation, ExpertStore};
+use crate::weights::index::AtLoad;
 use crate::weights::WeightIndex;
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +34,19 @@ pub struct LoadOptions {
     /// Batch each layer's expert misses through the io_uring reactor (when
     /// the kernel supports it); otherwise read them one by one.
     pub io_reactor: bool,
+    /// Quantize float and FP8 tensors by this policy as they load (the
+    /// runtime quantizer; a container's packed tensors are used as stored).
+    pub quantize_at_load: Option<Policy>,
+    /// RAM budget in bytes: expert slots per layer are planned to fit it
+    /// (overriding `expert_cache`).
+    pub ram_budget: Option<u64>,
+    /// Which cached expert a full cache evicts.
+    pub policy: EvictPolicy,
+    /// Pin each layer's hottest experts from the usage history saved in
+    /// the model directory, if there is one.
+    pub pin_history: bool,
+    /// Context the KV pool is budgeted for (clamped to the model's maximum).
+    pub context: usize,
 }
 
 impl Default for LoadOptions {
@@ -39,6 +57,11 @@ impl Default for LoadOptions {
             mla: MlaMode::Auto,
             dsa: DsaMode::Auto,
             io_reactor: true,
+            quantize_at_load: None,
+            ram_budget: None,
+            policy: EvictPolicy::default(),
+            pin_history: true,
+            context: 4096,
         }
     }
 }
@@ -55,7 +78,12 @@ impl Model {
     /// (and shape-checks) every routed expert, including the MTP layer's.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
         let cfg = ModelConfig::load(dir)?;
-        let index = Arc::new(WeightIndex::open(dir, opts.read_mode)?);
+        let mut index = WeightIndex::open(dir, opts.read_mode)?;
+        index.set_at_load(opts.quantize_at_load.clone().map(|policy| AtLoad {
+            policy,
+            layers: cfg.num_layers,
+        }));
+        let index = Arc::new(index);
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed = index.read_mat("model.embed_tokens.weight", v, h)?;
         let lm_head = if cfg.tie_word_embeddings && !index.contains("lm_head.weight") {
@@ -89,9 +117,10 @@ impl Model {
             opts.expert_cache,
             (h, cfg.moe_intermediate_size),
             opts.io_reactor,
+            (opts.policy, cfg.top_k),
         );
         let shapes = shapes(&cfg, opts);
-        Ok(Model {
+        let mut model = Model {
             shapes,
             cfg,
             embed,
@@ -100,7 +129,56 @@ impl Model {
             lm_head,
             store,
             mtp,
-        })
+            plan: None,
+            history: None,
+        };
+        if let Some(budget) = opts.ram_budget {
+            let plan = budget::plan(&model.budget_input(budget, opts)).map_err(Error::Budget)?;
+            model.store.set_slots(plan.slots_per_layer);
+            model.plan = Some(plan);
+        }
+        let history = dir.join(HISTORY_FILE);
+        if opts.pin_history && history.exists() {
+            model.history = Some(match model.store.pin_from_history(&history) {
+                Ok((tokens, pinned)) => format!(
+                    "usage history: {tokens} tokens, {pinned} experts pinned ({})",
+                    history.display()
+                ),
+                Err(e) => format!("usage history ignored: {e}"),
+            });
+        }
+        Ok(model)
+    }
+
+    /// The byte counts the RAM plan needs.
+    fn budget_input(&self, budget: u64, opts: &LoadOptions) -> BudgetInput {
+        let cfg = &self.cfg;
+        let context = opts.context.min(cfg.rope.max_position_embeddings).max(1);
+        let kv_per_token: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let k = self.kv_layout(l);
+                k.attention_bytes_per_token() + k.index_bytes_per_token()
+            })
+            .sum();
+        let (expert_ram, expert_disk) = self.store.expert_bytes().unwrap_or((0, 0));
+        let widest = cfg
+            .intermediate_size
+            .max(cfg.moe_intermediate_size * cfg.top_k);
+        let per_position = cfg.vocab_size + 16 * cfg.hidden_size + 3 * widest;
+        BudgetInput {
+            budget,
+            resident: self.store.index().resident_bytes(),
+            expert_ram,
+            expert_disk,
+            moe_layers: self.store.moe_layers(),
+            experts_per_layer: cfg.num_experts,
+            top_k: cfg.top_k,
+            kv: (kv_per_token * context) as u64,
+            activations: (per_position * context * 4) as u64,
+            page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
+        }
     }
 }
 
@@ -317,9 +395,9 @@ fn load_moe(
         let [g, u, d] = names::pick3(index, &cands).clone();
         locs.push(ExpertLocation {
             parts: [
-                (g.clone(), index.expect_shape(&g, &[i, h])?.clone()),
-                (u.clone(), index.expect_shape(&u, &[i, h])?.clone()),
-                (d.clone(), index.expect_shape(&d, &[h, i])?.clone()),
+                index.expect_shape(&g, &[i, h])?,
+                index.expect_shape(&u, &[i, h])?,
+                index.expect_shape(&d, &[h, i])?,
             ],
         });
     }

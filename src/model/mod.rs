@@ -74,6 +74,10 @@ pub struct Model {
     pub store: ExpertStore,
     /// The multi-token-prediction head, when the checkpoint has one.
     pub mtp: Option<mtp::Mtp>,
+    /// The RAM plan, when loaded under a budget.
+    pub plan: Option<crate::store::budget::BudgetPlan>,
+    /// What became of the saved usage history (pins), if there was one.
+    pub history: Option<String>,
 }
 
 /// Where a chunk of rows sits: cache rows `start..`, RoPE positions
@@ -87,7 +91,7 @@ pub struct Rows {
 
 impl Model {
     /// The KV layout of `layer`.
-    fn kv_layout(&self, layer: &Layer) -> KvLayout {
+    pub(crate) fn kv_layout(&self, layer: &Layer) -> KvLayout {
         match (&layer.attn, &self.cfg.mla) {
             (AttnBlock::Mla(a), Some(m)) => KvLayout::Mla {
                 kv_lora: m.kv_lora_rank,

@@ -9,17 +9,21 @@
 //! readers. Counters record hits, misses, bytes read and time spent waiting
 //! on reads; [`usage`] records every router selection for tiering.
 
-pub mod lru;
+pub mod budget;
+pub mod cache;
+pub mod policy;
 pub mod usage;
 
 use crate::error::{Error, Result};
 use crate::model::mlp::Mlp;
 use crate::tensor::Mat;
+use crate::weights::index::Resolved;
 use crate::weights::{TensorEntry, WeightIndex};
-use lru::Lru;
+use cache::SlotCache;
 use moestream_io::{
     coalesce, ByteRange, CoalesceLimits, OpenFile, Reactor, ReactorConfig, ReadMode, ReadReq, Slab,
 };
+use policy::EvictPolicy;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,12 +39,27 @@ const COALESCE: CoalesceLimits = CoalesceLimits {
 /// The three tensors of one routed expert on disk.
 #[derive(Clone, Debug)]
 pub struct ExpertLocation {
-    /// gate, up, down (with their tensor names, for errors).
-    pub parts: [(String, TensorEntry); 3],
+    /// gate, up, down, each with its storage and companion (scales).
+    pub parts: [Resolved; 3],
+}
+
+impl ExpertLocation {
+    /// The byte ranges to read: part `2i` is tensor `i`'s data, `2i + 1`
+    /// its companion (absent for float tensors).
+    fn ranges(&self) -> Vec<(usize, &TensorEntry)> {
+        let mut out = Vec::with_capacity(6);
+        for (i, r) in self.parts.iter().enumerate() {
+            out.push((2 * i, &r.entry));
+            if let Some(c) = r.companion() {
+                out.push((2 * i + 1, c));
+            }
+        }
+        out
+    }
 }
 
 /// One coalesced read of an expert: a span of one shard, and the expert
-/// parts (0 gate, 1 up, 2 down) it holds as byte windows into the span.
+/// ranges (see [`ExpertLocation::ranges`]) it holds as byte windows into it.
 struct SpanRead {
     shard: usize,
     offset: u64,
@@ -51,6 +70,9 @@ struct SpanRead {
 /// Counters of the store (summed over layers).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StoreCounters {
+    /// Lookups served by pinned (hot-tier) experts.
+    pub pinned_hits: u64,
+    /// Lookups served by unpinned cached (warm-tier) experts.
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
@@ -59,23 +81,44 @@ pub struct StoreCounters {
 }
 
 impl StoreCounters {
-    /// hits / (hits + misses), or 0 with no lookups.
+    /// Lookups of any kind.
+    pub fn lookups(&self) -> u64 {
+        self.pinned_hits + self.hits + self.misses
+    }
+
+    /// (pinned + warm hits) / lookups, or 0 with no lookups.
     pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
-            0.0
-        } else {
-            self.hits as f64 / total as f64
-        }
+        ratio(self.pinned_hits + self.hits, self.lookups())
+    }
+
+    /// Pinned hits / lookups.
+    pub fn pinned_hit_rate(&self) -> f64 {
+        ratio(self.pinned_hits, self.lookups())
+    }
+
+    /// Warm (unpinned cached) hits / lookups.
+    pub fn warm_hit_rate(&self) -> f64 {
+        ratio(self.hits, self.lookups())
     }
 }
 
-/// Routed experts of every MoE layer, streamed from disk into LRU caches.
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Routed experts of every MoE layer, streamed from disk into slot caches.
 pub struct ExpertStore {
     index: Arc<WeightIndex>,
     /// `[layer][expert]`; empty for dense layers.
     locations: Vec<Vec<ExpertLocation>>,
-    caches: Vec<Mutex<Lru<Arc<Mlp>>>>,
+    caches: Vec<Mutex<SlotCache<Arc<Mlp>>>>,
+    policy: EvictPolicy,
+    /// Experts routed per token (for the pinning confidence).
+    top_k: usize,
     hidden: usize,
     inter: usize,
     io: Mutex<(u64, Duration)>,
@@ -103,6 +146,7 @@ impl ExpertStore {
         capacity: usize,
         (hidden, inter): (usize, usize),
         use_reactor: bool,
+        (policy, top_k): (EvictPolicy, usize),
     ) -> ExpertStore {
         let files: Vec<Option<Arc<OpenFile>>> =
             index.shards.iter().map(|s| s.reader.open_file()).collect();
@@ -123,7 +167,7 @@ impl ExpertStore {
         };
         let caches = locations
             .iter()
-            .map(|_| Mutex::new(Lru::new(capacity)))
+            .map(|l| Mutex::new(SlotCache::new(if l.is_empty() { 0 } else { capacity })))
             .collect();
         let counts: Vec<usize> = locations.iter().map(Vec::len).collect();
         let usage_table = Mutex::new(UsageTable::new(&counts, HEAT_DECAY_TOKENS));
@@ -131,6 +175,8 @@ impl ExpertStore {
             index,
             locations,
             caches,
+            policy,
+            top_k,
             hidden,
             inter,
             io: Mutex::new((0, Duration::ZERO)),
@@ -213,13 +259,7 @@ impl ExpertStore {
                 Ok(())
             }),
         };
-        let mut cache = self.caches[layer].lock().expect("cache lock");
-        for (&e, mlp) in experts.iter().zip(fetched) {
-            if let Some(mlp) = mlp {
-                cache.insert(e, mlp);
-            }
-        }
-        drop(cache);
+        self.insert(layer, experts.iter().copied().zip(fetched));
         let mut io = self.io.lock().expect("io lock");
         io.0 += bytes;
         io.1 += wait;
@@ -301,30 +341,30 @@ impl ExpertStore {
         Ok(())
     }
 
-    /// The coalesced reads of one expert: per shard, its tensors merged into
-    /// as few spans as the limits allow (one, for the usual adjacent layout).
+    /// The coalesced reads of one expert: per shard, its tensors (and
+    /// scales) merged into as few spans as the limits allow (one, for the
+    /// container's contiguous layout).
     fn plan(&self, layer: usize, expert: usize) -> Vec<SpanRead> {
-        let loc = &self.locations[layer][expert];
-        let mut order: Vec<usize> = (0..3).collect();
-        order.sort_by_key(|&i| (loc.parts[i].1.shard, loc.parts[i].1.offset));
+        let mut ranges = self.locations[layer][expert].ranges();
+        ranges.sort_by_key(|(_, e)| (e.shard, e.offset));
         let mut spans = Vec::new();
-        for shard_parts in order.chunk_by(|&a, &b| loc.parts[a].1.shard == loc.parts[b].1.shard) {
-            let ranges: Vec<ByteRange> = shard_parts
+        for same_shard in ranges.chunk_by(|a, b| a.1.shard == b.1.shard) {
+            let byte_ranges: Vec<ByteRange> = same_shard
                 .iter()
-                .map(|&i| ByteRange {
-                    offset: loc.parts[i].1.offset,
-                    len: loc.parts[i].1.len as u64,
+                .map(|(_, e)| ByteRange {
+                    offset: e.offset,
+                    len: e.len as u64,
                 })
                 .collect();
-            for merged in coalesce(&ranges, COALESCE) {
+            for merged in coalesce(&byte_ranges, COALESCE) {
                 spans.push(SpanRead {
-                    shard: loc.parts[shard_parts[0]].1.shard,
+                    shard: same_shard[0].1.shard,
                     offset: merged.offset,
                     len: merged.len as usize,
                     parts: merged
                         .parts
                         .iter()
-                        .map(|&p| (shard_parts[p], merged.window(ranges[p])))
+                        .map(|&p| (same_shard[p].0, merged.window(byte_ranges[p])))
                         .collect(),
                 });
             }
@@ -332,7 +372,7 @@ impl ExpertStore {
         spans
     }
 
-    /// Widens the bytes of `spans` (read into `slabs`) into the expert.
+    /// Decodes the bytes of `spans` (read into `slabs`) into the expert.
     fn assemble(
         &self,
         layer: usize,
@@ -341,16 +381,21 @@ impl ExpertStore {
         slabs: &[Slab],
     ) -> Result<Mlp> {
         let loc = &self.locations[layer][expert];
-        let mut mats: [Option<Mat>; 3] = Default::default();
+        let mut bytes: [Option<&[u8]>; 6] = [None; 6];
         for (sp, slab) in spans.iter().zip(slabs) {
             for (part, window) in &sp.parts {
-                let (name, e) = &loc.parts[*part];
-                let dt = self.index.dtype(name, e)?;
-                let bytes = &slab.bytes()[window.clone()];
-                mats[*part] = Some(Mat::from_bytes(dt, bytes, e.shape[0], e.shape[1]));
+                bytes[*part] = Some(&slab.bytes()[window.clone()]);
             }
         }
-        let [gate, up, down] = mats.map(|m| m.expect("the spans cover every part"));
+        let mut mats = Vec::with_capacity(3);
+        for (i, r) in loc.parts.iter().enumerate() {
+            let data = bytes[2 * i].expect("the spans cover every part");
+            mats.push(self.index.decode_mat(r, data, bytes[2 * i + 1])?);
+        }
+        let [gate, up, down]: [Mat; 3] = match mats.try_into() {
+            Ok(m) => m,
+            Err(_) => unreachable!("an expert has exactly three parts"),
+        };
         Ok(Mlp {
             gate,
             up,
@@ -358,6 +403,124 @@ impl ExpertStore {
             hidden: self.hidden,
             inter: self.inter,
         })
+    }
+
+    /// Inserts fetched experts into the layer's cache, evicting by policy.
+    fn insert(&self, layer: usize, fetched: impl Iterator<Item = (usize, Option<Arc<Mlp>>)>) {
+        let usage = self.usage.lock().expect("usage lock");
+        let now = usage.clock();
+        let mut cache = self.caches[layer].lock().expect("cache lock");
+        for (e, mlp) in fetched {
+            if let Some(mlp) = mlp {
+                match self.policy {
+                    EvictPolicy::Lru => cache.insert(e, mlp, |_, last| last),
+                    EvictPolicy::Lfru => {
+                        cache.insert(e, mlp, |k, _| policy::lfru_score(usage.get(layer, k), now))
+                    }
+                };
+            }
+        }
+    }
+
+    /// Loads the usage history saved at `path` and pins each layer's
+    /// hottest experts (up to half the slots, scaled by the history's
+    /// length). Returns the tokens of history and the experts pinned.
+    pub fn pin_from_history(&self, path: &std::path::Path) -> Result<(u64, usize)> {
+        let tokens = self.usage.lock().expect("usage lock").load(path)?;
+        let mut pinned = 0;
+        for layer in 0..self.locations.len() {
+            let slots = self.caches[layer].lock().expect("cache lock").capacity();
+            let n = policy::pin_count(slots, tokens, self.top_k, self.locations[layer].len());
+            let hot = policy::hottest(self.usage.lock().expect("usage lock").layer(layer), n);
+            pinned += self.pin(layer, &hot)?;
+        }
+        Ok((tokens, pinned))
+    }
+
+    /// Fetches (when not cached) and pins `experts` of `layer`; returns how
+    /// many are pinned.
+    fn pin(&self, layer: usize, experts: &[usize]) -> Result<usize> {
+        let missing: Vec<usize> = {
+            let cache = self.caches[layer].lock().expect("cache lock");
+            experts
+                .iter()
+                .copied()
+                .filter(|&e| !cache.contains(e))
+                .collect()
+        };
+        let mut got = Vec::with_capacity(missing.len());
+        for &e in &missing {
+            got.push((e, Some(Arc::new(self.read(layer, e)?))));
+        }
+        self.insert(layer, got.into_iter());
+        let mut cache = self.caches[layer].lock().expect("cache lock");
+        Ok(experts.iter().filter(|&&e| cache.pin(e)).count())
+    }
+
+    /// Re-picks every layer's pinned set from the current heats (between
+    /// requests), with the anti-ping-pong margin. Returns the swaps made.
+    pub fn repin(&self) -> Result<usize> {
+        let mut swaps = 0;
+        for layer in 0..self.locations.len() {
+            let mut pinned = self.caches[layer].lock().expect("cache lock").pinned();
+            if pinned.is_empty() {
+                continue;
+            }
+            let done = {
+                let usage = self.usage.lock().expect("usage lock");
+                policy::repin(&mut pinned, usage.layer(layer))
+            };
+            for &(out, _) in &done {
+                self.caches[layer].lock().expect("cache lock").unpin(out);
+            }
+            let ins: Vec<usize> = done.iter().map(|s| s.1).collect();
+            self.pin(layer, &ins)?;
+            swaps += done.len();
+        }
+        Ok(swaps)
+    }
+
+    /// Saves the usage history to `path` (temp file + rename).
+    pub fn save_history(&self, path: &std::path::Path) -> Result<()> {
+        self.usage.lock().expect("usage lock").save(path)
+    }
+
+    /// Experts pinned in `layer`.
+    pub fn pinned(&self, layer: usize) -> Vec<usize> {
+        self.caches[layer].lock().expect("cache lock").pinned()
+    }
+
+    /// The shard index the experts are read through.
+    pub fn index(&self) -> &WeightIndex {
+        &self.index
+    }
+
+    /// Resizes every MoE layer's cache to `slots` (emptying it: called at
+    /// load, before anything is cached).
+    pub fn set_slots(&mut self, slots: usize) {
+        for (cache, locs) in self.caches.iter_mut().zip(&self.locations) {
+            let n = if locs.is_empty() { 0 } else { slots };
+            *cache = Mutex::new(SlotCache::new(n));
+        }
+    }
+
+    /// Number of layers with routed experts.
+    pub fn moe_layers(&self) -> usize {
+        self.locations.iter().filter(|l| !l.is_empty()).count()
+    }
+
+    /// Cache slots of `layer`.
+    pub fn slots(&self, layer: usize) -> usize {
+        self.caches[layer].lock().expect("cache lock").capacity()
+    }
+
+    /// Bytes one expert of `layer` takes in RAM and on disk (its read spans).
+    pub fn expert_bytes(&self) -> Option<(u64, u64)> {
+        let layer = self.locations.iter().position(|l| !l.is_empty())?;
+        let loc = self.locations[layer].first()?;
+        let ram = loc.parts.iter().map(|r| self.index.kept_bytes(r)).sum();
+        let disk = self.plan(layer, 0).iter().map(|s| s.len as u64).sum();
+        Some((ram, disk))
     }
 
     /// Reads one expert, bypassing the cache.
@@ -379,7 +542,8 @@ impl ExpertStore {
     pub fn counters(&self) -> StoreCounters {
         let mut c = StoreCounters::default();
         for cache in &self.caches {
-            let l = cache.lock().expect("cache lock");
+            let l = cache.lock().expect("cache lock").counters;
+            c.pinned_hits += l.pinned_hits;
             c.hits += l.hits;
             c.misses += l.misses;
             c.evictions += l.evictions;

@@ -8,6 +8,8 @@
 
 use super::dtype::{self, DType};
 use crate::error::{Error, Result};
+use crate::quant::policy::{Policy, Width};
+use crate::quant::{fp8, QBits, QMatrix};
 use crate::tensor::Mat;
 use moestream_io::{RangeReader, ReadMode};
 use std::collections::HashMap;
@@ -30,6 +32,73 @@ pub struct TensorEntry {
     pub offset: u64,
     /// Length in bytes.
     pub len: usize,
+    /// Set for a packed integer tensor of the moestream container.
+    pub quant: Option<QuantMeta>,
+}
+
+/// What the container's header metadata says of a packed tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantMeta {
+    pub bits: QBits,
+    /// Logical columns (the stored shape is `(rows, bits.row_bytes(cols))`).
+    pub cols: usize,
+}
+
+/// Header-metadata key prefix of a packed tensor: `moestream.quant.<name>`
+/// maps to `{"bits": B, "cols": C}`.
+pub const QUANT_META_PREFIX: &str = "moestream.quant.";
+
+/// Name of the per-row scales of packed tensor `name`.
+pub fn scales_name(name: &str) -> String {
+    format!("{name}.scales")
+}
+
+/// Name of the FP8 block-scale grid of `name` (`….weight_scale_inv`).
+pub fn scale_inv_name(name: &str) -> String {
+    format!("{name}_scale_inv")
+}
+
+/// How a tensor is stored, with its companion (scales) where it has one.
+#[derive(Clone, Debug)]
+pub enum Stored {
+    /// F32, BF16 or F16 elements.
+    Float(DType),
+    /// Packed integers with an F32 `.scales` companion (one per row).
+    Quant {
+        meta: QuantMeta,
+        scales: TensorEntry,
+    },
+    /// FP8 e4m3 with an F32 `weight_scale_inv` grid of 128×128 blocks.
+    Fp8 { scale_inv: TensorEntry },
+}
+
+/// A resolved tensor: its entry, storage and logical shape.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub name: String,
+    pub entry: TensorEntry,
+    pub stored: Stored,
+    pub shape: Vec<usize>,
+}
+
+impl Resolved {
+    /// The companion tensor (scales), if any.
+    pub fn companion(&self) -> Option<&TensorEntry> {
+        match &self.stored {
+            Stored::Float(_) => None,
+            Stored::Quant { scales, .. } => Some(scales),
+            Stored::Fp8 { scale_inv } => Some(scale_inv),
+        }
+    }
+}
+
+/// The runtime quantizer: the bit policy applied to float tensors as they
+/// load (`--quantize-at-load`), exactly as the converter would store them.
+#[derive(Clone, Debug)]
+pub struct AtLoad {
+    pub policy: Policy,
+    /// Decoder layers of the model (later indices are MTP layers).
+    pub layers: usize,
 }
 
 impl TensorEntry {
@@ -50,6 +119,9 @@ pub struct WeightIndex {
     pub dir: PathBuf,
     pub shards: Vec<Shard>,
     tensors: HashMap<String, TensorEntry>,
+    at_load: Option<AtLoad>,
+    /// Bytes handed out by `read_mat`/`read_f32` (the resident weights).
+    handed_out: std::sync::atomic::AtomicU64,
 }
 
 impl WeightIndex {
@@ -75,7 +147,19 @@ impl WeightIndex {
             dir: dir.to_path_buf(),
             shards,
             tensors,
+            at_load: None,
+            handed_out: Default::default(),
         })
+    }
+
+    /// Quantizes float tensors by `at_load` as they are read.
+    pub fn set_at_load(&mut self, at_load: Option<AtLoad>) {
+        self.at_load = at_load;
+    }
+
+    /// Whether any tensor is a packed container tensor.
+    pub fn is_container(&self) -> bool {
+        self.tensors.values().any(|e| e.quant.is_some())
     }
 
     /// The entry for `name`, or a `MissingTensor` error.
@@ -120,39 +204,221 @@ impl WeightIndex {
         })
     }
 
-    /// Checks that `name` exists with exactly `shape` and a readable dtype.
-    pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<&TensorEntry> {
+    fn shard_error(&self, e: &TensorEntry, name: &str, reason: String) -> Error {
+        Error::Shard {
+            path: self.shard_path(e).to_path_buf(),
+            reason: format!("tensor `{name}`: {reason}"),
+        }
+    }
+
+    /// Resolves `name`: how it is stored, its companion and logical shape,
+    /// with every stored shape checked against the others.
+    pub fn resolve(&self, name: &str) -> Result<Resolved> {
         let e = self.entry(name)?;
-        self.dtype(name, e)?;
-        if e.shape != shape {
+        let companion = |cname: &str| -> Result<TensorEntry> {
+            let c = self.entry(cname).map_err(|_| {
+                self.shard_error(e, name, format!("its companion `{cname}` is missing"))
+            })?;
+            if c.stored != safetensors::Dtype::F32 {
+                return Err(self.shard_error(
+                    c,
+                    cname,
+                    format!("stored as {:?}, scales must be F32", c.stored),
+                ));
+            }
+            Ok(c.clone())
+        };
+        let (stored, shape) = if let Some(meta) = e.quant {
+            let rows = e.shape.first().copied().unwrap_or(0);
+            let want = [rows, meta.bits.row_bytes(meta.cols)];
+            if e.stored != safetensors::Dtype::U8 || e.shape != want {
+                return Err(self.shard_error(
+                    e,
+                    name,
+                    format!(
+                        "packed int{} tensor must be U8 {want:?}, header says {:?} {:?}",
+                        meta.bits.bits(),
+                        e.stored,
+                        e.shape
+                    ),
+                ));
+            }
+            let scales = companion(&scales_name(name))?;
+            if scales.shape != [rows] {
+                return Err(self.shard_error(
+                    &scales,
+                    &scales_name(name),
+                    format!("shape {:?}, expected [{rows}]", scales.shape),
+                ));
+            }
+            (Stored::Quant { meta, scales }, vec![rows, meta.cols])
+        } else if e.stored == safetensors::Dtype::F8_E4M3 {
+            if e.shape.len() != 2 {
+                return Err(self.shard_error(e, name, "FP8 tensors must be 2-D".into()));
+            }
+            let scale_inv = companion(&scale_inv_name(name))?;
+            let grid = fp8::scale_grid(e.shape[0], e.shape[1]);
+            if scale_inv.shape != grid {
+                return Err(self.shard_error(
+                    &scale_inv,
+                    &scale_inv_name(name),
+                    format!(
+                        "shape {:?}, expected the 128x128 block grid {grid:?}",
+                        scale_inv.shape
+                    ),
+                ));
+            }
+            (Stored::Fp8 { scale_inv }, e.shape.clone())
+        } else {
+            (Stored::Float(self.dtype(name, e)?), e.shape.clone())
+        };
+        Ok(Resolved {
+            name: name.to_string(),
+            entry: e.clone(),
+            stored,
+            shape,
+        })
+    }
+
+    /// Resolves `name` and checks its logical shape is exactly `shape`.
+    pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<Resolved> {
+        let r = self.resolve(name)?;
+        if r.shape != shape {
             return Err(Error::Shape {
-                path: self.shard_path(e).to_path_buf(),
+                path: self.shard_path(&r.entry).to_path_buf(),
                 name: name.to_string(),
                 expected: shape.to_vec(),
-                got: e.shape.clone(),
+                got: r.shape.clone(),
             });
         }
-        Ok(e)
+        Ok(r)
+    }
+
+    /// The bytes of `r` and of its companion.
+    fn read_resolved(
+        &self,
+        r: &Resolved,
+    ) -> Result<(moestream_io::Slab, Option<moestream_io::Slab>)> {
+        let e = &r.entry;
+        let data = self.shards[e.shard].reader.read(e.offset, e.len)?;
+        let comp = match r.companion() {
+            Some(c) => Some(self.shards[c.shard].reader.read(c.offset, c.len)?),
+            None => None,
+        };
+        Ok((data, comp))
+    }
+
+    /// The matrix `r` from its stored bytes (and its companion's), in its
+    /// kept element type, with the runtime quantizer applied to float and
+    /// FP8 tensors when one is set.
+    pub fn decode_mat(&self, r: &Resolved, data: &[u8], companion: Option<&[u8]>) -> Result<Mat> {
+        let (rows, cols) = (r.shape[0], r.shape[1]);
+        let width = self
+            .at_load
+            .as_ref()
+            .map(|a| a.policy.width_of(&r.name, &r.shape, a.layers));
+        let floats = |dt: Option<DType>| -> Vec<f32> {
+            match dt {
+                Some(dt) => {
+                    let mut out = vec![0f32; rows * cols];
+                    dtype::to_f32(dt, data, &mut out);
+                    out
+                }
+                None => fp8::dequantize(data, &f32s(companion.unwrap_or_default()), rows, cols),
+            }
+        };
+        Ok(match (r.stored.clone(), width) {
+            (Stored::Quant { meta, .. }, _) => {
+                let q = QMatrix {
+                    bits: meta.bits,
+                    rows,
+                    cols,
+                    data: data.to_vec(),
+                    scales: f32s(companion.unwrap_or_default()),
+                };
+                q.check()
+                    .map_err(|why| self.shard_error(&r.entry, &r.name, why))?;
+                Mat::quant(q)
+            }
+            (Stored::Float(dt), None) => Mat::from_bytes(dt, data, rows, cols),
+            (Stored::Fp8 { .. }, None) => Mat::f32(rows, cols, floats(None)),
+            (Stored::Float(dt), Some(w)) => Mat::encode(floats(Some(dt)), rows, cols, w),
+            (Stored::Fp8 { .. }, Some(w)) => Mat::encode(floats(None), rows, cols, w),
+        })
+    }
+
+    /// Bytes `r` takes in RAM once decoded by [`WeightIndex::decode_mat`].
+    pub fn kept_bytes(&self, r: &Resolved) -> u64 {
+        let n: usize = r.shape.iter().product();
+        let (rows, cols) = (r.shape[0], r.shape.get(1).copied().unwrap_or(1));
+        let width = self
+            .at_load
+            .as_ref()
+            .map(|a| a.policy.width_of(&r.name, &r.shape, a.layers));
+        let packed = |q: QBits| (rows * q.row_bytes(cols) + rows * 4) as u64;
+        match (&r.stored, width) {
+            (Stored::Quant { meta, .. }, _) => packed(meta.bits),
+            (_, Some(Width::Int(q))) => packed(q),
+            (_, Some(Width::Bf16)) | (Stored::Float(DType::BF16), None) => n as u64 * 2,
+            _ => n as u64 * 4,
+        }
     }
 
     /// Reads matrix `name` of shape `(rows, cols)` in its kept element type
-    /// (see [`Mat::from_bytes`]).
+    /// (see [`WeightIndex::decode_mat`]).
     pub fn read_mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
-        let e = self.expect_shape(name, &[rows, cols])?;
-        let dt = self.dtype(name, e)?;
-        let slab = self.shards[e.shard].reader.read(e.offset, e.len)?;
-        Ok(Mat::from_bytes(dt, slab.bytes(), rows, cols))
+        let m = self.read_mat_uncounted(name, rows, cols)?;
+        self.count(m.bytes());
+        Ok(m)
     }
 
-    /// Reads tensor `name` of `shape` widened to f32.
+    fn read_mat_uncounted(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
+        let r = self.expect_shape(name, &[rows, cols])?;
+        let (data, comp) = self.read_resolved(&r)?;
+        self.decode_mat(&r, data.bytes(), comp.as_ref().map(|c| c.bytes()))
+    }
+
+    fn count(&self, bytes: usize) {
+        self.handed_out
+            .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes of every matrix and vector read so far through [`read_mat`]
+    /// and [`read_f32`] (at load: the resident weights).
+    ///
+    /// [`read_mat`]: WeightIndex::read_mat
+    /// [`read_f32`]: WeightIndex::read_f32
+    pub fn resident_bytes(&self) -> u64 {
+        self.handed_out.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Reads tensor `name` of `shape` as f32: widened, or dequantized (a
+    /// matrix the runtime quantizer narrows is narrowed and widened back, so
+    /// it holds exactly what a converted container would give).
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let e = self.expect_shape(name, shape)?;
-        let dt = self.dtype(name, e)?;
-        let mut out = vec![0f32; e.numel()];
-        let slab = self.shards[e.shard].reader.read(e.offset, e.len)?;
-        dtype::to_f32(dt, slab.bytes(), &mut out);
+        let r = self.expect_shape(name, shape)?;
+        if shape.len() == 2 {
+            let v = self.read_mat_uncounted(name, shape[0], shape[1])?.to_f32();
+            self.count(v.len() * 4);
+            return Ok(v);
+        }
+        let Stored::Float(dt) = r.stored else {
+            return Err(self.shard_error(&r.entry, name, "only matrices may be quantized".into()));
+        };
+        let mut out = vec![0f32; r.entry.numel()];
+        let (data, _) = self.read_resolved(&r)?;
+        dtype::to_f32(dt, data.bytes(), &mut out);
+        self.count(out.len() * 4);
         Ok(out)
     }
+}
+
+/// Little-endian f32s of `bytes`.
+pub fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// The sorted `*.safetensors` files of `dir`; an error if there are none.
@@ -206,7 +472,7 @@ fn check_index_json(dir: &Path, paths: &[PathBuf]) -> Result<()> {
 }
 
 /// Parses one shard's header into entries with absolute offsets (shard = 0).
-fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
+pub(crate) fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
     let shard_err = |reason: String| Error::Shard {
         path: path.to_path_buf(),
         reason,
@@ -231,6 +497,7 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
     let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header)
         .map_err(|e| shard_err(format!("bad safetensors header: {e}")))?;
     let data_start = 8 + n;
+    let quant = quant_metadata(&meta).map_err(shard_err)?;
     let mut out = Vec::new();
     for (name, info) in meta.tensors() {
         let (begin, end) = info.data_offsets;
@@ -240,6 +507,7 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
                 "tensor `{name}` ends at byte {abs_end} but the file has {file_len} bytes (truncated, or the header lies)"
             )));
         }
+        let q = quant.get(&name).copied();
         out.push((
             name,
             TensorEntry {
@@ -248,8 +516,41 @@ fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
                 shape: info.shape.clone(),
                 offset: data_start + begin as u64,
                 len: end - begin,
+                quant: q,
             },
         ));
+    }
+    Ok(out)
+}
+
+/// The packed tensors a header's `__metadata__` declares.
+fn quant_metadata(
+    meta: &safetensors::tensor::Metadata,
+) -> std::result::Result<HashMap<String, QuantMeta>, String> {
+    let mut out = HashMap::new();
+    let Some(md) = meta.metadata() else {
+        return Ok(out);
+    };
+    for (k, v) in md {
+        let Some(name) = k.strip_prefix(QUANT_META_PREFIX) else {
+            continue;
+        };
+        let bad = |why: &str| format!("metadata `{k}` = `{v}`: {why}");
+        let j: serde_json::Value =
+            serde_json::from_str(v).map_err(|e| bad(&format!("not JSON: {e}")))?;
+        let bits = j
+            .get("bits")
+            .and_then(|b| b.as_u64())
+            .and_then(|b| QBits::from_bits(b as u32))
+            .ok_or_else(|| bad("`bits` must be 2, 4 or 8"))?;
+        let cols = j
+            .get("cols")
+            .and_then(|c| c.as_u64())
+            .ok_or_else(|| bad("`cols` missing"))? as usize;
+        if meta.info(name).is_none() {
+            return Err(bad("names a tensor the header does not hold"));
+        }
+        out.insert(name.to_string(), QuantMeta { bits, cols });
     }
     Ok(out)
 }

@@ -15,12 +15,21 @@ pub struct Out {
     pub stderr: String,
 }
 
-/// Runs the built `moestream` binary with `args`.
+/// Runs the built `moestream` binary with `args`, with the usage history
+/// off (tests run concurrently on shared fixtures; a history would make
+/// their cache counters depend on which test ran first).
 pub fn moestream(args: &[&str]) -> Out {
-    let out = Command::new(env!("CARGO_BIN_EXE_moestream"))
-        .args(args)
-        .output()
-        .expect("spawn moestream");
+    moestream_env(args, &[("MOESTREAM_NO_HISTORY", "1")])
+}
+
+/// Runs the built `moestream` binary with `args` and environment `env`.
+pub fn moestream_env(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moestream"));
+    cmd.args(args).env_remove("MOESTREAM_NO_HISTORY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn moestream");
     Out {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -43,7 +43,7 @@ pub fn dot(w: &[u16], x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     match isa() {
         // SAFETY: `isa()` reported AVX-512F on this CPU; lengths are equal (asserted).
-        Isa::Avx512 => return unsafe { avx512::dot(w, x) },
+        Isa::Avx512 | Isa::Avx512Vnni => return unsafe { avx512::dot(w, x) },
         // SAFETY: `isa()` reported AVX2 and FMA on this CPU; lengths are equal (asserted).
         Isa::Avx2 => return unsafe { avx2::dot(w, x) },
         Isa::Scalar => {}

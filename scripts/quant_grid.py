@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Bit-width sensitivity grid: experts x dense bits on the oracle models.
+
+For every model directory given (default: every committed fixture), the f32 logits of
+`eval` over the oracle's eval_ids are saved once (`--save-logits`); then each cell converts
+the model with `--expert-bits E --dense-bits D --io-bits D --mtp-bits D` and reports
+`eval --ref-logits`: teacher-forced top-1 positions matching the f32 model, and mean KL.
+Writes a markdown table (stdout, or --out FILE). Needs only the built binary.
+
+Usage: python3 scripts/quant_grid.py [--bin target/release/moestream] [--out results/quant-grid.md] [DIR...]
+"""
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BITS = [16, 8, 4, 2]
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}\n{r.stderr}")
+    return r.stdout
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bin", default="target/release/moestream")
+    p.add_argument("--out")
+    p.add_argument("--int-dot", choices=["on", "off"], default="on")
+    p.add_argument("dirs", nargs="*")
+    a = p.parse_args()
+    dirs = a.dirs or sorted(d for d in glob.glob("tests/fixtures/*") if os.path.isdir(d))
+    extra = [] if a.int_dot == "on" else ["--no-int-dot"]
+    rows, totals = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in dirs:
+            name = os.path.basename(os.path.normpath(d))
+            ids = ",".join(map(str, json.load(open(os.path.join(d, "oracle.json")))["eval_ids"]))
+            ref = os.path.join(tmp, name + ".ref.safetensors")
+            run([a.bin, "eval", "--model", d, "--prompt-ids", ids, "--save-logits", ref])
+            cells = {}
+            for e in BITS:
+                for dn in BITS:
+                    out = os.path.join(tmp, f"{name}-{e}-{dn}")
+                    run([a.bin, "convert", "--input", d, "--output", out, "--quiet",
+                         "--expert-bits", str(e), "--dense-bits", str(dn),
+                         "--io-bits", str(dn), "--mtp-bits", str(dn)])
+                    v = json.loads(run([a.bin, "eval", "--model", out, "--prompt-ids", ids,
+                                        "--ref-logits", ref] + extra))["ref"]
+                    cells[(e, dn)] = (v["top1_matched"], v["positions"], v["mean_kl"])
+                    t = totals.setdefault((e, dn), [0, 0, 0.0, 0])
+                    t[0] += v["top1_matched"]; t[1] += v["positions"]; t[2] += v["mean_kl"]; t[3] += 1
+                    run(["rm", "-rf", out])
+            rows.append((name, cells))
+            print(f"{name}: done", file=sys.stderr)
+    lines = [
+        "# Quantization sensitivity grid",
+        "",
+        "Teacher-forced positions whose argmax matches the f32 model, and mean KL(f32 ‖ quantized)",
+        "in nats, per model; rows are routed-expert bits, columns dense bits (attention, dense",
+        "MLP, shared experts, embeddings, lm_head, MTP). 16 = BF16. Integer dot products "
+        + ("on (the default)." if a.int_dot == "on" else "off (`--no-int-dot`)."),
+        "",
+        "Command: `cargo build --release && python3 scripts/quant_grid.py"
+        + ("" if a.int_dot == "on" else " --int-dot off") + " --out results/quant-grid.md`",
+        "",
+        "## All models together (positions matched / total, mean of the per-model mean KL)",
+        "",
+        "| experts \\ dense | " + " | ".join(str(b) for b in BITS) + " |",
+        "|---|" + "---|" * len(BITS),
+    ]
+    for e in BITS:
+        cells = []
+        for dn in BITS:
+            m, n, kl, k = totals[(e, dn)]
+            cells.append(f"{m}/{n}, {kl / k:.4f}")
+        lines.append(f"| **{e}** | " + " | ".join(cells) + " |")
+    for name, cells in rows:
+        lines += ["", f"## {name}", "", "| experts \\ dense | " + " | ".join(str(b) for b in BITS) + " |",
+                  "|---|" + "---|" * len(BITS)]
+        for e in BITS:
+            lines.append(f"| **{e}** | " + " | ".join(
+                f"{cells[(e, dn)][0]}/{cells[(e, dn)][1]}, {cells[(e, dn)][2]:.4f}" for dn in BITS) + " |")
+    text = "\n".join(lines) + "\n"
+    if a.out:
+        open(a.out, "w").write(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

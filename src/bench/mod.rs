@@ -1,0 +1,5 @@
+//! Machine measurements the engine's numbers are judged against (SPEC §5:
+//! kernel throughput is reported against measured memory bandwidth).
+//! [`mem`] owns the memory read-bandwidth probe behind `moestream bench mem`.
+
+pub mod mem;

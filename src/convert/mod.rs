@@ -1,0 +1,643 @@
+//! `moestream convert`: a Hugging Face checkpoint (FP8 e4m3 with 128×128
+//! block scales, BF16, F16 or F32) into the moestream container
+//! (docs/FORMAT.md).
+//!
+//! Each input shard becomes one output file of the same name, written to a
+//! temporary name, synced, renamed, then read back and checked (header and a
+//! checksum of every data byte). Every tensor is stored at the width the bit
+//! [`Policy`] gives its [`Class`], through [`Mat::encode`] — the same encoder
+//! the runtime quantizer uses, so both give identical bytes. A routed
+//! expert's gate, up and down (and their scales) are written contiguously
+//! from a 4096-byte boundary, in the file of the shard that held the first
+//! of them, so one O_DIRECT read fetches the expert.
+//!
+//! Resumable: `moestream-convert.json` in the output records each finished
+//! file (its length and checksum); a rerun with `resume` skips those (after
+//! checking their header and length) and redoes everything else, including
+//! a file whose write was cut short.
+
+pub mod writer;
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::quant::policy::{Class, Policy, Width};
+use crate::tensor::{Mat, MatData};
+use crate::weights::index::{scales_name, Resolved, Stored, QUANT_META_PREFIX};
+use crate::weights::WeightIndex;
+use moestream_io::ReadMode;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use writer::{write_atomic, Checksum, FileWriter, Layout};
+
+/// The manifest of finished output files.
+pub const MANIFEST: &str = "moestream-convert.json";
+
+/// Header metadata key marking a container file (value: format version).
+pub const CONTAINER_KEY: &str = "moestream.container";
+
+/// Container format version.
+pub const FORMAT_VERSION: &str = "1";
+
+/// What to convert and how.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub policy: Policy,
+    /// Continue an interrupted conversion into `output`.
+    pub resume: bool,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// One census row: tensors and bytes stored in one class at one width.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CensusRow {
+    pub tensors: u64,
+    pub bytes: u64,
+}
+
+/// Bytes and share of the model per class and width (padding excluded).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Census {
+    /// `(class, width)` → row, e.g. `("expert", "int4")`.
+    pub rows: BTreeMap<String, BTreeMap<String, CensusRow>>,
+    pub total_bytes: u64,
+    pub padding_bytes: u64,
+}
+
+impl Census {
+    fn add(&mut self, class: &str, width: &str, bytes: u64) {
+        let row = self
+            .rows
+            .entry(class.to_string())
+            .or_default()
+            .entry(width.to_string())
+            .or_default();
+        row.tensors += 1;
+        row.bytes += bytes;
+        self.total_bytes += bytes;
+    }
+
+    /// The census as an aligned text table.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "{:<10} {:<6} {:>8} {:>16} {:>7}\n",
+            "class", "width", "tensors", "bytes", "share"
+        );
+        for (class, widths) in &self.rows {
+            for (width, row) in widths {
+                let share = 100.0 * row.bytes as f64 / self.total_bytes.max(1) as f64;
+                s += &format!(
+                    "{class:<10} {width:<6} {:>8} {:>16} {share:>6.2}%\n",
+                    row.tensors, row.bytes
+                );
+            }
+        }
+        s += &format!(
+            "{:<10} {:<6} {:>8} {:>16} {:>7}\n",
+            "total", "", "", self.total_bytes, "100%"
+        );
+        s += &format!("(alignment padding: {} bytes)\n", self.padding_bytes);
+        s
+    }
+}
+
+/// One finished output file, as the manifest records it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileRecord {
+    pub bytes: u64,
+    /// [`Checksum`] of the data section, hex.
+    pub checksum: String,
+}
+
+/// The conversion manifest (`moestream-convert.json`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub input: PathBuf,
+    pub policy: String,
+    pub files: BTreeMap<String, FileRecord>,
+    pub census: Option<Census>,
+}
+
+/// What a conversion did.
+#[derive(Clone, Debug)]
+pub struct ConvertReport {
+    pub written: Vec<String>,
+    pub skipped: Vec<String>,
+    pub census: Census,
+}
+
+/// How one source tensor is stored.
+#[derive(Clone, Debug)]
+enum Encoding {
+    /// Through [`Mat::encode`] at a width.
+    Matrix(Width),
+    /// A float vector (norms, biases) widened to f32.
+    Vector,
+    /// Copied byte for byte (integer buffers and other non-float tensors).
+    Raw,
+}
+
+/// One input tensor and where its output goes.
+#[derive(Clone, Debug)]
+struct Source {
+    res: Resolved,
+    class: Class,
+    encoding: Encoding,
+}
+
+impl Source {
+    /// The output tensors: name, dtype, shape, length.
+    fn outputs(&self) -> Vec<(String, String, Vec<usize>, u64)> {
+        let name = self.res.name.clone();
+        let shape = self.res.shape.clone();
+        let n: usize = shape.iter().product();
+        match &self.encoding {
+            Encoding::Matrix(Width::Int(q)) => {
+                let (rows, cols) = (shape[0], shape[1]);
+                let rb = q.row_bytes(cols);
+                vec![
+                    (
+                        name.clone(),
+                        "U8".into(),
+                        vec![rows, rb],
+                        (rows * rb) as u64,
+                    ),
+                    (
+                        scales_name(&name),
+                        "F32".into(),
+                        vec![rows],
+                        rows as u64 * 4,
+                    ),
+                ]
+            }
+            Encoding::Matrix(Width::Bf16) => vec![(name, "BF16".into(), shape, n as u64 * 2)],
+            Encoding::Matrix(Width::F32) | Encoding::Vector => {
+                vec![(name, "F32".into(), shape, n as u64 * 4)]
+            }
+            Encoding::Raw => vec![(
+                name,
+                format!("{:?}", self.res.entry.stored),
+                self.res.entry.shape.clone(),
+                self.res.entry.len as u64,
+            )],
+        }
+    }
+
+    fn width_name(&self) -> String {
+        match &self.encoding {
+            Encoding::Matrix(w) => w.to_string(),
+            Encoding::Vector => "f32".into(),
+            Encoding::Raw => format!("{:?}", self.res.entry.stored).to_lowercase(),
+        }
+    }
+
+    /// Input bytes (the tensor and its companion), for the progress bar.
+    fn input_bytes(&self) -> u64 {
+        self.res.entry.len as u64 + self.res.companion().map_or(0, |c| c.len as u64)
+    }
+}
+
+/// The routed-expert group of `name`: `(prefix up to "experts.{e}.", rank
+/// of the part: gate 0, up 1, down 2)`.
+fn expert_group(name: &str) -> Option<(String, usize)> {
+    let at = name.find(".experts.")?;
+    let rest = &name[at + ".experts.".len()..];
+    let dot = rest.find('.')?;
+    rest[..dot].parse::<usize>().ok()?;
+    let prefix = name[..at + ".experts.".len() + dot + 1].to_string();
+    let part = &name[prefix.len()..];
+    let rank = ["gate_proj", "w1", "up_proj", "w3", "down_proj", "w2"]
+        .iter()
+        .position(|p| part.starts_with(p))
+        .map_or(3, |i| i / 2);
+    Some((prefix, rank))
+}
+
+/// Sort key that orders `…experts.10.` after `…experts.9.`.
+fn natural_key(s: &str) -> Vec<(String, u64)> {
+    s.split('.')
+        .map(|p| match p.parse::<u64>() {
+            Ok(n) => (String::new(), n),
+            Err(_) => (p.to_string(), 0),
+        })
+        .collect()
+}
+
+/// A file's routed experts: natural-order key of the group → (part rank, source).
+type ExpertGroups = BTreeMap<Vec<(String, u64)>, Vec<(usize, Source)>>;
+
+/// The planned output files: name → (layout, sources in write order).
+struct Plan {
+    files: Vec<(String, Layout, Vec<Source>)>,
+    census: Census,
+}
+
+fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
+    let mut sources = Vec::new();
+    for (name, e) in index.iter() {
+        let is_companion = name
+            .strip_suffix("_scale_inv")
+            .and_then(|base| index.entry(base).ok())
+            .is_some_and(|b| b.stored == safetensors::Dtype::F8_E4M3);
+        if is_companion {
+            continue;
+        }
+        let float = e.stored == safetensors::Dtype::F8_E4M3
+            || crate::weights::dtype::DType::from_safetensors(e.stored).is_some();
+        if !float {
+            // Integer buffers and other non-float tensors are copied as stored.
+            sources.push(Source {
+                res: Resolved {
+                    name: name.clone(),
+                    entry: e.clone(),
+                    stored: Stored::Float(crate::weights::dtype::DType::F32),
+                    shape: e.shape.clone(),
+                },
+                class: Class::Other,
+                encoding: Encoding::Raw,
+            });
+            continue;
+        }
+        let res = index.resolve(name)?;
+        let class = Class::of(name, &res.shape, layers);
+        let encoding = if res.shape.len() == 2 {
+            Encoding::Matrix(policy.width(class))
+        } else if matches!(res.stored, Stored::Fp8 { .. }) {
+            unreachable!("resolve() refuses FP8 tensors that are not matrices")
+        } else {
+            Encoding::Vector
+        };
+        sources.push(Source {
+            res,
+            class,
+            encoding,
+        });
+    }
+    // Each expert group goes to the file of its lowest shard.
+    let mut group_shard: HashMap<String, usize> = HashMap::new();
+    for s in &sources {
+        if let Some((g, _)) = expert_group(&s.res.name) {
+            let sh = group_shard.entry(g).or_insert(s.res.entry.shard);
+            *sh = (*sh).min(s.res.entry.shard);
+        }
+    }
+    let mut per_file: Vec<(Vec<Source>, ExpertGroups)> =
+        index.shards.iter().map(|_| Default::default()).collect();
+    for s in sources {
+        match expert_group(&s.res.name) {
+            Some((g, rank)) => {
+                let f = group_shard[&g];
+                per_file[f]
+                    .1
+                    .entry(natural_key(&g))
+                    .or_default()
+                    .push((rank, s));
+            }
+            None => {
+                let f = s.res.entry.shard;
+                per_file[f].0.push(s);
+            }
+        }
+    }
+    let mut census = Census::default();
+    let mut files = Vec::new();
+    for (i, (mut plain, groups)) in per_file.into_iter().enumerate() {
+        let fname = index.shards[i]
+            .path
+            .file_name()
+            .expect("shard paths name files")
+            .to_string_lossy()
+            .to_string();
+        let mut layout = Layout::new(&i.to_string());
+        layout
+            .metadata
+            .insert(CONTAINER_KEY.into(), FORMAT_VERSION.into());
+        layout.metadata.insert("format".into(), "pt".into());
+        plain.sort_by_key(|s| natural_key(&s.res.name));
+        let mut order = plain;
+        let mut aligned_starts = Vec::new();
+        for (_, mut members) in groups {
+            members.sort_by(|a, b| (a.0, &a.1.res.name).cmp(&(b.0, &b.1.res.name)));
+            aligned_starts.push(order.len());
+            order.extend(members.into_iter().map(|(_, s)| s));
+        }
+        for (k, s) in order.iter().enumerate() {
+            if aligned_starts.contains(&k) {
+                layout.align();
+            }
+            let outs = s.outputs();
+            for (name, dtype, shape, len) in &outs {
+                layout.push(name.clone(), dtype, shape.clone(), *len);
+            }
+            if let Encoding::Matrix(Width::Int(q)) = s.encoding {
+                let meta = serde_json::json!({"bits": q.bits(), "cols": s.res.shape[1]});
+                layout.metadata.insert(
+                    format!("{QUANT_META_PREFIX}{}", s.res.name),
+                    meta.to_string(),
+                );
+            }
+            let bytes: u64 = outs.iter().map(|o| o.3).sum();
+            census.add(s.class.name(), &s.width_name(), bytes);
+        }
+        if !aligned_starts.is_empty() {
+            layout.align();
+        }
+        census.padding_bytes += layout
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with("__pad__."))
+            .map(|t| t.len)
+            .sum::<u64>();
+        files.push((fname, layout, order));
+    }
+    Ok(Plan { files, census })
+}
+
+/// The stored bytes of `s`: its output tensors' bytes in layout order.
+fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
+    let r = &s.res;
+    Ok(match &s.encoding {
+        Encoding::Raw => {
+            let e = &r.entry;
+            vec![index.shards[e.shard]
+                .reader
+                .read(e.offset, e.len)?
+                .bytes()
+                .to_vec()]
+        }
+        Encoding::Vector => {
+            let v = index.read_f32(&r.name, &r.shape)?;
+            vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()]
+        }
+        Encoding::Matrix(w) => {
+            let (rows, cols) = (r.shape[0], r.shape[1]);
+            let m = Mat::encode(
+                index.read_mat(&r.name, rows, cols)?.to_f32(),
+                rows,
+                cols,
+                *w,
+            );
+            match m.data {
+                MatData::F32(v) => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
+                MatData::Bf16(v) => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
+                MatData::Q(q) => vec![
+                    q.data,
+                    q.scales.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ],
+            }
+        }
+    })
+}
+
+/// Converts `opts.input` into a container at `opts.output`.
+pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
+    let cfg = ModelConfig::load(&opts.input)?;
+    let index = WeightIndex::open(&opts.input, ReadMode::Buffered)?;
+    if index.is_container() {
+        return Err(Error::Request(format!(
+            "{} is already a moestream container",
+            opts.input.display()
+        )));
+    }
+    let layers = cfg.num_layers;
+    let plan = plan(&index, layers, &opts.policy)?;
+    std::fs::create_dir_all(&opts.output).map_err(|e| Error::file(&opts.output, e))?;
+    let mpath = opts.output.join(MANIFEST);
+    let mut manifest = load_manifest(&mpath, opts)?;
+    let total_in: u64 = plan
+        .files
+        .iter()
+        .flat_map(|f| f.2.iter())
+        .map(Source::input_bytes)
+        .sum();
+    let bar = progress_bar(opts.progress, total_in);
+    let mut report = ConvertReport {
+        written: Vec::new(),
+        skipped: Vec::new(),
+        census: plan.census.clone(),
+    };
+    for (fname, layout, order) in &plan.files {
+        let path = opts.output.join(fname);
+        let _ = std::fs::remove_file(writer::tmp_path(&path));
+        if let Some(rec) = manifest.files.get(fname) {
+            if finished(&path, layout, rec) {
+                bar.inc(order.iter().map(Source::input_bytes).sum());
+                report.skipped.push(fname.clone());
+                continue;
+            }
+        }
+        manifest.files.remove(fname);
+        let mut w = FileWriter::create(&path, layout.clone())?;
+        for s in order {
+            while w.write_padding()? {}
+            let outs = s.outputs();
+            for ((name, ..), bytes) in outs.iter().zip(encode(&index, s)?) {
+                w.write(name, &bytes)?;
+            }
+            bar.inc(s.input_bytes());
+        }
+        while w.write_padding()? {}
+        let sum = w.finish()?;
+        verify(&path, layout, sum)?;
+        manifest.files.insert(
+            fname.clone(),
+            FileRecord {
+                bytes: layout.file_len(),
+                checksum: format!("{sum:016x}"),
+            },
+        );
+        save_manifest(&mpath, &manifest)?;
+        report.written.push(fname.clone());
+    }
+    bar.finish_and_clear();
+    write_index_json(&opts.output, &plan)?;
+    copy_side_files(&opts.input, &opts.output)?;
+    manifest.census = Some(plan.census);
+    save_manifest(&mpath, &manifest)?;
+    Ok(report)
+}
+
+fn progress_bar(on: bool, total: u64) -> indicatif::ProgressBar {
+    if !on {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "converting [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// The manifest to continue from: empty for a fresh output; the existing
+/// one with `resume` when it was made from the same input and policy.
+fn load_manifest(path: &Path, opts: &ConvertOptions) -> Result<Manifest> {
+    let fresh = Manifest {
+        format: FORMAT_VERSION.into(),
+        input: opts.input.clone(),
+        policy: opts.policy.summary(),
+        ..Manifest::default()
+    };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(fresh);
+    };
+    if !opts.resume {
+        return Err(Error::Request(format!(
+            "{} already holds a conversion ({MANIFEST}); pass --resume to continue it, or choose an empty directory",
+            opts.output.display()
+        )));
+    }
+    let m: Manifest = serde_json::from_str(&text)
+        .map_err(|e| Error::config(path, "(file)", format!("not a conversion manifest: {e}")))?;
+    if m.policy != fresh.policy || m.format != fresh.format {
+        return Err(Error::config(
+            path,
+            "policy",
+            format!(
+                "the conversion was started with `{}`, this run asks for `{}`; use a new output directory",
+                m.policy, fresh.policy
+            ),
+        ));
+    }
+    Ok(m)
+}
+
+fn save_manifest(path: &Path, m: &Manifest) -> Result<()> {
+    let text = serde_json::to_vec_pretty(m).expect("the manifest serializes");
+    write_atomic(path, &text)
+}
+
+/// Whether `path` is the finished file the manifest records: its length and
+/// header agree with the plan.
+fn finished(path: &Path, layout: &Layout, rec: &FileRecord) -> bool {
+    let Ok(md) = std::fs::metadata(path) else {
+        return false;
+    };
+    md.len() == rec.bytes && md.len() == layout.file_len() && header_matches(path, layout).is_ok()
+}
+
+fn header_matches(path: &Path, layout: &Layout) -> Result<()> {
+    let entries = crate::weights::index::read_header(path)?;
+    let found: HashMap<&str, _> = entries.iter().map(|(n, e)| (n.as_str(), e)).collect();
+    let start = layout.data_start();
+    for t in &layout.tensors {
+        let ok = found.get(t.name.as_str()).is_some_and(|e| {
+            e.offset == start + t.offset
+                && e.len as u64 == t.len
+                && e.shape == t.shape
+                && format!("{:?}", e.stored) == t.dtype
+        });
+        if !ok {
+            return Err(Error::Shard {
+                path: path.to_path_buf(),
+                reason: format!("read back: tensor `{}` is not where it was written", t.name),
+            });
+        }
+    }
+    if entries.len() != layout.tensors.len() {
+        return Err(Error::Shard {
+            path: path.to_path_buf(),
+            reason: "read back: the header holds tensors that were not written".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Reads a written file back: header as planned, data checksum as written.
+fn verify(path: &Path, layout: &Layout, sum: u64) -> Result<()> {
+    header_matches(path, layout)?;
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    f.seek(SeekFrom::Start(layout.data_start()))
+        .map_err(|e| Error::file(path, e))?;
+    let mut check = Checksum::default();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::file(path, e))?;
+        if n == 0 {
+            break;
+        }
+        check.update(&buf[..n]);
+    }
+    if check.finish() != sum {
+        return Err(Error::Shard {
+            path: path.to_path_buf(),
+            reason: "read back: the data differs from what was written".into(),
+        });
+    }
+    Ok(())
+}
+
+fn write_index_json(out: &Path, plan: &Plan) -> Result<()> {
+    let mut map = serde_json::Map::new();
+    let mut total = 0u64;
+    for (fname, layout, _) in &plan.files {
+        for t in &layout.tensors {
+            if !t.name.starts_with("__pad__.") {
+                map.insert(t.name.clone(), fname.clone().into());
+                total += t.len;
+            }
+        }
+    }
+    let v = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
+    let path = out.join("model.safetensors.index.json");
+    write_atomic(
+        &path,
+        &serde_json::to_vec_pretty(&v).expect("JSON serializes"),
+    )
+}
+
+/// Copies config and tokenizer files (every regular file but the shards
+/// and their index). config.json loses its `quantization_config`: the
+/// container's own metadata says how each tensor is stored.
+fn copy_side_files(input: &Path, out: &Path) -> Result<()> {
+    let rd = std::fs::read_dir(input).map_err(|e| Error::file(input, e))?;
+    for ent in rd {
+        let p = ent.map_err(|e| Error::file(input, e))?.path();
+        let Some(name) = p.file_name().map(|n| n.to_string_lossy().to_string()) else {
+            continue;
+        };
+        if !p.is_file()
+            || name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json"
+            || name == MANIFEST
+        {
+            continue;
+        }
+        let bytes = std::fs::read(&p).map_err(|e| Error::file(&p, e))?;
+        let bytes = if name == "config.json" {
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::config(&p, "(file)", format!("not valid JSON: {e}")))?;
+            if let Some(o) = v.as_object_mut() {
+                o.remove("quantization_config");
+            }
+            serde_json::to_vec_pretty(&v).expect("JSON serializes")
+        } else {
+            bytes
+        };
+        write_atomic(&out.join(&name), &bytes)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_groups_and_part_ranks() {
+        let g = expert_group("model.layers.3.mlp.experts.12.down_proj.weight").unwrap();
+        assert_eq!(g, ("model.layers.3.mlp.experts.12.".to_string(), 2));
+        let g = expert_group("model.layers.0.block_sparse_moe.experts.1.w3.weight").unwrap();
+        assert_eq!(g.1, 1);
+        assert!(expert_group("model.layers.0.mlp.shared_experts.up_proj.weight").is_none());
+        assert!(natural_key("a.experts.9.") < natural_key("a.experts.10."));
+    }
+}

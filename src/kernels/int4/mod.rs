@@ -1,0 +1,304 @@
+//! int4-weight integer dot products over the `crate::quant` int4 layout
+//! (byte `j` of a row: column `2j` in the low nibble, `2j+1` in the high
+//! one, each stored as `q + 8`).
+//!
+//! Layout choice: the activation row is split once per activation row
+//! ([`split`]) into `even[j] = x[2j]` and `odd[j] = x[2j+1]` (0 past the
+//! row's end), so the kernels never shuffle weights: byte `j`'s low nibble
+//! meets `even[j]`, its high nibble `odd[j]`. The SIMD versions multiply the
+//! unsigned nibbles `u = q + 8` (0..15) by `x` (`maddubs` / `vpdpbusd`) and
+//! subtract `8·Σx` once; padding nibbles meet a 0 and add nothing. Every
+//! version returns the exact `i32` sum `Σ q[c]·x[c]`; the scalar function is
+//! the reference twin and the tests hold the SIMD ones bit-identical to it.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use super::cpu::{isa, Isa};
+
+/// Splits an activation row into its even and odd columns, each
+/// `cols.div_ceil(2)` long; an odd row's last `odd` entry is 0. Dispatched:
+/// AVX-512BW where available, else [`split_scalar`].
+pub fn split(x: &[i8], even: &mut [i8], odd: &mut [i8]) {
+    let half = x.len().div_ceil(2);
+    assert!(
+        even.len() == half && odd.len() == half,
+        "split: half length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx512 {
+        // SAFETY: `isa()` reported AVX-512F/BW; half lengths (asserted).
+        return unsafe { avx512::split(x, even, odd) };
+    }
+    split_scalar(x, even, odd)
+}
+
+/// The scalar twin of [`split`].
+pub fn split_scalar(x: &[i8], even: &mut [i8], odd: &mut [i8]) {
+    let half = x.len().div_ceil(2);
+    assert!(
+        even.len() == half && odd.len() == half,
+        "split: half length"
+    );
+    for (j, pair) in x.chunks(2).enumerate() {
+        even[j] = pair[0];
+        odd[j] = pair.get(1).copied().unwrap_or(0);
+    }
+}
+
+/// Scalar reference: `Σ_j (lo(w[j]) − 8)·even[j] + (hi(w[j]) − 8)·odd[j]`.
+pub fn dot_scalar(w: &[u8], even: &[i8], odd: &[i8]) -> i32 {
+    assert!(
+        w.len() == even.len() && w.len() == odd.len(),
+        "dot: length mismatch"
+    );
+    let mut s = 0i32;
+    for ((&b, &e), &o) in w.iter().zip(even).zip(odd) {
+        s += ((b & 15) as i32 - 8) * e as i32 + ((b >> 4) as i32 - 8) * o as i32;
+    }
+    s
+}
+
+/// `Σ q[c]·x[c]` over a split activation row, dispatched to the best ISA.
+/// `xsum` must be `Σ even + Σ odd` (= `Σ x`).
+#[inline]
+pub fn dot(w: &[u8], even: &[i8], odd: &[i8], xsum: i32) -> i32 {
+    assert!(
+        w.len() == even.len() && w.len() == odd.len(),
+        "dot: length mismatch"
+    );
+    debug_assert_eq!(xsum, even.iter().chain(odd).map(|&v| v as i32).sum::<i32>());
+    #[cfg(target_arch = "x86_64")]
+    match isa() {
+        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; equal lengths (asserted);
+        // `xsum` is Σx by this function's contract.
+        Isa::Avx512Vnni => return unsafe { avx512::dot(w, even, odd, xsum) },
+        // SAFETY: `isa()` reported at least AVX2; equal lengths (asserted);
+        // `xsum` is Σx by this function's contract.
+        Isa::Avx2 | Isa::Avx512 => return unsafe { avx2::dot(w, even, odd, xsum) },
+        Isa::Scalar => {}
+    }
+    let _ = xsum;
+    dot_scalar(w, even, odd)
+}
+
+/// `out[k]` = [`dot`] of row `k` of `w` (`out.len()` rows of `even.len()`
+/// bytes); one call for the whole block on the VNNI path.
+#[inline]
+pub fn dot_rows(w: &[u8], even: &[i8], odd: &[i8], xsum: i32, out: &mut [i32]) {
+    let rb = even.len();
+    assert!(
+        odd.len() == rb && w.len() == out.len() * rb,
+        "dot_rows: length mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512Vnni && rb > 0 {
+        debug_assert_eq!(xsum, even.iter().chain(odd).map(|&v| v as i32).sum::<i32>());
+        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; row lengths (asserted);
+        // `xsum` is Σx by this function's contract.
+        return unsafe { avx512::dot_rows(w, even, odd, xsum, out) };
+    }
+    for (o, row) in out.iter_mut().zip(w.chunks(rb.max(1))) {
+        *o = dot(&row[..rb], even, odd, xsum);
+    }
+    if rb == 0 {
+        out.fill(0);
+    }
+}
+
+/// Four dots of one weight row with four split activation rows (`xsum[t]`
+/// = Σ of row `t`), each equal to [`dot`]'s; the VNNI version unpacks the
+/// row once for all four.
+#[inline]
+pub fn dot4(w: &[u8], even: [&[i8]; 4], odd: [&[i8]; 4], xsum: [i32; 4]) -> [i32; 4] {
+    assert!(
+        (0..4).all(|t| even[t].len() == w.len() && odd[t].len() == w.len()),
+        "dot4: length mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512Vnni {
+        debug_assert!(
+            (0..4).all(|t| xsum[t] == even[t].iter().chain(odd[t]).map(|&v| v as i32).sum::<i32>())
+        );
+        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; equal lengths (asserted);
+        // `xsum[t]` is Σx of row t by this function's contract.
+        return unsafe { avx512::dot4(w, even, odd, xsum) };
+    }
+    std::array::from_fn(|t| dot(w, even[t], odd[t], xsum[t]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu;
+    use crate::quant::{unpack_row, QBits};
+    use proptest::prelude::*;
+
+    /// Every available version against the scalar twin, and the twin
+    /// against the natural-order sum over the unpacked row.
+    fn check(w: &[u8], x: &[i8]) {
+        let cols = x.len();
+        assert_eq!(w.len(), QBits::Int4.row_bytes(cols));
+        let mut q = vec![0f32; cols];
+        unpack_row(QBits::Int4, w, &mut q);
+        let natural: i32 = q.iter().zip(x).map(|(&q, &x)| q as i32 * x as i32).sum();
+        let half = cols.div_ceil(2);
+        let (mut e, mut o) = (vec![0i8; half], vec![0i8; half]);
+        split(x, &mut e, &mut o);
+        let xsum: i32 = x.iter().map(|&v| v as i32).sum();
+        let want = dot_scalar(w, &e, &o);
+        assert_eq!(want, natural, "scalar vs natural, cols {cols}");
+        assert_eq!(dot(w, &e, &o, xsum), want, "dispatched, cols {cols}");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if cpu::has_avx2() {
+                // SAFETY: AVX2 detected just above; equal lengths; xsum = Σx.
+                let got = unsafe { avx2::dot(w, &e, &o, xsum) };
+                assert_eq!(got, want, "avx2, cols {cols}");
+            }
+            if cpu::has_avx512_vnni() {
+                // SAFETY: AVX-512F/BW/VNNI detected just above; equal lengths; xsum = Σx.
+                let got = unsafe { avx512::dot(w, &e, &o, xsum) };
+                assert_eq!(got, want, "vnni, cols {cols}");
+            }
+        }
+    }
+
+    /// A packed row of `cols` nibbles from `f`, padding nibble 8.
+    fn packed(cols: usize, f: impl Fn(usize) -> i32) -> Vec<u8> {
+        (0..cols.div_ceil(2))
+            .map(|j| {
+                let lo = (f(2 * j) + 8) as u8;
+                let hi = if 2 * j + 1 < cols {
+                    (f(2 * j + 1) + 8) as u8
+                } else {
+                    8
+                };
+                lo | hi << 4
+            })
+            .collect()
+    }
+
+    fn xs(cols: usize, seed: usize) -> Vec<i8> {
+        (0..cols)
+            .map(|c| ((c * 7919 + seed * 31) % 255) as i32 - 127)
+            .map(|v| v as i8)
+            .collect()
+    }
+
+    #[test]
+    fn twins_agree_for_every_length_to_300() {
+        for cols in 0..=300 {
+            let w = packed(cols, |c| ((c * 13 + cols) % 16) as i32 - 8);
+            check(&w, &xs(cols, cols));
+        }
+    }
+
+    #[test]
+    fn twins_agree_at_extreme_values() {
+        for cols in [
+            1usize, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1001, 2048,
+        ] {
+            for q in [-8i32, 7, 0, -1] {
+                for xv in [127i8, -127, 0] {
+                    check(&packed(cols, |_| q), &vec![xv; cols]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn split_pads_odd_rows_with_zero() {
+        let (mut e, mut o) = ([9i8; 3], [9i8; 3]);
+        split_scalar(&[1, 2, 3, 4, 5], &mut e, &mut o);
+        assert_eq!((e, o), ([1, 3, 5], [2, 4, 0]));
+    }
+
+    #[test]
+    fn split_twins_agree_for_every_length_to_300() {
+        for cols in 0..=300 {
+            let x = xs(cols, 3);
+            let half = cols.div_ceil(2);
+            let (mut e, mut o) = (vec![0i8; half], vec![0i8; half]);
+            split_scalar(&x, &mut e, &mut o);
+            let (mut e2, mut o2) = (vec![9i8; half], vec![9i8; half]);
+            split(&x, &mut e2, &mut o2);
+            assert_eq!((&e, &o), (&e2, &o2), "dispatched, cols {cols}");
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                let (mut e3, mut o3) = (vec![9i8; half], vec![9i8; half]);
+                // SAFETY: AVX-512F/BW detected just above; half lengths.
+                unsafe { avx512::split(&x, &mut e3, &mut o3) };
+                assert_eq!((&e, &o), (&e3, &o3), "avx512, cols {cols}");
+            }
+        }
+    }
+
+    #[test]
+    fn row_blocks_agree_with_single_rows() {
+        for cols in (0usize..=200).chain([1023, 1024, 1025, 4096]) {
+            let half = cols.div_ceil(2);
+            let (mut e, mut o) = (vec![0i8; half], vec![0i8; half]);
+            split_scalar(&xs(cols, 5), &mut e, &mut o);
+            let xsum: i32 = e.iter().chain(&o).map(|&v| v as i32).sum();
+            for rows in [0usize, 1, 2, 3, 7] {
+                let w: Vec<u8> = (0..rows * half).map(|i| (i * 37 + cols) as u8).collect();
+                let want: Vec<i32> = (0..rows)
+                    .map(|r| dot_scalar(&w[r * half..(r + 1) * half], &e, &o))
+                    .collect();
+                let mut got = vec![7i32; rows];
+                dot_rows(&w, &e, &o, xsum, &mut got);
+                assert_eq!(got, want, "dispatched, {rows} rows of {cols}");
+                #[cfg(target_arch = "x86_64")]
+                if cpu::has_avx512_vnni() && half > 0 {
+                    let mut got = vec![7i32; rows];
+                    // SAFETY: AVX-512F/BW/VNNI detected just above; row lengths; xsum = Σx.
+                    unsafe { avx512::dot_rows(&w, &e, &o, xsum, &mut got) };
+                    assert_eq!(got, want, "vnni, {rows} rows of {cols}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn four_row_dots_agree_for_every_length_to_300() {
+        for cols in 0..=300 {
+            let w = packed(cols, |c| ((c * 5 + cols) % 16) as i32 - 8);
+            let half = cols.div_ceil(2);
+            let halves: Vec<(Vec<i8>, Vec<i8>)> = (0..4)
+                .map(|k| {
+                    let (mut e, mut o) = (vec![0i8; half], vec![0i8; half]);
+                    split_scalar(&xs(cols, cols * 4 + k), &mut e, &mut o);
+                    (e, o)
+                })
+                .collect();
+            let even: [&[i8]; 4] = std::array::from_fn(|t| &halves[t].0[..]);
+            let odd: [&[i8]; 4] = std::array::from_fn(|t| &halves[t].1[..]);
+            let xsum: [i32; 4] =
+                std::array::from_fn(|t| even[t].iter().chain(odd[t]).map(|&v| v as i32).sum());
+            let want: [i32; 4] = std::array::from_fn(|t| dot_scalar(&w, even[t], odd[t]));
+            assert_eq!(dot4(&w, even, odd, xsum), want, "dispatched, cols {cols}");
+            #[cfg(target_arch = "x86_64")]
+            if cpu::has_avx512_vnni() {
+                // SAFETY: AVX-512F/BW/VNNI detected just above; equal lengths; xsums.
+                let got = unsafe { avx512::dot4(&w, even, odd, xsum) };
+                assert_eq!(got, want, "vnni dot4, cols {cols}");
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn twins_agree_on_random_rows(
+            (w, x) in (0usize..700).prop_flat_map(|cols| (
+                proptest::collection::vec(any::<u8>(), cols.div_ceil(2)),
+                proptest::collection::vec(-127i8..=127, cols),
+            ))
+        ) {
+            // Any padding nibble: it meets a 0 in `odd`.
+            check(&w, &x);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! AVX2 int8 dot: the sign trick. `maddubs` multiplies unsigned by signed
+//! bytes, so feed it `|w|` (as u8; |-128| = 128 is exact) and `x` with the
+//! sign of `w` applied (`x` is never -128, so negating it is exact). Each
+//! 16-bit pair sum is at most 2·128·127 = 32512: no saturation. `madd`
+//! with ones widens the pairs to i32 lanes.
+
+use std::arch::x86_64::*;
+
+/// `Σ w[c]·x[c]` over 32-byte blocks, scalar tail.
+///
+/// # Safety
+/// The CPU must support AVX2, `w.len() == x.len()`, and `x` must not hold
+/// -128.
+#[target_feature(enable = "avx2")]
+pub unsafe fn dot(w: &[u8], x: &[i8]) -> i32 {
+    debug_assert_eq!(w.len(), x.len());
+    let n = w.len();
+    let (pw, px) = (w.as_ptr(), x.as_ptr());
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); 2];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (k, lane) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 32k + 32 <= i + 64 <= n: both 32-byte loads are in bounds.
+            let (vw, vx) = unsafe {
+                (
+                    _mm256_loadu_si256(pw.add(i + 32 * k).cast()),
+                    _mm256_loadu_si256(px.add(i + 32 * k).cast()),
+                )
+            };
+            *lane = _mm256_add_epi32(*lane, block(vw, vx, ones));
+        }
+        i += 64;
+    }
+    if i + 32 <= n {
+        // SAFETY: i + 32 <= n: both loads are in bounds.
+        let (vw, vx) = unsafe {
+            (
+                _mm256_loadu_si256(pw.add(i).cast()),
+                _mm256_loadu_si256(px.add(i).cast()),
+            )
+        };
+        acc[0] = _mm256_add_epi32(acc[0], block(vw, vx, ones));
+        i += 32;
+    }
+    let mut total = hsum(_mm256_add_epi32(acc[0], acc[1]));
+    for c in i..n {
+        total = total.wrapping_add(w[c] as i8 as i32 * x[c] as i32);
+    }
+    total
+}
+
+/// Eight i32 partial sums of one 32-byte block.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn block(vw: __m256i, vx: __m256i, ones: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(vw), _mm256_sign_epi8(vx, vw));
+    _mm256_madd_epi16(pairs, ones)
+}
+
+/// Wrapping sum of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn hsum(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}

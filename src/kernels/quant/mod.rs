@@ -1,0 +1,377 @@
+//! Quantized matmul (SPEC §5): `Y[t, r] = W[r, :] · X[t, :]` for a
+//! `crate::quant` packed matrix (int8, int4 or int2 rows with one f32 scale
+//! per row) and `n` f32 activation rows.
+//!
+//! Two paths, chosen by the process-wide [`set_int_dot`] switch (the CLI's
+//! `--no-int-dot` turns it off):
+//! - integer (default): each activation row is quantized once per call to
+//!   int8 ([`quantize_activation`]: absmax/127, ties to even, never -128),
+//!   each weight row meets every activation row in an exact `i32` dot
+//!   ([`int8`], [`int4`], [`int2`]), and the result is scaled once:
+//!   `y = (acc as f32) * scales[r] * xscale`, in exactly that order, so every
+//!   ISA gives the same bits;
+//! - float: the row is unpacked to its integers in a per-thread buffer and
+//!   `y = scales[r] * f32::dot(row, x)`.
+//!
+//! Each weight row is streamed from memory once for all `n` activation rows:
+//! a block of rows (a few pages, [`par_row_blocks`]) meets groups of four
+//! activation rows (`dot4`, one pass over each weight row per group) while
+//! it sits in L2, and leftover activation rows meet the whole block in one
+//! `dot_rows` call.
+//! Error of the integer path against the float product on the dequantized
+//! weights: only the activation is rounded, by at most `xscale / 2` per
+//! column, so `|y_int − y| ≤ ½ · scales[r] · xscale · Σ_c |q[r, c]|` (plus
+//! f32 rounding of the final products); against the original f32 weights
+//! add the weight rounding, `½ · scales[r] · Σ_c |x[c]|`.
+
+use super::cpu::{isa, Isa};
+use super::{f32 as kf32, int2, int4, int8, par_row_blocks};
+use crate::quant::{QBits, QMatrix};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
+/// Longest row the integer path accepts: its exact sums fit an `i32`.
+pub const COLS_MAX: usize = int8::COLS_MAX;
+/// Weight rows one `dot_rows` call covers (its results live on the stack).
+const ROWS_PER_CALL: usize = 64;
+
+static INT_DOT: AtomicBool = AtomicBool::new(true);
+
+/// Selects the integer path (`true`, the default) or the float path for
+/// every later [`matmul`] in the process.
+pub fn set_int_dot(on: bool) {
+    INT_DOT.store(on, Ordering::Relaxed);
+}
+
+/// Whether [`matmul`] takes the integer path.
+pub fn int_dot() -> bool {
+    INT_DOT.load(Ordering::Relaxed)
+}
+
+/// Quantizes an activation row to int8: `scale = absmax(x) / 127`,
+/// `q = round_ties_even(x / scale)` clamped to `[-127, 127]` (never -128,
+/// which the AVX2 sign trick could not negate). An all-zero row gives scale
+/// 0 and all-zero `q`; NaN entries quantize to 0 and do not count toward the
+/// absmax. Returns `(scale, Σ q)`. Dispatched: AVX-512 where available, else
+/// [`quantize_activation_scalar`] (bit-identical).
+pub fn quantize_activation(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    assert_eq!(x.len(), q.len(), "activation length");
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx512 {
+        // SAFETY: `isa()` reported AVX-512F/BW; equal lengths (asserted).
+        return unsafe { avx512::quantize_activation(x, q) };
+    }
+    quantize_activation_scalar(x, q)
+}
+
+/// The scalar twin of [`quantize_activation`].
+pub fn quantize_activation_scalar(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    assert_eq!(x.len(), q.len(), "activation length");
+    let absmax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if absmax == 0.0 {
+        q.fill(0);
+        return (0.0, 0);
+    }
+    let scale = absmax / 127.0;
+    let mut sum = 0i32;
+    for (o, &v) in q.iter_mut().zip(x) {
+        let r = round_ties_even_small((v / scale).clamp(-127.0, 127.0)) as i8;
+        sum += r as i32;
+        *o = r;
+    }
+    (scale, sum)
+}
+
+/// `v.round_ties_even()` for `|v| ≤ 2^22` (and NaN → NaN) in two adds:
+/// `v + 1.5·2^23` lands where the f32 spacing is 1, so the hardware's
+/// round-to-nearest-even does the rounding, and the constant is even, so
+/// ties keep their parity. Without SSE4.1 in the baseline target,
+/// `round_ties_even` is a library call per element.
+#[inline]
+fn round_ties_even_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
+    (v + MAGIC) - MAGIC
+}
+
+/// `y[r] = W[r, :] · x` (see [`matmul`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec(
+    bits: QBits,
+    w: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    matmul(bits, w, scales, rows, cols, x, 1, y)
+}
+
+/// `Y[t, r] = scales[r] · Σ_c q[r, c] · X[t, c]` for packed `w`
+/// (`rows · bits.row_bytes(cols)` bytes), `X (n, cols)` and `Y (n, rows)`,
+/// on the path [`int_dot`] selects.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    bits: QBits,
+    w: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    if int_dot() {
+        matmul_int(bits, w, scales, rows, cols, x, n, y)
+    } else {
+        matmul_float(bits, w, scales, rows, cols, x, n, y)
+    }
+}
+
+/// [`matmul`] of a [`QMatrix`].
+pub fn matmul_qmatrix(m: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul(m.bits, &m.data, &m.scales, m.rows, m.cols, x, n, y)
+}
+
+/// The integer path of [`matmul`], whatever the switch says.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_int(
+    bits: QBits,
+    w: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    check_shapes(bits, w, scales, rows, cols, x, n, y);
+    assert!(
+        cols <= COLS_MAX,
+        "{cols} columns: the integer dot allows {COLS_MAX}"
+    );
+    let rb = bits.row_bytes(cols);
+    ACTS.with_borrow_mut(|acts| {
+        acts.prepare(bits, cols, x, n);
+        let acts = &*acts;
+        par_row_blocks(rows, cols, n, rb, y, |blk| {
+            let rs = blk.rows();
+            // Four activation rows at a time meet each weight row once; the
+            // block (a few pages) stays in L2 across the groups.
+            let mut t = 0;
+            while t + 4 <= n {
+                for r in rs.clone() {
+                    let acc = acts.dot4(bits, &w[r * rb..(r + 1) * rb], t);
+                    for (k, a) in acc.into_iter().enumerate() {
+                        blk.set(t + k, r, a as f32 * scales[r] * acts.scale[t + k]);
+                    }
+                }
+                t += 4;
+            }
+            // The rest one activation row at a time, many weight rows a call.
+            let mut acc = [0i32; ROWS_PER_CALL];
+            for t in t..n {
+                for r0 in rs.clone().step_by(ROWS_PER_CALL) {
+                    let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
+                    let acc = &mut acc[..r1 - r0];
+                    acts.dot_rows(bits, &w[r0 * rb..r1 * rb], t, acc);
+                    for (r, a) in (r0..r1).zip(acc.iter()) {
+                        blk.set(t, r, *a as f32 * scales[r] * acts.scale[t]);
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// The float path of [`matmul`], whatever the switch says.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_float(
+    bits: QBits,
+    w: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    check_shapes(bits, w, scales, rows, cols, x, n, y);
+    let rb = bits.row_bytes(cols);
+    par_row_blocks(rows, cols, n, rb, y, |blk| {
+        ROW_F32.with_borrow_mut(|row| {
+            row.resize(cols, 0.0);
+            for r in blk.rows() {
+                unpack_ints(bits, &w[r * rb..(r + 1) * rb], row);
+                for t in 0..n {
+                    let v = scales[r] * kf32::dot(row, &x[t * cols..(t + 1) * cols]);
+                    blk.set(t, r, v);
+                }
+            }
+        });
+    });
+}
+
+/// The integers of one packed row as f32, into `out` (`cols` values): the
+/// same values as `crate::quant::unpack_row`, a byte at a time instead of a
+/// division per column.
+pub fn unpack_ints(bits: QBits, packed: &[u8], out: &mut [f32]) {
+    assert_eq!(packed.len(), bits.row_bytes(out.len()), "packed row length");
+    match bits {
+        QBits::Int8 => {
+            for (o, &b) in out.iter_mut().zip(packed) {
+                *o = b as i8 as f32;
+            }
+        }
+        QBits::Int4 => {
+            unpack_fields::<2>(packed, out, |b| [(b & 15) as i32 - 8, (b >> 4) as i32 - 8])
+        }
+        QBits::Int2 => unpack_fields::<4>(packed, out, |b| {
+            std::array::from_fn(|k| ((b >> (2 * k)) & 3) as i32 - 2)
+        }),
+    }
+}
+
+/// `PER` fields a byte: whole bytes, then the partial last one.
+#[inline]
+fn unpack_fields<const PER: usize>(packed: &[u8], out: &mut [f32], f: impl Fn(u8) -> [i32; PER]) {
+    let whole = out.len() / PER;
+    let mut outs = out.chunks_exact_mut(PER);
+    for (o, &b) in (&mut outs).zip(packed) {
+        for (o, q) in o.iter_mut().zip(f(b)) {
+            *o = q as f32;
+        }
+    }
+    let rest = outs.into_remainder();
+    if let Some(&b) = packed.get(whole) {
+        for (o, q) in rest.iter_mut().zip(f(b)) {
+            *o = q as f32;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_shapes(
+    bits: QBits,
+    w: &[u8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &[f32],
+) {
+    assert_eq!(w.len(), rows * bits.row_bytes(cols), "packed weight bytes");
+    assert_eq!(scales.len(), rows, "one scale per row");
+    assert_eq!(x.len(), n * cols, "activation shape");
+    assert_eq!(y.len(), n * rows, "output shape");
+}
+
+thread_local! {
+    /// The caller's quantized activations, reused across calls.
+    static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
+    /// One unpacked weight row per thread (float path).
+    static ROW_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `n` activation rows quantized once for one product.
+#[derive(Default)]
+struct Acts {
+    cols: usize,
+    /// `(n, cols)` int8 activations in column order (int8, int2).
+    q: Vec<i8>,
+    /// `(n, 2, half)` even then odd columns of each row (int4).
+    split: Vec<i8>,
+    scale: Vec<f32>,
+    sum: Vec<i32>,
+}
+
+impl Acts {
+    fn prepare(&mut self, bits: QBits, cols: usize, x: &[f32], n: usize) {
+        self.cols = cols;
+        self.q.resize(n * cols, 0);
+        self.scale.clear();
+        self.sum.clear();
+        for t in 0..n {
+            let q = &mut self.q[t * cols..(t + 1) * cols];
+            let (s, sum) = quantize_activation(&x[t * cols..(t + 1) * cols], q);
+            self.scale.push(s);
+            self.sum.push(sum);
+        }
+        if bits == QBits::Int4 {
+            let half = cols.div_ceil(2);
+            self.split.resize(n * 2 * half, 0);
+            if half > 0 {
+                for (q, s) in self
+                    .q
+                    .chunks_exact(cols)
+                    .zip(self.split.chunks_exact_mut(2 * half))
+                {
+                    let (even, odd) = s.split_at_mut(half);
+                    int4::split(q, even, odd);
+                }
+            }
+        }
+    }
+
+    /// The exact integer dot of packed row `w` with activation row `t`.
+    #[inline]
+    fn dot(&self, bits: QBits, w: &[u8], t: usize) -> i32 {
+        let cols = self.cols;
+        match bits {
+            QBits::Int8 => int8::dot(w, &self.q[t * cols..(t + 1) * cols], self.sum[t]),
+            QBits::Int4 => {
+                let half = cols.div_ceil(2);
+                let s = &self.split[t * 2 * half..(t + 1) * 2 * half];
+                int4::dot(w, &s[..half], &s[half..], self.sum[t])
+            }
+            QBits::Int2 => int2::dot_scalar(w, &self.q[t * cols..(t + 1) * cols]),
+        }
+    }
+
+    /// [`Acts::dot`] of each `rb`-byte row of `w` with activation row `t`.
+    #[inline]
+    fn dot_rows(&self, bits: QBits, w: &[u8], t: usize, out: &mut [i32]) {
+        let cols = self.cols;
+        match bits {
+            QBits::Int8 => int8::dot_rows(w, &self.q[t * cols..(t + 1) * cols], self.sum[t], out),
+            QBits::Int4 => {
+                let half = cols.div_ceil(2);
+                let s = &self.split[t * 2 * half..(t + 1) * 2 * half];
+                int4::dot_rows(w, &s[..half], &s[half..], self.sum[t], out)
+            }
+            QBits::Int2 => {
+                let rb = bits.row_bytes(cols);
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = self.dot(bits, &w[k * rb..(k + 1) * rb], t);
+                }
+            }
+        }
+    }
+
+    /// [`Acts::dot`] for activation rows `t..t + 4`, streaming `w` once.
+    #[inline]
+    fn dot4(&self, bits: QBits, w: &[u8], t: usize) -> [i32; 4] {
+        let cols = self.cols;
+        let sum = std::array::from_fn(|k| self.sum[t + k]);
+        match bits {
+            QBits::Int8 => {
+                let x = std::array::from_fn(|k| &self.q[(t + k) * cols..(t + k + 1) * cols]);
+                int8::dot4(w, x, sum)
+            }
+            QBits::Int4 => {
+                let half = cols.div_ceil(2);
+                let row = |k: usize| &self.split[(t + k) * 2 * half..(t + k + 1) * 2 * half];
+                let even = std::array::from_fn(|k| &row(k)[..half]);
+                let odd = std::array::from_fn(|k| &row(k)[half..]);
+                int4::dot4(w, even, odd, sum)
+            }
+            QBits::Int2 => std::array::from_fn(|k| self.dot(bits, w, t + k)),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Symmetric per-row integer quantization (SPEC §4): the one quantizer that
+//! both the converter and the runtime (`--quantize-at-load`) call, so the
+//! two produce identical bytes.
+//!
+//! A row `w` of `cols` weights gets `scale = max(absmax(w) / qmax, 1e-8)`
+//! with `qmax = 2^(b-1) - 1`, and `q = round_half_even(w / scale)` clamped
+//! to `[-2^(b-1), qmax]`; `w ≈ q · scale`. Packing (rows padded to whole
+//! bytes, each row starting on a byte):
+//! - int8: one two's-complement byte per weight;
+//! - int4: `q + 8` (0..15) per nibble, even column in the low nibble, odd
+//!   column in the high one; an odd row's last high nibble is 8 (q = 0);
+//! - int2: `q + 2` (0..3) per 2-bit field, column `4j + k` in bits `2k..2k+1`
+//!   of byte `j`; padding fields are 2 (q = 0). For experiments only.
+
+pub mod fp8;
+pub mod policy;
+
+/// Smallest per-row scale (an all-zero row quantizes to zeros, not NaN).
+pub const SCALE_MIN: f32 = 1e-8;
+
+/// An integer width of the container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QBits {
+    Int2,
+    Int4,
+    Int8,
+}
+
+impl QBits {
+    /// Bits per weight.
+    pub fn bits(self) -> u32 {
+        match self {
+            QBits::Int2 => 2,
+            QBits::Int4 => 4,
+            QBits::Int8 => 8,
+        }
+    }
+
+    /// The width of `bits`, if the container has one.
+    pub fn from_bits(bits: u32) -> Option<QBits> {
+        match bits {
+            2 => Some(QBits::Int2),
+            4 => Some(QBits::Int4),
+            8 => Some(QBits::Int8),
+            _ => None,
+        }
+    }
+
+    /// Largest stored value, `2^(b-1) - 1`.
+    pub fn qmax(self) -> i32 {
+        (1 << (self.bits() - 1)) - 1
+    }
+
+    /// Smallest stored value, `-2^(b-1)`.
+    pub fn qmin(self) -> i32 {
+        -(1 << (self.bits() - 1))
+    }
+
+    /// Weights per byte.
+    pub fn per_byte(self) -> usize {
+        (8 / self.bits()) as usize
+    }
+
+    /// Bytes of one packed row of `cols` weights.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols.div_ceil(self.per_byte())
+    }
+}
+
+/// The scale of one row (see the module doc).
+pub fn row_scale(row: &[f32], bits: QBits) -> f32 {
+    let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    (absmax / bits.qmax() as f32).max(SCALE_MIN)
+}
+
+/// The integer of `w` at `scale`, clamped to the width's range.
+#[inline]
+pub fn quantize_value(w: f32, scale: f32, bits: QBits) -> i32 {
+    let q = (w / scale).round_ties_even();
+    // NaN weights quantize to 0 (`as` maps NaN to 0).
+    (q.clamp(bits.qmin() as f32, bits.qmax() as f32)) as i32
+}
+
+/// Quantizes and packs one row into `out` (`bits.row_bytes(row.len())`
+/// bytes); returns its scale.
+pub fn quantize_row(row: &[f32], bits: QBits, out: &mut [u8]) -> f32 {
+    assert_eq!(out.len(), bits.row_bytes(row.len()), "packed row length");
+    let scale = row_scale(row, bits);
+    match bits {
+        QBits::Int8 => {
+            for (o, &w) in out.iter_mut().zip(row) {
+                *o = quantize_value(w, scale, bits) as i8 as u8;
+            }
+        }
+        QBits::Int4 | QBits::Int2 => {
+            let (b, per) = (bits.bits() as usize, bits.per_byte());
+            let offset = -bits.qmin();
+            for (j, o) in out.iter_mut().enumerate() {
+                let mut byte = 0u8;
+                for k in 0..per {
+                    let q = row
+                        .get(j * per + k)
+                        .map_or(0, |&w| quantize_value(w, scale, bits));
+                    byte |= ((q + offset) as u8) << (k * b);
+                }
+                *o = byte;
+            }
+        }
+    }
+    scale
+}
+
+/// A quantized `(rows, cols)` matrix: packed rows and one scale per row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QMatrix {
+    pub bits: QBits,
+    pub rows: usize,
+    pub cols: usize,
+    /// `rows * bits.row_bytes(cols)` bytes.
+    pub data: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+impl QMatrix {
+    /// Quantizes row-major `w` `(rows, cols)`.
+    pub fn quantize(w: &[f32], rows: usize, cols: usize, bits: QBits) -> QMatrix {
+        assert_eq!(w.len(), rows * cols, "matrix data does not match its shape");
+        let rb = bits.row_bytes(cols);
+        let mut data = vec![0u8; rows * rb];
+        let mut scales = vec![0f32; rows];
+        if cols > 0 {
+            for ((row, out), s) in w
+                .chunks_exact(cols)
+                .zip(data.chunks_exact_mut(rb))
+                .zip(&mut scales)
+            {
+                *s = quantize_row(row, bits, out);
+            }
+        }
+        QMatrix {
+            bits,
+            rows,
+            cols,
+            data,
+            scales,
+        }
+    }
+
+    /// Checks the byte and scale counts against the shape.
+    pub fn check(&self) -> Result<(), String> {
+        let want = self.rows * self.bits.row_bytes(self.cols);
+        if self.data.len() != want {
+            return Err(format!(
+                "{} packed bytes, int{} ({}, {}) needs {want}",
+                self.data.len(),
+                self.bits.bits(),
+                self.rows,
+                self.cols
+            ));
+        }
+        if self.scales.len() != self.rows {
+            return Err(format!(
+                "{} scales for {} rows",
+                self.scales.len(),
+                self.rows
+            ));
+        }
+        Ok(())
+    }
+
+    /// Row `r` dequantized into `out` (`cols` values).
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        unpack_row(self.bits, self.row(r), out);
+        let s = self.scales[r];
+        out.iter_mut().for_each(|v| *v *= s);
+    }
+
+    /// The whole matrix dequantized, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.dequant_row(r, o);
+            }
+        }
+        out
+    }
+
+    /// The packed bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.bits.row_bytes(self.cols);
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+/// The integers of one packed row, as f32 (unscaled), into `out` (`cols`).
+pub fn unpack_row(bits: QBits, packed: &[u8], out: &mut [f32]) {
+    assert_eq!(packed.len(), bits.row_bytes(out.len()), "packed row length");
+    match bits {
+        QBits::Int8 => {
+            for (o, &b) in out.iter_mut().zip(packed) {
+                *o = b as i8 as f32;
+            }
+        }
+        QBits::Int4 | QBits::Int2 => {
+            let (b, per) = (bits.bits() as usize, bits.per_byte());
+            let mask = (1u8 << b) - 1;
+            let offset = -bits.qmin();
+            for (c, o) in out.iter_mut().enumerate() {
+                let field = (packed[c / per] >> ((c % per) * b)) & mask;
+                *o = (field as i32 - offset) as f32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int4_packing_follows_the_format() {
+        // scale = 7/7 = 1: q = w.
+        let row = [-7.0f32, 7.0, 0.0, -3.0, 2.0];
+        let mut out = [0u8; 3];
+        let s = quantize_row(&row, QBits::Int4, &mut out);
+        assert_eq!(s, 1.0);
+        // (-7+8)=1 low, (7+8)=15 high; 8 | 5<<4; 10 | pad 8<<4.
+        assert_eq!(out, [0xF1, 0x58, 0x8A]);
+        let mut back = [0f32; 5];
+        unpack_row(QBits::Int4, &out, &mut back);
+        assert_eq!(back, row);
+    }
+
+    #[test]
+    fn int2_and_int8_round_trip_their_integers() {
+        let row = [-1.0f32, 1.0, 0.0, -1.0, 1.0];
+        let mut p2 = [0u8; 2];
+        assert_eq!(quantize_row(&row, QBits::Int2, &mut p2), 1.0);
+        // q+2: 1,3,2,1 -> 0b01_10_11_01; then 3 | pads 2<<2 | 2<<4 | 2<<6.
+        assert_eq!(p2, [0b0110_1101, 0b1010_1011]);
+        let w8: Vec<f32> = (-127..=127).map(|v| v as f32).collect();
+        let mut p8 = vec![0u8; w8.len()];
+        assert_eq!(quantize_row(&w8, QBits::Int8, &mut p8), 1.0);
+        let mut back = vec![0f32; w8.len()];
+        unpack_row(QBits::Int8, &p8, &mut back);
+        assert_eq!(back, w8);
+    }
+
+    #[test]
+    fn rounding_is_half_even_and_zero_rows_stay_zero() {
+        // absmax 127 -> scale 1; 2.5 -> 2, 3.5 -> 4, -2.5 -> -2.
+        let row = [127.0f32, 2.5, 3.5, -2.5];
+        let m = QMatrix::quantize(&row, 1, 4, QBits::Int8);
+        assert_eq!(m.data, [127u8, 2, 4, (-2i8) as u8]);
+        let z = QMatrix::quantize(&[0.0; 6], 2, 3, QBits::Int4);
+        assert_eq!(z.scales, [SCALE_MIN; 2]);
+        assert!(z.dequantize().iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn dequantization_error_is_within_half_a_step() {
+        let (rows, cols) = (9, 37);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 263) as f32 - 131.0) / 37.0)
+            .collect();
+        for bits in [QBits::Int2, QBits::Int4, QBits::Int8] {
+            let m = QMatrix::quantize(&w, rows, cols, bits);
+            m.check().unwrap();
+            let d = m.dequantize();
+            for r in 0..rows {
+                let s = m.scales[r];
+                for c in 0..cols {
+                    let (a, b) = (w[r * cols + c], d[r * cols + c]);
+                    assert!((a - b).abs() <= 0.5 * s * 1.0001, "{bits:?} {a} {b}");
+                }
+            }
+        }
+    }
+}

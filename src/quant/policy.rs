@@ -1,0 +1,299 @@
+//! The bit policy: which width each tensor is stored at (SPEC §4). A tensor
+//! is put in a [`Class`] from its name and shape; each class has a width
+//! (defaults below, every one overridable). Routers, norms and biases stay
+//! f32 whatever the policy says: they are tiny and routing is sensitive.
+
+use super::QBits;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// What a tensor is, for the bit policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    /// A routed expert's gate, up or down projection.
+    Expert,
+    /// Shared (always-on) experts.
+    Shared,
+    /// Attention projections, including MLA and the DSA indexer.
+    Attention,
+    /// Dense MLP layers.
+    Dense,
+    /// Token embeddings.
+    Embed,
+    /// The output projection.
+    LmHead,
+    /// Every matrix of the multi-token-prediction layers.
+    Mtp,
+    /// Routers (always f32).
+    Router,
+    /// Norm weights, biases and other 1-D tensors (always f32).
+    Norm,
+    /// Any other matrix.
+    Other,
+}
+
+impl Class {
+    /// Every class, in census order.
+    pub const ALL: [Class; 10] = [
+        Class::Expert,
+        Class::Shared,
+        Class::Attention,
+        Class::Dense,
+        Class::Embed,
+        Class::LmHead,
+        Class::Mtp,
+        Class::Router,
+        Class::Norm,
+        Class::Other,
+    ];
+
+    /// The name used on the command line (`--bits CLASS=BITS`) and in the census.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Expert => "expert",
+            Class::Shared => "shared",
+            Class::Attention => "attention",
+            Class::Dense => "dense",
+            Class::Embed => "embed",
+            Class::LmHead => "lm_head",
+            Class::Mtp => "mtp",
+            Class::Router => "router",
+            Class::Norm => "norm",
+            Class::Other => "other",
+        }
+    }
+
+    /// Parses [`Class::name`].
+    pub fn parse(s: &str) -> Option<Class> {
+        Class::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// The class of tensor `name` of `shape` in a model of `layers` decoder
+    /// layers (layer indices from `layers` on are MTP layers).
+    pub fn of(name: &str, shape: &[usize], layers: usize) -> Class {
+        if shape.len() != 2 {
+            return Class::Norm;
+        }
+        let mtp = layer_index(name).is_some_and(|l| l >= layers);
+        let router = name.ends_with("mlp.gate.weight")
+            || name.ends_with("block_sparse_moe.gate.weight")
+            || name.contains("shared_expert_gate");
+        if router {
+            Class::Router
+        } else if mtp {
+            Class::Mtp
+        } else if name.contains(".experts.") {
+            Class::Expert
+        } else if name.contains("shared_expert") {
+            Class::Shared
+        } else if name.contains(".self_attn.") {
+            Class::Attention
+        } else if name.contains(".mlp.") {
+            Class::Dense
+        } else if name.contains("embed_tokens") {
+            Class::Embed
+        } else if name.starts_with("lm_head") {
+            Class::LmHead
+        } else {
+            Class::Other
+        }
+    }
+}
+
+/// The decoder-layer index in `model.layers.{l}.…`, if any.
+pub fn layer_index(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("model.layers.")?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// A stored width: an integer width of the container, BF16 or f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Width {
+    Int(QBits),
+    Bf16,
+    F32,
+}
+
+impl Width {
+    /// From a bit count: 2, 4, 8, 16 (BF16) or 32.
+    pub fn from_bits(bits: u32) -> Option<Width> {
+        match bits {
+            16 => Some(Width::Bf16),
+            32 => Some(Width::F32),
+            b => QBits::from_bits(b).map(Width::Int),
+        }
+    }
+
+    /// Bits per weight.
+    pub fn bits(self) -> u32 {
+        match self {
+            Width::Int(q) => q.bits(),
+            Width::Bf16 => 16,
+            Width::F32 => 32,
+        }
+    }
+}
+
+impl fmt::Display for Width {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Width::Int(q) => write!(f, "int{}", q.bits()),
+            Width::Bf16 => write!(f, "bf16"),
+            Width::F32 => write!(f, "f32"),
+        }
+    }
+}
+
+/// The width of every class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    widths: BTreeMap<Class, Width>,
+}
+
+impl Default for Policy {
+    /// Experts int4; attention, dense, shared experts, embeddings, lm_head
+    /// and MTP int8; routers and norms f32.
+    fn default() -> Self {
+        let mut widths = BTreeMap::new();
+        for c in Class::ALL {
+            let w = match c {
+                Class::Expert => Width::Int(QBits::Int4),
+                Class::Router | Class::Norm => Width::F32,
+                _ => Width::Int(QBits::Int8),
+            };
+            widths.insert(c, w);
+        }
+        Policy { widths }
+    }
+}
+
+impl Policy {
+    /// Every class kept at f32 (what the checkpoint becomes when only
+    /// dequantized).
+    pub fn full_precision() -> Policy {
+        Policy {
+            widths: Class::ALL.into_iter().map(|c| (c, Width::F32)).collect(),
+        }
+    }
+
+    /// Sets the width of `class`. Routers and norms cannot be narrowed.
+    pub fn set(&mut self, class: Class, width: Width) -> Result<(), String> {
+        if matches!(class, Class::Router | Class::Norm) && width != Width::F32 {
+            return Err(format!(
+                "class `{}` is always f32 (routing and norms are too sensitive to narrow)",
+                class.name()
+            ));
+        }
+        self.widths.insert(class, width);
+        Ok(())
+    }
+
+    /// The width of `class`.
+    pub fn width(&self, class: Class) -> Width {
+        self.widths[&class]
+    }
+
+    /// The width tensor `name` of `shape` gets in a model of `layers` layers.
+    pub fn width_of(&self, name: &str, shape: &[usize], layers: usize) -> Width {
+        self.width(Class::of(name, shape, layers))
+    }
+
+    /// Parses `CLASS=BITS` and applies it.
+    pub fn apply_override(&mut self, spec: &str) -> Result<(), String> {
+        let (c, b) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("`{spec}`: expected CLASS=BITS, e.g. attention=4"))?;
+        let class = Class::parse(c).ok_or_else(|| {
+            let names: Vec<_> = Class::ALL.iter().map(|c| c.name()).collect();
+            format!("`{c}`: unknown class (classes: {})", names.join(", "))
+        })?;
+        let width = b
+            .parse()
+            .ok()
+            .and_then(Width::from_bits)
+            .ok_or_else(|| format!("`{b}`: bits must be 2, 4, 8, 16 or 32"))?;
+        self.set(class, width)
+    }
+
+    /// One line: `expert=int4 shared=int8 …`.
+    pub fn summary(&self) -> String {
+        self.widths
+            .iter()
+            .map(|(c, w)| format!("{}={w}", c.name()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_follow_the_names_of_every_family() {
+        let m = [2usize, 2];
+        let cases = [
+            (
+                "model.layers.0.mlp.experts.3.gate_proj.weight",
+                Class::Expert,
+            ),
+            (
+                "model.layers.0.block_sparse_moe.experts.3.w2.weight",
+                Class::Expert,
+            ),
+            ("model.layers.0.mlp.gate.weight", Class::Router),
+            ("model.layers.0.block_sparse_moe.gate.weight", Class::Router),
+            (
+                "model.layers.0.mlp.shared_expert_gate.weight",
+                Class::Router,
+            ),
+            (
+                "model.layers.0.mlp.shared_expert.up_proj.weight",
+                Class::Shared,
+            ),
+            (
+                "model.layers.0.mlp.shared_experts.up_proj.weight",
+                Class::Shared,
+            ),
+            (
+                "model.layers.0.self_attn.kv_b_proj.weight",
+                Class::Attention,
+            ),
+            (
+                "model.layers.0.self_attn.indexer.wk.weight",
+                Class::Attention,
+            ),
+            ("model.layers.0.mlp.down_proj.weight", Class::Dense),
+            ("model.embed_tokens.weight", Class::Embed),
+            ("lm_head.weight", Class::LmHead),
+            ("model.layers.4.eh_proj.weight", Class::Mtp),
+            ("model.layers.4.mlp.experts.0.up_proj.weight", Class::Mtp),
+            ("model.layers.4.mlp.gate.weight", Class::Router),
+        ];
+        for (name, want) in cases {
+            assert_eq!(Class::of(name, &m, 4), want, "{name}");
+        }
+        assert_eq!(Class::of("model.norm.weight", &[8], 4), Class::Norm);
+        assert_eq!(
+            Class::of("model.layers.0.self_attn.q_proj.bias", &[8], 4),
+            Class::Norm
+        );
+    }
+
+    #[test]
+    fn the_default_policy_and_its_overrides() {
+        let mut p = Policy::default();
+        assert_eq!(p.width(Class::Expert), Width::Int(QBits::Int4));
+        assert_eq!(p.width(Class::Attention), Width::Int(QBits::Int8));
+        assert_eq!(p.width(Class::Router), Width::F32);
+        p.apply_override("attention=16").unwrap();
+        assert_eq!(p.width(Class::Attention), Width::Bf16);
+        assert!(p.apply_override("router=8").is_err());
+        assert!(p
+            .apply_override("experts=4")
+            .unwrap_err()
+            .contains("unknown class"));
+        assert!(p.apply_override("expert=3").unwrap_err().contains("bits"));
+        assert!(p.apply_override("expert").is_err());
+    }
+}

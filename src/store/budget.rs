@@ -1,0 +1,201 @@
+//! The RAM budget (`--ram-gb`, SPEC §7): how many expert slots each MoE
+//! layer gets so that resident weights + expert caches + itemized slack
+//! stay within the budget. Pure arithmetic over byte counts, so the plan is
+//! printed (and tested) before anything large is allocated.
+//!
+//! Slack items: the in-flight working set (a layer's worth of experts being
+//! read into slabs and decoded), the KV pool for the whole context, the
+//! activations and logits of the largest forward, a page-cache reserve for
+//! read modes that go through the page cache (starving it cut buffered reads
+//! ~4× on the seed's box), and the runtime itself (binary, tokenizer,
+//! threads, allocator slack).
+
+use std::fmt;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// What the plan needs to know, in bytes.
+#[derive(Clone, Debug)]
+pub struct BudgetInput {
+    pub budget: u64,
+    /// Always-resident weights as kept in RAM.
+    pub resident: u64,
+    /// One routed expert as kept in RAM.
+    pub expert_ram: u64,
+    /// One routed expert's read span on disk.
+    pub expert_disk: u64,
+    pub moe_layers: usize,
+    pub experts_per_layer: usize,
+    pub top_k: usize,
+    /// KV cache for the whole context.
+    pub kv: u64,
+    /// Activations and logits of the largest forward.
+    pub activations: u64,
+    /// The read mode goes through the page cache (buffered, drop, mmap).
+    pub page_cache: bool,
+}
+
+/// The placement: slots per layer and what the budget was spent on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetPlan {
+    pub budget: u64,
+    pub resident: u64,
+    /// Named slack items.
+    pub reserves: Vec<(&'static str, u64)>,
+    pub expert_ram: u64,
+    pub slots_per_layer: usize,
+    pub experts_per_layer: usize,
+    pub moe_layers: usize,
+    /// resident + reserves + all expert slots full.
+    pub projected_peak: u64,
+}
+
+/// Runtime reserve: binary, tokenizer, thread stacks, and allocator slack.
+fn runtime_reserve(budget: u64) -> u64 {
+    48 * MIB + budget / 50
+}
+
+/// Page-cache reserve for modes that read through it: an eighth of the
+/// budget, at most 2.5 GiB.
+fn page_cache_reserve(budget: u64) -> u64 {
+    (budget / 8).min(5 * GIB / 2)
+}
+
+/// Plans the budget, or explains (with the numbers) why it cannot fit.
+pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
+    let mut reserves = vec![
+        // A layer's misses: read into slabs and decoded, possibly while the
+        // evicted experts are still in use by the same layer.
+        (
+            "in-flight experts",
+            i.top_k as u64 * (i.expert_disk + 2 * i.expert_ram),
+        ),
+        ("KV pool", i.kv),
+        ("activations", i.activations),
+        ("runtime", runtime_reserve(i.budget)),
+    ];
+    if i.page_cache {
+        reserves.push(("page-cache reserve", page_cache_reserve(i.budget)));
+    }
+    let fixed = i.resident + reserves.iter().map(|r| r.1).sum::<u64>();
+    if fixed > i.budget {
+        return Err(format!(
+            "--ram-gb {:.2} is too small: resident weights {} + slack {} = {} before any expert is cached",
+            i.budget as f64 / GIB as f64,
+            human(i.resident),
+            human(fixed - i.resident),
+            human(fixed)
+        ));
+    }
+    let per_slot_row = i.expert_ram * i.moe_layers as u64;
+    let slots = (i.budget - fixed)
+        .checked_div(per_slot_row)
+        .map_or(i.experts_per_layer, |s| {
+            (s as usize).min(i.experts_per_layer)
+        });
+    Ok(BudgetPlan {
+        budget: i.budget,
+        resident: i.resident,
+        reserves,
+        expert_ram: i.expert_ram,
+        slots_per_layer: slots,
+        experts_per_layer: i.experts_per_layer,
+        moe_layers: i.moe_layers,
+        projected_peak: fixed + slots as u64 * per_slot_row,
+    })
+}
+
+/// Bytes as `12.3 MiB` / `4.56 GiB`.
+pub fn human(b: u64) -> String {
+    if b >= GIB {
+        format!("{:.2} GiB", b as f64 / GIB as f64)
+    } else {
+        format!("{:.1} MiB", b as f64 / MIB as f64)
+    }
+}
+
+impl fmt::Display for BudgetPlan {
+    /// The one plan line printed at start.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ram plan: budget {}, resident {}",
+            human(self.budget),
+            human(self.resident)
+        )?;
+        for (name, b) in &self.reserves {
+            write!(f, ", {name} {}", human(*b))?;
+        }
+        write!(
+            f,
+            "; {} per expert, {}/{} slots per layer x {} MoE layers; projected peak {}",
+            human(self.expert_ram),
+            self.slots_per_layer,
+            self.experts_per_layer,
+            self.moe_layers,
+            human(self.projected_peak)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(budget: u64) -> BudgetInput {
+        BudgetInput {
+            budget,
+            resident: 100 * MIB,
+            expert_ram: MIB,
+            expert_disk: MIB,
+            moe_layers: 10,
+            experts_per_layer: 64,
+            top_k: 4,
+            kv: 8 * MIB,
+            activations: 4 * MIB,
+            page_cache: false,
+        }
+    }
+
+    #[test]
+    fn slots_fill_what_the_reserves_leave() {
+        // budget 512 MiB: fixed = 100 + 12 (in flight) + 8 + 4 + 48 + 10.24.
+        let p = plan(&input(512 * MIB)).unwrap();
+        let fixed = 100 * MIB + 12 * MIB + 8 * MIB + 4 * MIB + 48 * MIB + 512 * MIB / 50;
+        assert_eq!(p.slots_per_layer as u64, (512 * MIB - fixed) / (10 * MIB));
+        assert!(p.projected_peak <= p.budget);
+        assert!(
+            p.projected_peak + 10 * MIB > p.budget,
+            "no whole slot row left unused"
+        );
+    }
+
+    #[test]
+    fn plenty_of_ram_caps_at_every_expert_and_page_cache_is_reserved() {
+        let p = plan(&input(64 * GIB)).unwrap();
+        assert_eq!(p.slots_per_layer, 64);
+        let mut i = input(64 * GIB);
+        i.page_cache = true;
+        let p = plan(&i).unwrap();
+        assert!(p.reserves.contains(&("page-cache reserve", 5 * GIB / 2)));
+        let mut i = input(800 * MIB);
+        i.page_cache = true;
+        let with = plan(&i).unwrap().slots_per_layer;
+        i.page_cache = false;
+        assert!(with < plan(&i).unwrap().slots_per_layer);
+    }
+
+    #[test]
+    fn a_budget_below_the_resident_set_is_refused_with_numbers() {
+        let e = plan(&input(150 * MIB)).unwrap_err();
+        assert!(
+            e.contains("too small") && e.contains("resident weights 100.0 MiB"),
+            "{e}"
+        );
+        // A little over the fixed part: one slot row.
+        let p = plan(&input(190 * MIB)).unwrap();
+        assert_eq!(p.slots_per_layer, 1);
+        assert!(p.to_string().starts_with("ram plan: budget 190.0 MiB"));
+    }
+}

@@ -1,0 +1,179 @@
+//! Tiering on a synthetic checkpoint: the RAM plan sets the slots, the usage
+//! history persists and pins the hot experts in the next process, re-pinning
+//! swaps only past the margin, and neither the policy nor the pins ever
+//! change tokens.
+
+mod common;
+
+use common::{assert_clean_failure, moestream, moestream_env, tiny_model};
+use moestream::generate::{generate, GenOptions};
+use moestream::model::{LoadOptions, Model};
+use moestream::sampler::SamplingParams;
+use moestream::store::policy::EvictPolicy;
+use moestream::store::usage::HISTORY_FILE;
+use std::path::Path;
+
+fn gen(model: &Model, n: usize) -> Vec<u32> {
+    let opts = GenOptions {
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+        eos_ids: vec![],
+    };
+    generate(model, &[5, 9, 2, 7], &opts, |_| Ok(()))
+        .unwrap()
+        .token_ids
+}
+
+fn load(dir: &Path, opts: LoadOptions) -> Model {
+    Model::load(dir, &opts).unwrap()
+}
+
+#[test]
+fn policies_and_pins_change_hit_rates_never_tokens() {
+    let dir = tiny_model();
+    let base = LoadOptions {
+        expert_cache: 2,
+        pin_history: false,
+        ..LoadOptions::default()
+    };
+    let lru = load(
+        dir.path(),
+        LoadOptions {
+            policy: EvictPolicy::Lru,
+            ..base.clone()
+        },
+    );
+    let lfru = load(
+        dir.path(),
+        LoadOptions {
+            policy: EvictPolicy::Lfru,
+            ..base.clone()
+        },
+    );
+    let want = gen(&lru, 16);
+    assert_eq!(gen(&lfru, 16), want);
+    // Save a history, then a fresh process pins from it.
+    lfru.store
+        .save_history(&dir.path().join(HISTORY_FILE))
+        .unwrap();
+    let pinned = load(
+        dir.path(),
+        LoadOptions {
+            expert_cache: 4,
+            pin_history: true,
+            ..base
+        },
+    );
+    assert!(pinned.history.as_deref().unwrap().contains("pinned"));
+    let pins: usize = (0..2).map(|l| pinned.store.pinned(l).len()).sum();
+    assert!(pins > 0, "the hottest experts are pinned");
+    for l in 0..2 {
+        assert!(pinned.store.pinned(l).len() <= pinned.store.slots(l) / 2);
+    }
+    assert_eq!(gen(&pinned, 16), want);
+    let c = pinned.store.counters();
+    assert!(c.pinned_hits > 0, "{c:?}");
+    // Re-pinning after more traffic keeps the pins within half the slots.
+    pinned.store.repin().unwrap();
+    for l in 0..2 {
+        assert!(pinned.store.pinned(l).len() <= 2);
+    }
+}
+
+#[test]
+fn the_cli_saves_the_history_and_the_next_run_pins_from_it() {
+    let dir = tiny_model();
+    let m = dir.path().to_str().unwrap();
+    let args = [
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        "5,9,2,7",
+        "--max-tokens",
+        "30",
+        "--ignore-eos",
+        "--json",
+        "--expert-cache",
+        "4",
+    ];
+    let first = moestream_env(&args, &[]);
+    assert!(first.ok, "{}", first.stderr);
+    assert!(dir.path().join(HISTORY_FILE).exists());
+    let second = moestream_env(&args, &[]);
+    assert!(second.ok, "{}", second.stderr);
+    assert!(
+        second.stderr.contains("experts pinned"),
+        "{}",
+        second.stderr
+    );
+    let (a, b): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&first.stdout).unwrap(),
+        serde_json::from_str(&second.stdout).unwrap(),
+    );
+    assert_eq!(a["token_ids"], b["token_ids"]);
+    assert_eq!(a["stats"]["expert_pinned_hit_rate"], 0.0);
+    assert!(b["stats"]["expert_pinned_hit_rate"].as_f64().unwrap() > 0.0);
+    // A history from another geometry is ignored with a note, not an error.
+    std::fs::write(
+        dir.path().join(HISTORY_FILE),
+        br#"{"version":1,"clock":3,"layers":[[]]}"#,
+    )
+    .unwrap();
+    let third = moestream_env(&args, &[]);
+    assert!(third.ok, "{}", third.stderr);
+    assert!(
+        third.stderr.contains("usage history ignored"),
+        "{}",
+        third.stderr
+    );
+}
+
+#[test]
+fn the_ram_budget_plans_slots_and_refuses_what_cannot_fit() {
+    let dir = tiny_model();
+    let m = dir.path().to_str().unwrap();
+    let run = |gb: &str| {
+        let flag = format!("--ram-gb={gb}");
+        moestream(&[
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "5,9,2,7",
+            "--max-tokens",
+            "4",
+            "--json",
+            &flag,
+            "--read-mode",
+            "direct",
+        ])
+    };
+    let roomy = run("8");
+    assert!(roomy.ok, "{}", roomy.stderr);
+    let line = roomy
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("ram plan:"))
+        .expect("one plan line");
+    for item in [
+        "resident",
+        "in-flight experts",
+        "KV pool",
+        "activations",
+        "runtime",
+        "slots per layer",
+        "projected peak",
+    ] {
+        assert!(line.contains(item), "plan line names {item}: {line}");
+    }
+    assert!(
+        line.contains("4/4 slots"),
+        "plenty of RAM caches every expert: {line}"
+    );
+    let tight = run("0.001");
+    assert_clean_failure(&tight, &["--ram-gb", "too small", "resident weights"]);
+    let bad = run("-1");
+    assert_clean_failure(&bad, &["--ram-gb"]);
+}
