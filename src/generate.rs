@@ -3,7 +3,7 @@
 //! forward until EOS or the token limit, and the statistics of the run.
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::{device_read_bytes, peak_rss_bytes, Profile};
 use crate::sampler::{argmax, Sampler, SamplingParams};
 use serde::Serialize;
@@ -108,7 +108,7 @@ pub fn generate(
     let mut out = Vec::with_capacity(max_tokens);
     let mut prefill_seconds = 0.0;
     if max_tokens > 0 {
-        let mut logits = model.forward(prompt, &mut kv, false, &mut prof)?;
+        let mut logits = model.forward_chunked(prompt, &mut kv, false, &mut prof, PREFILL_CHUNK)?;
         prefill_seconds = start.elapsed().as_secs_f64();
         loop {
             let id = sampler.sample(&logits);
@@ -188,7 +188,7 @@ pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
     }
     let mut kv = model.new_kv(ids.len());
     let mut prof = Profile::default();
-    let logits = model.forward(ids, &mut kv, true, &mut prof)?;
+    let logits = model.forward_chunked(ids, &mut kv, true, &mut prof, PREFILL_CHUNK)?;
     let v = model.cfg.vocab_size;
     let rows: Vec<&[f32]> = logits.chunks_exact(v).collect();
     let argmax = rows.iter().map(|r| argmax(r)).collect();

@@ -242,12 +242,29 @@ struct SynthArgs {
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
+    /// Write a quantized container in the shapes of a real model
+    /// (qwen3-30b-a3b); --layers/--experts shrink it. Without it: the small
+    /// BF16 checkpoint `demo` uses.
+    #[arg(long)]
+    geometry: Option<String>,
+    /// Expert popularity of a geometry: zipf (skewed like a real model) or
+    /// uniform.
+    #[arg(long, value_enum, default_value_t = RoutingArg::Zipf)]
+    routing: RoutingArg,
+    /// Zipf exponent of --routing zipf.
+    #[arg(long, default_value_t = 1.0)]
+    zipf_s: f64,
+    /// Vocabulary rows of a geometry (default: the real model's).
+    #[arg(long)]
+    vocab: Option<usize>,
     #[arg(long, default_value_t = 512)]
     hidden: usize,
-    #[arg(long, default_value_t = 8)]
-    layers: usize,
-    #[arg(long, default_value_t = 32)]
-    experts: usize,
+    /// Decoder layers (default: 8, or the geometry's).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Routed experts per layer (default: 32, or the geometry's).
+    #[arg(long)]
+    experts: Option<usize>,
     #[arg(long, default_value_t = 4)]
     top_k: usize,
     #[arg(long, default_value_t = 256)]
@@ -476,11 +493,33 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
     Ok(())
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RoutingArg {
+    Zipf,
+    Uniform,
+}
+
 fn cmd_synth(a: SynthArgs) -> Result<()> {
+    if let Some(name) = &a.geometry {
+        let spec = synth::geometry::GeometrySpec {
+            name: name.clone(),
+            layers: a.layers,
+            experts: a.experts,
+            vocab: a.vocab,
+            routing: match a.routing {
+                RoutingArg::Zipf => synth::geometry::Routing::Zipf(a.zipf_s),
+                RoutingArg::Uniform => synth::geometry::Routing::Uniform,
+            },
+            seed: a.seed,
+        };
+        synth::geometry::write(&a.out, &spec, true)?;
+        eprintln!("wrote a synthetic {name} container to {}", a.out.display());
+        return Ok(());
+    }
     let spec = SynthSpec {
         hidden: a.hidden,
-        layers: a.layers,
-        experts: a.experts,
+        layers: a.layers.unwrap_or(8),
+        experts: a.experts.unwrap_or(32),
         top_k: a.top_k,
         moe_inter: a.moe_inter,
         seed: a.seed,

@@ -177,6 +177,8 @@ pub struct FileWriter {
     tmp: PathBuf,
     out: BufWriter<File>,
     next: usize,
+    /// Bytes of the next tensor already written (by `write_part`).
+    partial: u64,
     written: u64,
     sum: Checksum,
 }
@@ -197,6 +199,7 @@ impl FileWriter {
             tmp,
             out,
             next: 0,
+            partial: 0,
             written: 0,
             sum: Checksum::default(),
         })
@@ -210,19 +213,38 @@ impl FileWriter {
     /// Writes the bytes of the next tensor; a length that disagrees with the
     /// layout is a bug in the caller.
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
-        let t = &self.layout.tensors[self.next];
-        assert_eq!(t.name, name, "tensors written out of layout order");
         assert_eq!(
-            t.len,
+            self.partial, 0,
+            "tensor `{name}` written over a partial one"
+        );
+        assert_eq!(
+            self.layout.tensors[self.next].len,
             bytes.len() as u64,
             "tensor `{name}`: length disagrees with the layout"
+        );
+        self.write_part(name, bytes)
+    }
+
+    /// Writes the next part of the next tensor's bytes (a large tensor can
+    /// be streamed in pieces); the tensor is done when its length is reached.
+    pub fn write_part(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let t = &self.layout.tensors[self.next];
+        assert_eq!(t.name, name, "tensors written out of layout order");
+        let len = t.len;
+        assert!(
+            self.partial + bytes.len() as u64 <= len,
+            "tensor `{name}`: more bytes than the layout gives it"
         );
         self.out
             .write_all(bytes)
             .map_err(|e| Error::file(&self.tmp, e))?;
         self.sum.update(bytes);
         self.written += bytes.len() as u64;
-        self.next += 1;
+        self.partial += bytes.len() as u64;
+        if self.partial == len {
+            self.partial = 0;
+            self.next += 1;
+        }
         Ok(())
     }
 

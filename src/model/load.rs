@@ -176,7 +176,7 @@ impl Model {
             experts_per_layer: cfg.num_experts,
             top_k: cfg.top_k,
             kv: (kv_per_token * context) as u64,
-            activations: (per_position * context * 4) as u64,
+            activations: (per_position * context.min(super::PREFILL_CHUNK) * 4) as u64,
             page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
         }
     }

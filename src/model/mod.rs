@@ -61,6 +61,9 @@ pub struct Shapes {
     pub mla: Option<MlaShape>,
 }
 
+/// Positions per prefill forward: a long prompt runs in chunks of this many.
+pub const PREFILL_CHUNK: usize = 256;
+
 /// A loaded model.
 pub struct Model {
     pub cfg: ModelConfig,
@@ -150,6 +153,32 @@ impl Model {
         let h = self.cfg.hidden_size;
         let first = if all_logits { 0 } else { n - 1 };
         Ok(self.logits(&hidden[first * h..]))
+    }
+
+    /// [`Model::forward`] over `tokens` in chunks of at most `chunk`
+    /// positions, so a long prompt's activations stay bounded (the RAM plan
+    /// budgets one chunk). Chunking changes no result (with a fixed MLA
+    /// path): every position sees the same cached keys and the same per-row
+    /// arithmetic.
+    pub fn forward_chunked(
+        &self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        all_logits: bool,
+        prof: &mut Profile,
+        chunk: usize,
+    ) -> Result<Vec<f32>> {
+        assert!(chunk > 0, "chunk must be positive");
+        let mut out = Vec::new();
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let last = (i + 1) * chunk >= tokens.len();
+            if all_logits || last {
+                out.extend(self.forward(part, kv, all_logits, prof)?);
+            } else {
+                self.forward_hidden(part, kv, prof)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Runs the decoder over `tokens` and returns the final-normed hidden

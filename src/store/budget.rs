@@ -81,8 +81,8 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
     let fixed = i.resident + reserves.iter().map(|r| r.1).sum::<u64>();
     if fixed > i.budget {
         return Err(format!(
-            "--ram-gb {:.2} is too small: resident weights {} + slack {} = {} before any expert is cached",
-            i.budget as f64 / GIB as f64,
+            "--ram-gb {} is too small: resident weights {} + slack {} = {} before any expert is cached",
+            i.budget as f64 / 1e9,
             human(i.resident),
             human(fixed - i.resident),
             human(fixed)

@@ -7,6 +7,8 @@
 //! Written into a temporary directory and renamed into place, so an
 //! interrupted generation never leaves a half-written model behind.
 
+pub mod geometry;
+
 use crate::error::{Error, Result};
 use crate::sampler::Rng;
 use half::bf16;
@@ -127,7 +129,7 @@ fn config_json(s: &SynthSpec) -> serde_json::Value {
     })
 }
 
-fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
+pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(v).expect("JSON values serialize");
     std::fs::write(path, text).map_err(|e| Error::file(path, e))
 }
@@ -137,7 +139,7 @@ const CORPUS: &str = include_str!("synth_corpus.txt");
 /// Trains a byte-level BPE on the embedded corpus; returns its vocab size.
 /// The alphabet is only the corpus's own (ASCII) characters, so every token
 /// decodes to valid text and the random model prints words, not stray bytes.
-fn write_tokenizer(dir: &Path, vocab: usize) -> Result<usize> {
+pub(crate) fn write_tokenizer(dir: &Path, vocab: usize) -> Result<usize> {
     use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
     use tokenizers::{AddedToken, TokenizerBuilder};

@@ -1,0 +1,521 @@
+//! Synthetic models of real geometries (`moestream synth --geometry`):
+//! random weights in the shapes of a real MoE model, written straight into
+//! the quantized container (docs/FORMAT.md: int4 routed experts, int8 dense
+//! weights, f32 norms and routers), one tensor at a time, so a model of tens
+//! of GB is written without tens of GB of RAM.
+//!
+//! Routing is skewed like a real model's: expert popularity follows a Zipf
+//! law (`--routing zipf`, exponent `--zipf-s`), or is near-uniform. Qwen3-MoE
+//! routers have no bias term, so the skew goes in through the residual
+//! stream: every token embedding carries a constant in dimension 0 that
+//! dominates it, and each router row's weight on dimension 0 is the log of
+//! its expert's popularity (a per-layer random permutation of the Zipf
+//! ranks), scaled to the spread of the routers' noise. The realized
+//! popularity is what the usage counters and `bench decode` then measure.
+//!
+//! Geometries: `qwen3-30b-a3b` (Qwen3-30B-A3B: hidden 2048, 48 layers, 128
+//! experts of 768, top-8, GQA 32/4 heads of 128). `--layers` and `--experts`
+//! shrink a geometry for a smaller model of the same per-layer shapes.
+
+use super::{write_json, write_tokenizer};
+use crate::convert::writer::{write_atomic, FileWriter, Layout, ALIGN};
+use crate::error::{Error, Result};
+use crate::quant::{QBits, QMatrix};
+use crate::sampler::Rng;
+use crate::weights::index::{scales_name, QUANT_META_PREFIX};
+use serde_json::json;
+use std::path::Path;
+
+/// How routing popularity is skewed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// Popularity of the expert of rank r ∝ 1 / r^s.
+    Zipf(f64),
+    /// Every expert equally likely.
+    Uniform,
+}
+
+/// A geometry and how much of it to write.
+#[derive(Clone, Debug)]
+pub struct GeometrySpec {
+    pub name: String,
+    /// Decoder layers (default: the real model's).
+    pub layers: Option<usize>,
+    /// Routed experts per layer (default: the real model's).
+    pub experts: Option<usize>,
+    /// Vocabulary rows of the embedding and lm_head (default: the real
+    /// model's; the tokenizer itself is small).
+    pub vocab: Option<usize>,
+    pub routing: Routing,
+    pub seed: u64,
+}
+
+/// The shapes of one geometry.
+#[derive(Clone, Debug)]
+struct Shape {
+    hidden: usize,
+    layers: usize,
+    experts: usize,
+    top_k: usize,
+    moe_inter: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+}
+
+/// Geometries `synth --geometry` knows.
+pub const GEOMETRIES: &[&str] = &["qwen3-30b-a3b"];
+
+fn shape(spec: &GeometrySpec) -> Result<Shape> {
+    let base = match spec.name.as_str() {
+        "qwen3-30b-a3b" => Shape {
+            hidden: 2048,
+            layers: 48,
+            experts: 128,
+            top_k: 8,
+            moe_inter: 768,
+            heads: 32,
+            kv_heads: 4,
+            head_dim: 128,
+            vocab: 151_936,
+        },
+        other => {
+            return Err(Error::Request(format!(
+                "unknown geometry `{other}` (known: {})",
+                GEOMETRIES.join(", ")
+            )))
+        }
+    };
+    let s = Shape {
+        layers: spec.layers.unwrap_or(base.layers),
+        experts: spec.experts.unwrap_or(base.experts),
+        vocab: spec.vocab.unwrap_or(base.vocab).max(TOKENIZER_VOCAB),
+        ..base
+    };
+    if s.layers == 0 || s.experts < s.top_k {
+        return Err(Error::Request(format!(
+            "--layers must be positive and --experts at least top-k ({})",
+            s.top_k
+        )));
+    }
+    Ok(s)
+}
+
+/// Tokens of the trained tokenizer (the vocabulary is at least this).
+const TOKENIZER_VOCAB: usize = 512;
+
+/// Layers per output file.
+const LAYERS_PER_FILE: usize = 4;
+/// The constant every token embedding carries in dimension 0.
+const EMBED_DIM0: f32 = 4.0;
+/// Std of the other embedding dimensions and of the dense weights' noise.
+const EMBED_STD: f32 = 0.02;
+
+/// What one output tensor holds.
+#[derive(Clone, Debug)]
+enum Fill {
+    /// f32 ones (norm weights).
+    Ones,
+    /// int8 rows, Uniform noise of this std.
+    Int8(f32),
+    /// int4 rows, uniform integers in [-7, 7], scale giving this std.
+    Int4(f32),
+    /// The embedding (int8): dimension 0 constant, the rest noise.
+    Embed,
+    /// A router (f32): noise, with the popularity bias in dimension 0.
+    Router { layer: usize },
+}
+
+struct Planned {
+    name: String,
+    rows: usize,
+    cols: usize,
+    fill: Fill,
+    /// Starts a routed expert (aligned to 4096).
+    aligned: bool,
+}
+
+fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
+    let t = |name: String, rows, cols, fill| Planned {
+        name,
+        rows,
+        cols,
+        fill,
+        aligned: false,
+    };
+    let (h, hd) = (s.hidden, s.head_dim);
+    let mut out = Vec::new();
+    if f == 0 {
+        out.push(t(
+            "model.embed_tokens.weight".into(),
+            s.vocab,
+            h,
+            Fill::Embed,
+        ));
+    }
+    let layers = f * LAYERS_PER_FILE..((f + 1) * LAYERS_PER_FILE).min(s.layers);
+    for l in layers.clone() {
+        let p = format!("model.layers.{l}.");
+        let dense = (h as f32).sqrt().recip();
+        out.push(t(format!("{p}input_layernorm.weight"), h, 1, Fill::Ones));
+        out.push(t(
+            format!("{p}post_attention_layernorm.weight"),
+            h,
+            1,
+            Fill::Ones,
+        ));
+        out.push(t(format!("{p}self_attn.q_norm.weight"), hd, 1, Fill::Ones));
+        out.push(t(format!("{p}self_attn.k_norm.weight"), hd, 1, Fill::Ones));
+        let a = format!("{p}self_attn.");
+        out.push(t(
+            format!("{a}q_proj.weight"),
+            s.heads * hd,
+            h,
+            Fill::Int8(dense),
+        ));
+        out.push(t(
+            format!("{a}k_proj.weight"),
+            s.kv_heads * hd,
+            h,
+            Fill::Int8(dense),
+        ));
+        out.push(t(
+            format!("{a}v_proj.weight"),
+            s.kv_heads * hd,
+            h,
+            Fill::Int8(dense),
+        ));
+        // Small outputs keep the residual stream dominated by dimension 0.
+        let small = EMBED_STD / (s.heads * hd) as f32;
+        out.push(t(
+            format!("{a}o_proj.weight"),
+            h,
+            s.heads * hd,
+            Fill::Int8(small),
+        ));
+        out.push(t(
+            format!("{p}mlp.gate.weight"),
+            s.experts,
+            h,
+            Fill::Router { layer: l },
+        ));
+    }
+    for l in layers {
+        for e in 0..s.experts {
+            let p = format!("model.layers.{l}.mlp.experts.{e}.");
+            let up = (h as f32).sqrt().recip();
+            let down = EMBED_STD / s.moe_inter as f32;
+            let mut g = t(
+                format!("{p}gate_proj.weight"),
+                s.moe_inter,
+                h,
+                Fill::Int4(up),
+            );
+            g.aligned = true;
+            out.push(g);
+            out.push(t(
+                format!("{p}up_proj.weight"),
+                s.moe_inter,
+                h,
+                Fill::Int4(up),
+            ));
+            out.push(t(
+                format!("{p}down_proj.weight"),
+                h,
+                s.moe_inter,
+                Fill::Int4(down),
+            ));
+        }
+    }
+    if f + 1 == files {
+        out.push(t("model.norm.weight".into(), h, 1, Fill::Ones));
+        out.push(t(
+            "lm_head.weight".into(),
+            s.vocab,
+            h,
+            Fill::Int8(EMBED_STD),
+        ));
+    }
+    out
+}
+
+/// The (name, dtype, shape, bytes) output tensors of one planned tensor.
+fn outputs(p: &Planned) -> Vec<(String, &'static str, Vec<usize>, u64)> {
+    let (r, c) = (p.rows, p.cols);
+    match p.fill {
+        Fill::Ones => vec![(p.name.clone(), "F32", vec![r], r as u64 * 4)],
+        Fill::Router { .. } => vec![(p.name.clone(), "F32", vec![r, c], (r * c) as u64 * 4)],
+        Fill::Int8(_) | Fill::Embed | Fill::Int4(_) => {
+            let bits = if matches!(p.fill, Fill::Int4(_)) {
+                QBits::Int4
+            } else {
+                QBits::Int8
+            };
+            let rb = bits.row_bytes(c);
+            vec![
+                (p.name.clone(), "U8", vec![r, rb], (r * rb) as u64),
+                (scales_name(&p.name), "F32", vec![r], r as u64 * 4),
+            ]
+        }
+    }
+}
+
+/// Uniform(-a, a) with the given std.
+fn noise(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
+    let a = std * 3f32.sqrt();
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * a)
+        .collect()
+}
+
+/// Log-popularity of every expert of `layer`: Zipf ranks under a per-layer
+/// random permutation, or all equal.
+fn log_popularity(s: &Shape, routing: Routing, layer: usize, seed: u64) -> Vec<f32> {
+    let Routing::Zipf(z) = routing else {
+        return vec![0.0; s.experts];
+    };
+    let mut rng = Rng::new(seed ^ 0x5eed_0000 ^ layer as u64);
+    let mut rank: Vec<usize> = (0..s.experts).collect();
+    for i in (1..rank.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        rank.swap(i, j);
+    }
+    rank.iter()
+        .map(|&r| -(z * ((r + 1) as f64).ln()) as f32)
+        .collect()
+}
+
+/// Streams the bytes of one planned tensor into `w`.
+fn fill(
+    w: &mut FileWriter,
+    p: &Planned,
+    s: &Shape,
+    spec: &GeometrySpec,
+    rng: &mut Rng,
+) -> Result<()> {
+    let (rows, cols) = (p.rows, p.cols);
+    let f32_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    match p.fill {
+        Fill::Ones => w.write(&p.name, &f32_bytes(&vec![1.0; rows])),
+        Fill::Router { layer } => {
+            // A router logit's noise has std ≈ std · x̂ · √h, with x̂ the
+            // normalized size of the other dimensions; the bias is in units
+            // of it, carried by dimension 0 (normalized size x0).
+            let std = 0.02f32;
+            let mut v = noise(rng, rows * cols, std);
+            let rms = rms_of_embedding(s.hidden);
+            let x0 = EMBED_DIM0 / rms;
+            let logit_noise = std * (s.hidden as f32).sqrt() * EMBED_STD / rms;
+            for (e, lp) in log_popularity(s, spec.routing, layer, spec.seed)
+                .iter()
+                .enumerate()
+            {
+                v[e * cols] = lp * logit_noise / x0;
+            }
+            w.write(&p.name, &f32_bytes(&v))
+        }
+        Fill::Int4(std) => {
+            let rb = QBits::Int4.row_bytes(cols);
+            let mut data = vec![0u8; rows * rb];
+            for b in data.iter_mut() {
+                let lo = 1 + (rng.next_u64() % 15) as u8;
+                let hi = 1 + (rng.next_u64() % 15) as u8;
+                *b = lo | (hi << 4);
+            }
+            if cols % 2 == 1 {
+                for r in 0..rows {
+                    data[r * rb + rb - 1] = (data[r * rb + rb - 1] & 0x0F) | 0x80;
+                }
+            }
+            // q uniform in [-7, 7]: std √(224/12) ≈ 4.32.
+            let scale = std / (224f32 / 12.0).sqrt();
+            w.write(&p.name, &data)?;
+            w.write(&scales_name(&p.name), &f32_bytes(&vec![scale; rows]))
+        }
+        Fill::Int8(_) | Fill::Embed => {
+            // Quantized a block of rows at a time (the embedding is large).
+            const BLOCK: usize = 4096;
+            let mut scales = Vec::with_capacity(rows);
+            for r0 in (0..rows).step_by(BLOCK) {
+                let n = BLOCK.min(rows - r0);
+                let mut v = match p.fill {
+                    Fill::Int8(std) => noise(rng, n * cols, std),
+                    _ => noise(rng, n * cols, EMBED_STD),
+                };
+                if matches!(p.fill, Fill::Embed) {
+                    for r in 0..n {
+                        v[r * cols] = EMBED_DIM0;
+                    }
+                }
+                let q = QMatrix::quantize(&v, n, cols, QBits::Int8);
+                w.write_part(&p.name, &q.data)?;
+                scales.extend(q.scales);
+            }
+            w.write(&scales_name(&p.name), &f32_bytes(&scales))
+        }
+    }
+}
+
+/// RMS of an embedding row: dimension 0 constant, the rest noise.
+fn rms_of_embedding(h: usize) -> f32 {
+    ((EMBED_DIM0 * EMBED_DIM0 + (h - 1) as f32 * EMBED_STD * EMBED_STD) / h as f32).sqrt()
+}
+
+/// Writes the model into `dir` (created; must not hold a model). Shows a
+/// progress bar when `progress`.
+pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
+    let s = shape(spec)?;
+    if dir.join("config.json").exists() {
+        return Err(Error::Request(format!(
+            "{} already holds a model",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
+    let files = s.layers.div_ceil(LAYERS_PER_FILE);
+    let plans: Vec<Vec<Planned>> = (0..files).map(|f| tensors_of_file(&s, f, files)).collect();
+    let total: u64 = plans.iter().flatten().flat_map(outputs).map(|o| o.3).sum();
+    let bar = if progress {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "synth [{bar:40}] {bytes}/{total_bytes} eta {eta}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut weight_map = serde_json::Map::new();
+    let mut rng = Rng::new(spec.seed);
+    for (f, plan) in plans.iter().enumerate() {
+        let fname = format!("model-{:05}-of-{files:05}.safetensors", f + 1);
+        let mut layout = Layout::new(&f.to_string());
+        layout
+            .metadata
+            .insert("moestream.container".into(), "1".into());
+        layout.metadata.insert("format".into(), "pt".into());
+        for p in plan {
+            if p.aligned {
+                layout.align();
+            }
+            for (name, dtype, shape, len) in outputs(p) {
+                layout.push(name.clone(), dtype, shape, len);
+                weight_map.insert(name, fname.clone().into());
+            }
+            if let Fill::Int8(_) | Fill::Embed | Fill::Int4(_) = p.fill {
+                let bits = if matches!(p.fill, Fill::Int4(_)) {
+                    4
+                } else {
+                    8
+                };
+                layout.metadata.insert(
+                    format!("{QUANT_META_PREFIX}{}", p.name),
+                    json!({"bits": bits, "cols": p.cols}).to_string(),
+                );
+            }
+        }
+        layout.align();
+        debug_assert_eq!(layout.data_len() % ALIGN, 0);
+        let mut w = FileWriter::create(&dir.join(&fname), layout)?;
+        for p in plan {
+            while w.write_padding()? {}
+            fill(&mut w, p, &s, spec, &mut rng)?;
+            bar.inc(outputs(p).iter().map(|o| o.3).sum());
+        }
+        while w.write_padding()? {}
+        w.finish()?;
+    }
+    bar.finish_and_clear();
+    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    write_atomic(
+        &dir.join("model.safetensors.index.json"),
+        &serde_json::to_vec_pretty(&index).expect("JSON serializes"),
+    )?;
+    write_tokenizer(dir, TOKENIZER_VOCAB)?;
+    write_json(&dir.join("config.json"), &config(&s))?;
+    write_json(
+        &dir.join("generation_config.json"),
+        &json!({"eos_token_id": 0, "bos_token_id": 0}),
+    )?;
+    write_json(
+        &dir.join("tokenizer_config.json"),
+        &json!({"eos_token": "<|endoftext|>", "model_max_length": 40960}),
+    )
+}
+
+fn config(s: &Shape) -> serde_json::Value {
+    json!({
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": s.moe_inter,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "num_experts": s.experts,
+        "num_experts_per_tok": s.top_k,
+        "norm_topk_prob": true,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": false,
+        "attention_bias": false,
+        "moestream_synthetic": true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_popularity_is_a_permutation_of_the_ranks() {
+        let s = shape(&GeometrySpec {
+            name: "qwen3-30b-a3b".into(),
+            layers: Some(1),
+            experts: Some(16),
+            vocab: None,
+            routing: Routing::Zipf(1.0),
+            seed: 1,
+        })
+        .unwrap();
+        let mut lp = log_popularity(&s, Routing::Zipf(1.0), 0, 1);
+        lp.sort_by(|a, b| b.total_cmp(a));
+        let want: Vec<f32> = (1..=16).map(|r| -((r as f64).ln()) as f32).collect();
+        assert_eq!(lp, want);
+        assert_ne!(
+            log_popularity(&s, Routing::Zipf(1.0), 0, 1),
+            log_popularity(&s, Routing::Zipf(1.0), 1, 1),
+            "each layer has its own hot experts"
+        );
+        assert!(log_popularity(&s, Routing::Uniform, 0, 1)
+            .iter()
+            .all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn unknown_geometries_and_empty_shapes_are_refused() {
+        let spec = |name: &str, experts| GeometrySpec {
+            name: name.into(),
+            layers: None,
+            experts,
+            vocab: None,
+            routing: Routing::Uniform,
+            seed: 1,
+        };
+        assert!(shape(&spec("gpt-9", None))
+            .unwrap_err()
+            .to_string()
+            .contains("qwen3-30b-a3b"));
+        assert!(shape(&spec("qwen3-30b-a3b", Some(4))).is_err());
+    }
+}
