@@ -41,6 +41,10 @@ pub struct RunStats {
     /// show up as the gap to `expert_bytes_read`). 0 where unavailable.
     pub device_bytes_read: u64,
     pub peak_rss_bytes: u64,
+    /// Mean and 99th-percentile latency of one expert read, µs (over the
+    /// process so far).
+    pub read_latency_mean_us: f64,
+    pub read_latency_p99_us: u64,
     pub expert_disk_s: f64,
     pub expert_matmul_s: f64,
     pub attention_s: f64,
@@ -99,6 +103,14 @@ pub fn generate(
     // The KV cache is sized once, for the whole request, and never past the
     // model's context: generation stops when the context is full.
     let max_tokens = opts.max_tokens.min(context_max - prompt.len());
+    if let Some(budgeted) = model.context_budget {
+        if prompt.len() + max_tokens > budgeted {
+            return Err(Error::Request(format!(
+                "the request needs {} positions; the RAM plan reserved KV cache for {budgeted} (raise --context)",
+                prompt.len() + max_tokens
+            )));
+        }
+    }
     let start = Instant::now();
     let before = model.store.counters();
     let device_before = device_read_bytes();
@@ -155,6 +167,8 @@ pub fn generate(
         expert_bytes_read: after.bytes_read - before.bytes_read,
         device_bytes_read: device_read_bytes().saturating_sub(device_before),
         peak_rss_bytes: peak_rss_bytes(),
+        read_latency_mean_us: model.store.read_latency_us().0,
+        read_latency_p99_us: model.store.read_latency_us().1,
         expert_disk_s: disk,
         expert_matmul_s: matmul,
         attention_s: attention,

@@ -316,3 +316,42 @@ fn a_model_four_times_the_budget_decodes_inside_it() {
         );
     }
 }
+
+/// `bench decode` prints one result line and appends CSV rows under one header.
+#[test]
+fn bench_decode_prints_a_line_and_appends_csv() {
+    let dir = tiny_model();
+    let m = dir.path().to_str().unwrap();
+    let csv = dir.path().join("bench.csv");
+    let c = csv.to_str().unwrap();
+    for cold in [true, false] {
+        let mut args = vec![
+            "bench", "decode", "--model", m, "--tokens", "4", "--ram-gb", "1", "--csv", c,
+        ];
+        if cold {
+            args.push("--cold");
+        }
+        let out = moestream(&args);
+        assert!(out.ok, "{}", out.stderr);
+        let line = out.stdout.trim();
+        assert_eq!(line.lines().count(), 1, "{line}");
+        for k in [
+            "decode_tok_s=",
+            "hit_rate=",
+            "read_mb_per_tok=",
+            "lat_p99_ms=",
+            "peak_rss_mib=",
+        ] {
+            assert!(line.contains(k), "{k} in {line}");
+        }
+    }
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 3, "{text}");
+    assert!(rows[0].starts_with("model,read_mode"));
+    assert!(rows[1].contains(",true,") && rows[2].contains(",false,"));
+    assert!(
+        !dir.path().join(HISTORY_FILE).exists(),
+        "bench leaves no history"
+    );
+}

@@ -51,6 +51,30 @@ enum Cmd {
 enum BenchCmd {
     /// Memory read bandwidth (the ceiling of every decode kernel).
     Mem(MemArgs),
+    /// Decode speed of one configuration: one result line, optionally
+    /// appended to a CSV file. The usage history is neither used nor saved.
+    Decode(DecodeArgs),
+}
+
+#[derive(Args)]
+struct DecodeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens to decode (greedy, EOS ignored).
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    /// Prompt text.
+    #[arg(
+        long,
+        default_value = "The engine reads the expert from the disk while the cores compute"
+    )]
+    prompt: String,
+    /// Drop the model files from the page cache first (fadvise DONTNEED).
+    #[arg(long)]
+    cold: bool,
+    /// Append the result as a CSV row (header written for a new file).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -145,6 +169,9 @@ struct ModelArgs {
     /// recency breaks ties) or lru.
     #[arg(long, value_enum, default_value_t = EvictPolicy::Lfru)]
     policy: EvictPolicy,
+    /// Context positions the --ram-gb plan reserves KV cache for.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
     /// Do not pin experts from the usage history (moestream-usage.json in
     /// the model directory), and do not update it.
     #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
@@ -283,6 +310,7 @@ pub fn main() -> ExitCode {
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
+        Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -324,7 +352,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
         },
         policy: m.policy,
         pin_history: !m.no_history,
-        ..LoadOptions::default()
+        context: m.context,
     };
     let model = Model::load(&m.model, &opts)?;
     if let Some(plan) = &model.plan {
@@ -591,6 +619,122 @@ fn cmd_bench_mem(a: MemArgs) -> Result<()> {
             "memory read bandwidth: median {:.1} GB/s, best {:.1} GB/s ({} MiB, {threads} threads, {} reps)",
             r.median_gbs, r.best_gbs, a.mib, a.reps
         );
+    }
+    Ok(())
+}
+
+/// Evicts every file of `dir` from the page cache (synced first: dirty
+/// pages cannot be dropped).
+fn drop_page_cache(dir: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    for ent in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = ent?.path();
+        if !p.is_file() {
+            continue;
+        }
+        let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+        f.sync_all()
+            .with_context(|| format!("syncing {}", p.display()))?;
+        nix::fcntl::posix_fadvise(
+            f.as_raw_fd(),
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .with_context(|| format!("fadvise {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
+    a.model.no_history = true;
+    if a.cold {
+        drop_page_cache(&a.model.model)?;
+    }
+    let t0 = std::time::Instant::now();
+    let model = load(&a.model)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let tok = Tokenizer::load(&a.model.model)?;
+    let prompt = tok.encode(&a.prompt)?;
+    let opts = GenOptions {
+        max_tokens: a.tokens,
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+        eos_ids: vec![],
+    };
+    let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
+    let s = &g.stats;
+    let n = s.tokens.max(1) as f64;
+    let decode_s = s.seconds - s.prefill_seconds;
+    let row: Vec<(&str, String)> = vec![
+        ("model", a.model.model.display().to_string()),
+        ("read_mode", a.model.read_mode.to_string()),
+        ("io", format!("{:?}", a.model.io).to_lowercase()),
+        (
+            "ram_gb",
+            a.model.ram_gb.map_or("-".into(), |g| g.to_string()),
+        ),
+        (
+            "slots",
+            model
+                .plan
+                .as_ref()
+                .map_or(a.model.expert_cache, |p| p.slots_per_layer)
+                .to_string(),
+        ),
+        ("cold", a.cold.to_string()),
+        ("tokens", s.tokens.to_string()),
+        ("load_s", format!("{load_s:.2}")),
+        ("prefill_s", format!("{:.3}", s.prefill_seconds)),
+        (
+            "decode_tok_s",
+            format!(
+                "{:.3}",
+                (s.tokens.saturating_sub(1)) as f64 / decode_s.max(1e-9)
+            ),
+        ),
+        ("tok_s", format!("{:.3}", s.tok_per_s)),
+        ("hit_rate", format!("{:.3}", s.expert_hit_rate)),
+        (
+            "read_mb_per_tok",
+            format!("{:.2}", s.expert_bytes_read as f64 / n / 1e6),
+        ),
+        (
+            "device_mb_per_tok",
+            format!("{:.2}", s.device_bytes_read as f64 / n / 1e6),
+        ),
+        (
+            "lat_mean_ms",
+            format!("{:.2}", s.read_latency_mean_us / 1e3),
+        ),
+        (
+            "lat_p99_ms",
+            format!("{:.2}", s.read_latency_p99_us as f64 / 1e3),
+        ),
+        (
+            "peak_rss_mib",
+            format!("{:.1}", s.peak_rss_bytes as f64 / (1 << 20) as f64),
+        ),
+    ];
+    println!(
+        "{}",
+        row.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    if let Some(path) = &a.csv {
+        let mut text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.is_empty() {
+            text = row.iter().map(|r| r.0).collect::<Vec<_>>().join(",") + "\n";
+        }
+        text += &(row
+            .iter()
+            .map(|r| r.1.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+            + "\n");
+        moestream::convert::writer::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
 }

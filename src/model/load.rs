@@ -130,12 +130,14 @@ impl Model {
             store,
             mtp,
             plan: None,
+            context_budget: None,
             history: None,
         };
         if let Some(budget) = opts.ram_budget {
             let plan = budget::plan(&model.budget_input(budget, opts)).map_err(Error::Budget)?;
             model.store.set_slots(plan.slots_per_layer);
             model.plan = Some(plan);
+            model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));
         }
         let history = dir.join(HISTORY_FILE);
         if opts.pin_history && history.exists() {

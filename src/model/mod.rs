@@ -79,6 +79,9 @@ pub struct Model {
     pub mtp: Option<mtp::Mtp>,
     /// The RAM plan, when loaded under a budget.
     pub plan: Option<crate::store::budget::BudgetPlan>,
+    /// Positions the RAM plan reserved KV cache for (a request may not
+    /// need more); `None` without a budget.
+    pub context_budget: Option<usize>,
     /// What became of the saved usage history (pins), if there was one.
     pub history: Option<String>,
 }

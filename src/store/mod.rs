@@ -122,6 +122,9 @@ pub struct ExpertStore {
     hidden: usize,
     inter: usize,
     io: Mutex<(u64, Duration)>,
+    /// Latency of each expert read, µs: from the read's submission (the
+    /// batch's, through the reactor) until its last byte landed.
+    latency: Mutex<hdrhistogram::Histogram<u64>>,
     usage: Mutex<UsageTable>,
     /// Batches a layer's misses when io_uring works and every shard reader
     /// has a descriptor (not mmap; not drop, whose fadvise is per read).
@@ -180,6 +183,10 @@ impl ExpertStore {
             hidden,
             inter,
             io: Mutex::new((0, Duration::ZERO)),
+            latency: Mutex::new(
+                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                    .expect("valid histogram bounds"),
+            ),
             usage: usage_table,
             reactor,
             files,
@@ -229,6 +236,7 @@ impl ExpertStore {
         // Bytes read and time spent waiting on reads (widening to f32 excluded).
         let mut bytes = 0u64;
         let mut wait = Duration::ZERO;
+        let mut latencies: Vec<u64> = Vec::with_capacity(experts.len());
         // Experts go to the sink as they complete, but into the cache in the
         // order asked for, so what the LRU later evicts never depends on
         // which read finished first.
@@ -244,17 +252,19 @@ impl ExpertStore {
         };
         let res = match &self.reactor {
             Some(reactor) if experts.len() > 1 => {
-                self.fetch_batched(reactor, layer, experts, (&mut bytes, &mut wait), &mut done)
+                let timing = (&mut bytes, &mut wait, &mut latencies);
+                self.fetch_batched(reactor, layer, experts, timing, &mut done)
             }
             _ => experts.iter().try_for_each(|&e| {
                 let spans = self.plan(layer, e);
                 let mut slabs = Vec::with_capacity(spans.len());
+                let start = Instant::now();
                 for sp in &spans {
-                    let start = Instant::now();
                     slabs.push(self.index.shards[sp.shard].reader.read(sp.offset, sp.len)?);
-                    wait += start.elapsed();
                     bytes += sp.len as u64;
                 }
+                wait += start.elapsed();
+                latencies.push(start.elapsed().as_micros() as u64);
                 done(e, self.assemble(layer, e, &spans, &slabs)?);
                 Ok(())
             }),
@@ -263,6 +273,11 @@ impl ExpertStore {
         let mut io = self.io.lock().expect("io lock");
         io.0 += bytes;
         io.1 += wait;
+        drop(io);
+        let mut h = self.latency.lock().expect("latency lock");
+        for us in latencies {
+            h.saturating_record(us.max(1));
+        }
         res
     }
 
@@ -273,7 +288,7 @@ impl ExpertStore {
         reactor: &Mutex<Reactor>,
         layer: usize,
         experts: &[usize],
-        (bytes, wait): (&mut u64, &mut Duration),
+        (bytes, wait, latencies): (&mut u64, &mut Duration, &mut Vec<u64>),
         done: &mut impl FnMut(usize, Mlp),
     ) -> Result<()> {
         let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| self.plan(layer, e)).collect();
@@ -321,6 +336,7 @@ impl ExpertStore {
                 }
                 left[i] -= 1;
                 if left[i] == 0 {
+                    latencies.push(start.elapsed().as_micros() as u64);
                     let t = Instant::now();
                     let got: Vec<Slab> = slabs[i]
                         .iter_mut()
@@ -536,6 +552,17 @@ impl ExpertStore {
     /// Whether misses are read through the io_uring reactor.
     pub fn uses_reactor(&self) -> bool {
         self.reactor.is_some()
+    }
+
+    /// Mean and 99th-percentile expert read latency so far, µs (0 with no
+    /// reads).
+    pub fn read_latency_us(&self) -> (f64, u64) {
+        let h = self.latency.lock().expect("latency lock");
+        if h.is_empty() {
+            (0.0, 0)
+        } else {
+            (h.mean(), h.value_at_quantile(0.99))
+        }
     }
 
     /// Counters summed over layers.

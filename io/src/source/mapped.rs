@@ -58,6 +58,9 @@ impl MmapReader {
     }
 }
 
+/// Page size the advice ranges are aligned to.
+const PAGE: usize = 4096;
+
 impl RangeReader for MmapReader {
     fn read(&self, offset: u64, len: usize) -> Result<Slab, IoError> {
         let mapped = self.mapped();
@@ -71,9 +74,33 @@ impl RangeReader for MmapReader {
                 got: got as usize,
             });
         };
+        // The copy's pages are then dropped from the mapping (not from the
+        // page cache): RSS holds only what the engine keeps.
+        // MADV_RANDOM (set at open) turns off fault-around read-ahead, so
+        // ask for exactly this range up front: the kernel reads it in large
+        // requests instead of one page per fault. Advisory.
+        if let Some(map) = &self.map {
+            let start = offset as usize / PAGE * PAGE;
+            let _ = map.advise_range(memmap2::Advice::WillNeed, start, end as usize - start);
+        }
         let mut buf = self.pool.take(len)?;
         buf.as_mut_slice()
             .copy_from_slice(&mapped[offset as usize..end as usize]);
+        if let Some(map) = &self.map {
+            let start = offset as usize / PAGE * PAGE;
+            // SAFETY: the mapping is a read-only shared file mapping and no
+            // reference into it outlives the copy above, so dropping its
+            // pages loses nothing: a later access faults them back in from
+            // the page cache or the file. This keeps the bytes out of the
+            // process's RSS (the page cache still holds them).
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    end as usize - start,
+                )
+            };
+        }
         Ok(Slab::from_aligned(buf, 0, len, Some(self.pool.clone())))
     }
 
