@@ -36,6 +36,6 @@ pub use coalesce::{coalesce, ByteRange, CoalesceLimits, MergedRead};
 pub use error::IoError;
 pub use file::{DirectSpan, OpenFile};
 pub use mode::ReadMode;
-pub use reactor::{Reactor, ReactorConfig, ReadDone, ReadReq};
+pub use reactor::{FaultInjector, Reactor, ReactorConfig, ReadDone, ReadReq};
 pub use slab::{Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};

@@ -60,6 +60,14 @@ pub struct ReadReq {
 /// The result of one read, keyed by its request's tag.
 pub type ReadDone = (u64, Result<Slab, IoError>);
 
+/// A fault injector for tests: sees every completion as `(tag, result)`
+/// (bytes read, or a negated errno) and returns the result the reactor
+/// should act on. It may shorten a read (the kernel did fill the bytes; the
+/// reactor re-reads the rest, so correctness is unaffected) or turn it into
+/// an error such as `-EIO`, `-EINTR` or `-EAGAIN`. It must never claim
+/// more bytes than the kernel reported.
+pub type FaultInjector = Box<dyn FnMut(u64, i32) -> i32 + Send>;
+
 /// An io_uring reactor with a fixed queue depth.
 pub struct Reactor {
     ring: Ring,
@@ -75,6 +83,7 @@ pub struct Reactor {
     /// Set when a fatal ring error left ops in the kernel; the reactor then
     /// refuses further batches.
     broken: bool,
+    faults: Option<FaultInjector>,
 }
 
 /// An in-flight read: owns its buffer and keeps its file open.
@@ -129,7 +138,14 @@ impl Reactor {
             in_kernel: 0,
             resubmits: 0,
             broken: false,
+            faults: None,
         })
+    }
+
+    /// Installs (or removes) a fault injector (see [`FaultInjector`]): the
+    /// fault-test harness's hook.
+    pub fn set_fault_injector(&mut self, faults: Option<FaultInjector>) {
+        self.faults = faults;
     }
 
     /// The reactor's limits.
@@ -266,7 +282,18 @@ impl Reactor {
                 .expect("completion for an empty slot");
             self.free_slots.push(slot);
             self.in_kernel -= 1;
-            match op.advance(completion.result, &self.pool) {
+            let result = match &mut self.faults {
+                Some(f) => {
+                    let r = f(op.tag, completion.result);
+                    assert!(
+                        r <= completion.result.max(0),
+                        "a fault injector may not claim bytes the kernel did not read"
+                    );
+                    r
+                }
+                None => completion.result,
+            };
+            match op.advance(result, &self.pool) {
                 Step::Done(tag, slab) => done.push((tag, Ok(slab))),
                 Step::Failed(tag, e) => done.push((tag, Err(e))),
                 Step::Again(op) => {
