@@ -14,7 +14,11 @@
 //! popularity is what the usage counters and `bench decode` then measure.
 //!
 //! Geometries: `qwen3-30b-a3b` (Qwen3-30B-A3B: hidden 2048, 48 layers, 128
-//! experts of 768, top-8, GQA 32/4 heads of 128). `--layers` and `--experts`
+//! experts of 768, top-8, GQA 32/4 heads of 128), `deepseek-v3` (hidden
+//! 7168, 61 layers, 3 dense, 256 experts of 2048, MLA) and `glm5` (GLM-5:
+//! hidden 6144, 78 layers, 3 dense, 256 experts of 2048, MLA + the DSA
+//! indexer). The MLA families route by sigmoid scores plus a correction
+//! bias, which carries the popularity directly. `--layers` and `--experts`
 //! shrink a geometry for a smaller model of the same per-layer shapes.
 
 use super::{write_json, write_tokenizer};
@@ -62,10 +66,30 @@ struct Shape {
     kv_heads: usize,
     head_dim: usize,
     vocab: usize,
+    /// Multi-head latent attention and sigmoid routing (DeepSeek-V3, GLM-5).
+    mla: Option<Mla>,
+}
+
+/// The MLA families' extra shapes.
+#[derive(Clone, Debug)]
+struct Mla {
+    model_type: &'static str,
+    q_lora: usize,
+    kv_lora: usize,
+    nope: usize,
+    rope: usize,
+    v: usize,
+    /// Leading dense layers and their MLP width.
+    dense_layers: usize,
+    dense_inter: usize,
+    n_group: usize,
+    topk_group: usize,
+    /// DSA indexer: (heads, head dim, top-k).
+    indexer: Option<(usize, usize, usize)>,
 }
 
 /// Geometries `synth --geometry` knows.
-pub const GEOMETRIES: &[&str] = &["qwen3-30b-a3b"];
+pub const GEOMETRIES: &[&str] = &["qwen3-30b-a3b", "deepseek-v3", "glm5"];
 
 fn shape(spec: &GeometrySpec) -> Result<Shape> {
     let base = match spec.name.as_str() {
@@ -79,6 +103,57 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
             kv_heads: 4,
             head_dim: 128,
             vocab: 151_936,
+            mla: None,
+        },
+        // DeepSeek-V3 (671B): its config.json.
+        "deepseek-v3" => Shape {
+            hidden: 7168,
+            layers: 61,
+            experts: 256,
+            top_k: 8,
+            moe_inter: 2048,
+            heads: 128,
+            kv_heads: 128,
+            head_dim: 192,
+            vocab: 129_280,
+            mla: Some(Mla {
+                model_type: "deepseek_v3",
+                q_lora: 1536,
+                kv_lora: 512,
+                nope: 128,
+                rope: 64,
+                v: 128,
+                dense_layers: 3,
+                dense_inter: 18_432,
+                n_group: 8,
+                topk_group: 4,
+                indexer: None,
+            }),
+        },
+        // GLM-5 (744B): transformers' GlmMoeDsaConfig defaults.
+        "glm5" => Shape {
+            hidden: 6144,
+            layers: 78,
+            experts: 256,
+            top_k: 8,
+            moe_inter: 2048,
+            heads: 64,
+            kv_heads: 64,
+            head_dim: 256,
+            vocab: 154_880,
+            mla: Some(Mla {
+                model_type: "glm_moe_dsa",
+                q_lora: 2048,
+                kv_lora: 512,
+                nope: 192,
+                rope: 64,
+                v: 256,
+                dense_layers: 3,
+                dense_inter: 12_288,
+                n_group: 1,
+                topk_group: 1,
+                indexer: Some((32, 128, 2048)),
+            }),
         },
         other => {
             return Err(Error::Request(format!(
@@ -107,6 +182,9 @@ const TOKENIZER_VOCAB: usize = 512;
 
 /// Layers per output file.
 const LAYERS_PER_FILE: usize = 4;
+/// Sigmoid-router bias per nat of log-popularity (MLA families).
+const ROUTER_BIAS_PER_NAT: f32 = 0.02;
+
 /// The constant every token embedding carries in dimension 0.
 const EMBED_DIM0: f32 = 4.0;
 /// Std of the other embedding dimensions and of the dense weights' noise.
@@ -125,6 +203,12 @@ enum Fill {
     Embed,
     /// A router (f32): noise, with the popularity bias in dimension 0.
     Router { layer: usize },
+    /// f32 zeros (biases).
+    Zeros,
+    /// An MLA router (f32 noise; its bias is a separate tensor).
+    Int8Router,
+    /// The sigmoid router's `e_score_correction_bias` (f32): the popularity.
+    RouterBias { layer: usize },
 }
 
 struct Planned {
@@ -155,7 +239,10 @@ fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
         ));
     }
     let layers = f * LAYERS_PER_FILE..((f + 1) * LAYERS_PER_FILE).min(s.layers);
-    for l in layers.clone() {
+    if let Some(m) = &s.mla {
+        mla_layers(s, m, layers.clone(), &mut out);
+    }
+    for l in layers.clone().filter(|_| s.mla.is_none()) {
         let p = format!("model.layers.{l}.");
         let dense = (h as f32).sqrt().recip();
         out.push(t(format!("{p}input_layernorm.weight"), h, 1, Fill::Ones));
@@ -201,7 +288,8 @@ fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
             Fill::Router { layer: l },
         ));
     }
-    for l in layers {
+    let first_moe = s.mla.as_ref().map_or(0, |m| m.dense_layers);
+    for l in layers.filter(|&l| l >= first_moe) {
         for e in 0..s.experts {
             let p = format!("model.layers.{l}.mlp.experts.{e}.");
             let up = (h as f32).sqrt().recip();
@@ -240,11 +328,140 @@ fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
     out
 }
 
+/// The attention, norms, dense MLPs, routers and shared experts of MLA
+/// layers `layers` (their routed experts follow, aligned).
+fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<Planned>) {
+    let t = |name: String, rows, cols, fill| Planned {
+        name,
+        rows,
+        cols,
+        fill,
+        aligned: false,
+    };
+    let h = s.hidden;
+    let std = |fan_in: usize| (fan_in as f32).sqrt().recip();
+    for l in layers {
+        let p = format!("model.layers.{l}.");
+        let a = format!("{p}self_attn.");
+        out.push(t(format!("{p}input_layernorm.weight"), h, 1, Fill::Ones));
+        out.push(t(
+            format!("{p}post_attention_layernorm.weight"),
+            h,
+            1,
+            Fill::Ones,
+        ));
+        out.push(t(
+            format!("{a}q_a_proj.weight"),
+            m.q_lora,
+            h,
+            Fill::Int8(std(h)),
+        ));
+        out.push(t(
+            format!("{a}q_a_layernorm.weight"),
+            m.q_lora,
+            1,
+            Fill::Ones,
+        ));
+        let qk = m.nope + m.rope;
+        out.push(t(
+            format!("{a}q_b_proj.weight"),
+            s.heads * qk,
+            m.q_lora,
+            Fill::Int8(std(m.q_lora)),
+        ));
+        out.push(t(
+            format!("{a}kv_a_proj_with_mqa.weight"),
+            m.kv_lora + m.rope,
+            h,
+            Fill::Int8(std(h)),
+        ));
+        out.push(t(
+            format!("{a}kv_a_layernorm.weight"),
+            m.kv_lora,
+            1,
+            Fill::Ones,
+        ));
+        let kvb = s.heads * (m.nope + m.v);
+        out.push(t(
+            format!("{a}kv_b_proj.weight"),
+            kvb,
+            m.kv_lora,
+            Fill::Int8(std(m.kv_lora)),
+        ));
+        let small = EMBED_STD / (s.heads * m.v) as f32;
+        out.push(t(
+            format!("{a}o_proj.weight"),
+            h,
+            s.heads * m.v,
+            Fill::Int8(small),
+        ));
+        if let Some((ih, id, _)) = m.indexer {
+            let x = format!("{a}indexer.");
+            out.push(t(
+                format!("{x}wq_b.weight"),
+                ih * id,
+                m.q_lora,
+                Fill::Int8(std(m.q_lora)),
+            ));
+            out.push(t(format!("{x}wk.weight"), id, h, Fill::Int8(std(h))));
+            out.push(t(format!("{x}k_norm.weight"), id, 1, Fill::Ones));
+            out.push(t(format!("{x}k_norm.bias"), id, 1, Fill::Zeros));
+            out.push(t(
+                format!("{x}weights_proj.weight"),
+                ih,
+                h,
+                Fill::Int8(std(h)),
+            ));
+        }
+        let mlp = |prefix: String, inter: usize, out: &mut Vec<Planned>| {
+            out.push(t(
+                format!("{prefix}gate_proj.weight"),
+                inter,
+                h,
+                Fill::Int8(std(h)),
+            ));
+            out.push(t(
+                format!("{prefix}up_proj.weight"),
+                inter,
+                h,
+                Fill::Int8(std(h)),
+            ));
+            let down = EMBED_STD / inter as f32;
+            out.push(t(
+                format!("{prefix}down_proj.weight"),
+                h,
+                inter,
+                Fill::Int8(down),
+            ));
+        };
+        if l < m.dense_layers {
+            mlp(format!("{p}mlp."), m.dense_inter, out);
+        } else {
+            out.push(t(
+                format!("{p}mlp.gate.weight"),
+                s.experts,
+                h,
+                Fill::Int8Router,
+            ));
+            out.push(t(
+                format!("{p}mlp.gate.e_score_correction_bias"),
+                s.experts,
+                1,
+                Fill::RouterBias { layer: l },
+            ));
+            mlp(format!("{p}mlp.shared_experts."), s.moe_inter, out);
+        }
+    }
+}
+
 /// The (name, dtype, shape, bytes) output tensors of one planned tensor.
 fn outputs(p: &Planned) -> Vec<(String, &'static str, Vec<usize>, u64)> {
     let (r, c) = (p.rows, p.cols);
     match p.fill {
-        Fill::Ones => vec![(p.name.clone(), "F32", vec![r], r as u64 * 4)],
+        Fill::Ones | Fill::Zeros | Fill::RouterBias { .. } => {
+            vec![(p.name.clone(), "F32", vec![r], r as u64 * 4)]
+        }
+        Fill::Int8Router => vec![(p.name.clone(), "F32", vec![r, c], (r * c) as u64 * 4)],
         Fill::Router { .. } => vec![(p.name.clone(), "F32", vec![r, c], (r * c) as u64 * 4)],
         Fill::Int8(_) | Fill::Embed | Fill::Int4(_) => {
             let bits = if matches!(p.fill, Fill::Int4(_)) {
@@ -298,6 +515,18 @@ fn fill(
     let f32_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
     match p.fill {
         Fill::Ones => w.write(&p.name, &f32_bytes(&vec![1.0; rows])),
+        Fill::Zeros => w.write(&p.name, &f32_bytes(&vec![0.0; rows])),
+        Fill::Int8Router => {
+            let v = noise(rng, rows * cols, (cols as f32).sqrt().recip());
+            w.write(&p.name, &f32_bytes(&v))
+        }
+        Fill::RouterBias { layer } => {
+            // Sigmoid scores of unit-variance logits spread by ~0.2; the
+            // bias is the log-popularity in a tenth of that unit per nat.
+            let lp = log_popularity(s, spec.routing, layer, spec.seed);
+            let v: Vec<f32> = lp.iter().map(|x| x * ROUTER_BIAS_PER_NAT).collect();
+            w.write(&p.name, &f32_bytes(&v))
+        }
         Fill::Router { layer } => {
             // A router logit's noise has std ≈ std · x̂ · √h, with x̂ the
             // normalized size of the other dimensions; the bias is in units
@@ -448,6 +677,9 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
 }
 
 fn config(s: &Shape) -> serde_json::Value {
+    if let Some(m) = &s.mla {
+        return mla_config(s, m);
+    }
     json!({
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
@@ -471,6 +703,53 @@ fn config(s: &Shape) -> serde_json::Value {
         "attention_bias": false,
         "moestream_synthetic": true,
     })
+}
+
+fn mla_config(s: &Shape, m: &Mla) -> serde_json::Value {
+    let dense = m.dense_layers.min(s.layers);
+    let mut c = json!({
+        "model_type": m.model_type,
+        "vocab_size": s.vocab,
+        "hidden_size": s.hidden,
+        "intermediate_size": m.dense_inter,
+        "moe_intermediate_size": s.moe_inter,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.heads,
+        "n_routed_experts": s.experts,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": s.top_k,
+        "first_k_dense_replace": dense,
+        "n_group": m.n_group,
+        "topk_group": m.topk_group,
+        "norm_topk_prob": true,
+        "routed_scaling_factor": 2.5,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "q_lora_rank": m.q_lora,
+        "kv_lora_rank": m.kv_lora,
+        "qk_nope_head_dim": m.nope,
+        "qk_rope_head_dim": m.rope,
+        "v_head_dim": m.v,
+        "rms_norm_eps": 1e-6,
+        "rope_interleave": true,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 16384,
+        "num_nextn_predict_layers": 0,
+        "tie_word_embeddings": false,
+        "attention_bias": false,
+        "moestream_synthetic": true,
+    });
+    if let Some((ih, id, topk)) = m.indexer {
+        c["index_n_heads"] = ih.into();
+        c["index_head_dim"] = id.into();
+        c["index_topk"] = topk.into();
+        c["mlp_layer_types"] = (0..s.layers)
+            .map(|l| if l < dense { "dense" } else { "sparse" })
+            .collect::<Vec<_>>()
+            .into();
+    }
+    c
 }
 
 #[cfg(test)]
@@ -500,6 +779,37 @@ mod tests {
         assert!(log_popularity(&s, Routing::Uniform, 0, 1)
             .iter()
             .all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn every_geometry_writes_a_config_the_engine_parses() {
+        for name in GEOMETRIES {
+            let spec = GeometrySpec {
+                name: name.to_string(),
+                layers: Some(5),
+                experts: Some(16),
+                vocab: None,
+                routing: Routing::Zipf(1.0),
+                seed: 1,
+            };
+            let s = shape(&spec).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            write_json(&dir.path().join("config.json"), &config(&s)).unwrap();
+            let cfg = crate::config::ModelConfig::load(dir.path()).unwrap();
+            assert_eq!(
+                (cfg.num_layers, cfg.num_experts, cfg.top_k),
+                (5, 16, 8),
+                "{name}"
+            );
+            let planned: Vec<Planned> = (0..2).flat_map(|f| tensors_of_file(&s, f, 2)).collect();
+            let experts = planned.iter().filter(|p| p.aligned).count();
+            let moe_layers = 5 - s.mla.as_ref().map_or(0, |m| m.dense_layers);
+            assert_eq!(
+                experts,
+                moe_layers * 16,
+                "{name}: one aligned start per expert"
+            );
+        }
     }
 
     #[test]
