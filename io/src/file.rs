@@ -1,10 +1,12 @@
 //! `OpenFile`: an open, read-only file plus what was learned about it at open
 //! (its path for error messages, its length, whether O_DIRECT works on it).
 //!
-//! O_DIRECT is probed once, here: some filesystems refuse the flag at open
-//! (EINVAL), others accept it and refuse the first read. Either way the file
-//! is reopened without it and `is_direct()` says so; nothing later has to
-//! guess. Invariant: when `is_direct()` is true, every read issued on the
+//! O_DIRECT is probed once per file system (by device number), here: some
+//! file systems refuse the flag at open (EINVAL), others accept it and
+//! refuse the first read. Either way the file is reopened without it,
+//! `is_direct()` says so, the first fallback on a file system prints one
+//! line saying direct reads there go through the page cache, and later
+//! files on it skip the probe; nothing later has to guess. Invariant: when `is_direct()` is true, every read issued on the
 //! file uses a 4096-aligned offset, length and buffer address ([`DirectSpan`]).
 
 use std::fs::File;
@@ -30,8 +32,32 @@ impl OpenFile {
     /// plain open when the filesystem refuses it.
     pub fn open(path: &Path, want_direct: bool) -> Result<Self, IoError> {
         if want_direct {
-            if let Some(file) = Self::open_direct(path)? {
-                return Ok(file);
+            use std::os::unix::fs::MetadataExt;
+            let dev = std::fs::metadata(path)
+                .map_err(|e| IoError::os("stat", path, 0, 0, e))?
+                .dev();
+            let known = direct_support()
+                .lock()
+                .expect("probe cache")
+                .get(&dev)
+                .copied();
+            if known != Some(false) {
+                let opened = Self::open_direct(path)?;
+                let works = opened.is_some();
+                let first = direct_support()
+                    .lock()
+                    .expect("probe cache")
+                    .insert(dev, works)
+                    .is_none();
+                if let Some(file) = opened {
+                    return Ok(file);
+                }
+                if first {
+                    eprintln!(
+                        "note: {}: this file system refuses O_DIRECT; direct reads here fall back to buffered reads (through the page cache)",
+                        path.display()
+                    );
+                }
             }
         }
         let file = File::open(path).map_err(|e| IoError::os("open", path, 0, 0, e))?;
@@ -143,6 +169,13 @@ impl OpenFile {
             direct,
         })
     }
+}
+
+/// Per device number: whether O_DIRECT works on that file system.
+fn direct_support() -> &'static std::sync::Mutex<std::collections::HashMap<u64, bool>> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u64, bool>>> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
 }
 
 fn is_einval(e: &io::Error) -> bool {

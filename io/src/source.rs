@@ -39,6 +39,13 @@ pub trait RangeReader: Send + Sync {
     /// filesystem without O_DIRECT support.
     fn effective_mode(&self) -> ReadMode;
 
+    /// From now on reads are random (routed experts): turn off read-ahead
+    /// (`POSIX_FADV_RANDOM` / `MADV_RANDOM`) so a miss never pulls the
+    /// device's read-ahead window. Called after the sequential load of the
+    /// resident weights, which read-ahead speeds up. Advisory: a file system
+    /// that ignores it only costs the read-ahead back.
+    fn expect_random(&self) {}
+
     /// The open file, for submitting reads of it to a [`crate::Reactor`];
     /// `None` for modes that do not read through a descriptor (mmap).
     fn open_file(&self) -> Option<Arc<OpenFile>> {

@@ -66,6 +66,31 @@ impl Default for LoadOptions {
     }
 }
 
+/// Refuses a budget below the resident weights before reading them: the
+/// sum of every non-expert tensor's size as kept is a lower bound of the
+/// resident set (tensors widened to f32 at load count at their stored
+/// width), so refusing on it is never wrong.
+fn refuse_early(index: &WeightIndex, budget: u64) -> Result<()> {
+    let lower: u64 = index
+        .iter()
+        .filter(|(n, _)| {
+            let routed = n.contains(".experts.") && !n.contains("shared");
+            let companion = n.ends_with(".scales") || n.ends_with("_scale_inv");
+            !routed && !companion && !n.starts_with("__pad__.")
+        })
+        .filter_map(|(n, _)| index.resolve(n).ok())
+        .map(|r| index.kept_bytes(&r))
+        .sum();
+    if lower > budget {
+        return Err(Error::Budget(format!(
+            "--ram-gb {} is too small: the resident weights alone need at least {}",
+            budget as f64 / 1e9,
+            budget::human(lower)
+        )));
+    }
+    Ok(())
+}
+
 /// What a layer has, beyond what the config says of every layer.
 struct LayerSpec {
     index: usize,
@@ -83,6 +108,9 @@ impl Model {
             policy,
             layers: cfg.num_layers,
         }));
+        if let Some(budget) = opts.ram_budget {
+            refuse_early(&index, budget)?;
+        }
         let index = Arc::new(index);
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed = index.read_mat("model.embed_tokens.weight", v, h)?;
@@ -111,6 +139,10 @@ impl Model {
             }
             None => None,
         };
+        // From here on the shards are read at random (experts).
+        for shard in &index.shards {
+            shard.reader.expect_random();
+        }
         let store = ExpertStore::new(
             index,
             locations,

@@ -350,7 +350,8 @@ impl WeightIndex {
     /// Bytes `r` takes in RAM once decoded by [`WeightIndex::decode_mat`].
     pub fn kept_bytes(&self, r: &Resolved) -> u64 {
         let n: usize = r.shape.iter().product();
-        let (rows, cols) = (r.shape[0], r.shape.get(1).copied().unwrap_or(1));
+        let rows = r.shape.first().copied().unwrap_or(1);
+        let cols = r.shape.get(1).copied().unwrap_or(1);
         let width = self
             .at_load
             .as_ref()

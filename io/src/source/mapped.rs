@@ -40,10 +40,6 @@ impl MmapReader {
             // files are not modified while served (see the module caveat).
             let map = unsafe { Mmap::map(&file) }
                 .map_err(|e| IoError::os("mmap", path, 0, len as usize, e))?;
-            // Faults on expert ranges must not pull the read-ahead window
-            // (llama.cpp's mmap path reads ~10x the bytes it needs on an
-            // 8 MiB read-ahead disk). Advisory: failure only costs that.
-            let _ = map.advise(memmap2::Advice::Random);
             Some(map)
         };
         Ok(MmapReader {
@@ -76,7 +72,7 @@ impl RangeReader for MmapReader {
         };
         // The copy's pages are then dropped from the mapping (not from the
         // page cache): RSS holds only what the engine keeps.
-        // MADV_RANDOM (set at open) turns off fault-around read-ahead, so
+        // MADV_RANDOM (see `expect_random`) turns off fault read-ahead, so
         // ask for exactly this range up front: the kernel reads it in large
         // requests instead of one page per fault. Advisory.
         if let Some(map) = &self.map {
@@ -114,5 +110,14 @@ impl RangeReader for MmapReader {
 
     fn effective_mode(&self) -> ReadMode {
         ReadMode::Mmap
+    }
+
+    fn expect_random(&self) {
+        // Faults on expert ranges must not pull the read-ahead window
+        // (llama.cpp's mmap path reads ~10x the bytes it needs on an 8 MiB
+        // read-ahead disk). Advisory: failure only costs that.
+        if let Some(map) = &self.map {
+            let _ = map.advise(memmap2::Advice::Random);
+        }
     }
 }
