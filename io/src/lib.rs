@@ -10,7 +10,8 @@
 //!   ([`RangeReader::effective_mode`]);
 //! - the io_uring [`Reactor`]: batches of owned-buffer reads with a bounded
 //!   queue depth, returned in completion order, probed at construction so
-//!   callers can fall back to the synchronous readers;
+//!   callers can fall back to the synchronous readers; and
+//!   [`ReactorService`], the reactor on its own thread, fed over a channel;
 //! - [`coalesce`], merging nearby ranges into larger reads within named
 //!   limits;
 //! - [`bench_random_reads`], the measurement behind choosing a mode per disk.
@@ -27,6 +28,7 @@ mod file;
 mod mode;
 mod reactor;
 mod ring;
+mod service;
 mod slab;
 mod source;
 
@@ -37,5 +39,6 @@ pub use error::IoError;
 pub use file::{DirectSpan, OpenFile};
 pub use mode::ReadMode;
 pub use reactor::{FaultInjector, Reactor, ReactorConfig, ReadDone, ReadReq};
+pub use service::{BatchEvent, ReactorService};
 pub use slab::{Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};

@@ -233,3 +233,36 @@ fn streamed_results_arrive_once_each_with_the_right_bytes() {
     assert_eq!(seen.len(), 40);
     assert_eq!((reactor.queued(), reactor.in_kernel()), (0, 0));
 }
+
+/// The reactor on its own thread serves batches sent over a channel, each
+/// result arriving once, with the file's bytes; dropping the service joins
+/// its thread.
+#[test]
+fn the_service_thread_streams_every_result_of_every_batch() {
+    let Some(r) = reactor(ReactorConfig {
+        depth: 4,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let service = moestream_io::ReactorService::spawn(r).unwrap();
+    for round in 0..3u64 {
+        let reqs = requests(&file, 20 + round);
+        let rx = service.submit(reqs.clone());
+        let mut seen = HashSet::new();
+        for event in rx.iter().take(reqs.len()) {
+            let moestream_io::BatchEvent::Done((tag, slab)) = event else {
+                panic!("ring failure");
+            };
+            assert!(seen.insert(tag), "tag {tag} twice");
+            let req = &reqs[tag as usize];
+            let s = req.offset as usize;
+            assert_eq!(slab.unwrap().bytes(), &data[s..s + req.len]);
+        }
+        assert_eq!(seen.len(), reqs.len());
+    }
+    drop(service);
+}

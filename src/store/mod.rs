@@ -21,7 +21,8 @@ use crate::weights::index::Resolved;
 use crate::weights::{TensorEntry, WeightIndex};
 use cache::SlotCache;
 use moestream_io::{
-    coalesce, ByteRange, CoalesceLimits, OpenFile, Reactor, ReactorConfig, ReadMode, ReadReq, Slab,
+    coalesce, BatchEvent, ByteRange, CoalesceLimits, OpenFile, Reactor, ReactorConfig,
+    ReactorService, ReadMode, ReadReq, Slab,
 };
 use policy::EvictPolicy;
 use std::ops::Range;
@@ -128,7 +129,7 @@ pub struct ExpertStore {
     usage: Mutex<UsageTable>,
     /// Batches a layer's misses when io_uring works and every shard reader
     /// has a descriptor (not mmap; not drop, whose fadvise is per read).
-    reactor: Option<Mutex<Reactor>>,
+    reactor: Option<ReactorService>,
     /// Per shard, its descriptor for reactor reads.
     files: Vec<Option<Arc<OpenFile>>>,
 }
@@ -163,8 +164,8 @@ impl ExpertStore {
                 ..ReactorConfig::default()
             };
             Reactor::new(config, moestream_io::shared_pool())
+                .and_then(ReactorService::spawn)
                 .ok()
-                .map(Mutex::new)
         } else {
             None
         };
@@ -285,7 +286,7 @@ impl ExpertStore {
     /// is assembled when its last span completes.
     fn fetch_batched(
         &self,
-        reactor: &Mutex<Reactor>,
+        reactor: &ReactorService,
         layer: usize,
         experts: &[usize],
         (bytes, wait, latencies): (&mut u64, &mut Duration, &mut Vec<u64>),
@@ -319,38 +320,57 @@ impl ExpertStore {
         let start = Instant::now();
         // Each expert is assembled and handed over as soon as its last span
         // lands, while the rest of the batch is still in flight.
-        let ring = reactor
-            .lock()
-            .expect("reactor lock")
-            .submit_batch_with(reqs, |(tag, slab)| {
-                if first_err.is_some() {
-                    return;
+        let mut ring_err: Option<Error> = None;
+        let n = reqs.len();
+        let events = reactor.submit(reqs);
+        let mut received = 0;
+        for event in events.iter().take(n) {
+            received += 1;
+            let (tag, slab) = match event {
+                BatchEvent::Done(d) => d,
+                BatchEvent::Failed(e) => {
+                    ring_err = Some(e.into());
+                    break;
                 }
-                let (i, j) = owner[tag as usize];
-                match slab {
-                    Ok(slab) => slabs[i][j] = Some(slab),
-                    Err(e) => {
-                        first_err = Some(e.into());
-                        return;
-                    }
+            };
+            if first_err.is_some() {
+                continue;
+            }
+            let (i, j) = owner[tag as usize];
+            match slab {
+                Ok(slab) => slabs[i][j] = Some(slab),
+                Err(e) => {
+                    first_err = Some(e.into());
+                    continue;
                 }
-                left[i] -= 1;
-                if left[i] == 0 {
-                    latencies.push(start.elapsed().as_micros() as u64);
-                    let t = Instant::now();
-                    let got: Vec<Slab> = slabs[i]
-                        .iter_mut()
-                        .map(|s| s.take().expect("every span completed"))
-                        .collect();
-                    match self.assemble(layer, experts[i], &plans[i], &got) {
-                        Ok(mlp) => done(experts[i], mlp),
-                        Err(e) => first_err = Some(e),
-                    }
-                    assembling += t.elapsed();
+            }
+            left[i] -= 1;
+            if left[i] == 0 {
+                latencies.push(start.elapsed().as_micros() as u64);
+                let t = Instant::now();
+                let got: Vec<Slab> = slabs[i]
+                    .iter_mut()
+                    .map(|s| s.take().expect("every span completed"))
+                    .collect();
+                match self.assemble(layer, experts[i], &plans[i], &got) {
+                    Ok(mlp) => done(experts[i], mlp),
+                    Err(e) => first_err = Some(e),
                 }
-            });
+                assembling += t.elapsed();
+            }
+        }
         *wait += start.elapsed().saturating_sub(assembling);
-        ring?;
+        if let Some(e) = ring_err {
+            return Err(e);
+        }
+        if received < n {
+            return Err(Error::Io(moestream_io::IoError::Ring {
+                op: "reactor batch",
+                source: std::io::Error::other(
+                    "the reactor thread stopped before the batch completed",
+                ),
+            }));
+        }
         if let Some(e) = first_err {
             return Err(e);
         }
