@@ -8,7 +8,8 @@
 //! memory and descriptor stay valid forever). No borrowed slice is ever
 //! handed to the kernel.
 //!
-//! Backpressure: at most `depth` reads are in the kernel. The rest wait,
+//! Backpressure: at most `depth` reads, and at most `inflight_bytes_max`
+//! bytes (one larger read may go alone), are in the kernel. The rest wait,
 //! in FIFO order, in `parked`. Completions are first reaped into a list and
 //! handled after the reap loop.
 //!
@@ -37,6 +38,9 @@ pub struct ReactorConfig {
     /// Longest single kernel read; longer requests are read in chunks. A
     /// multiple of 4096, at most `u32::MAX` rounded down.
     pub read_chunk_bytes_max: usize,
+    /// Bytes the kernel may be reading at once; further reads wait parked
+    /// (a single read larger than this still goes, alone).
+    pub inflight_bytes_max: usize,
 }
 
 impl Default for ReactorConfig {
@@ -44,6 +48,7 @@ impl Default for ReactorConfig {
         ReactorConfig {
             depth: 64,
             read_chunk_bytes_max: 1 << 30,
+            inflight_bytes_max: 256 << 20,
         }
     }
 }
@@ -79,6 +84,10 @@ pub struct Reactor {
     parked: VecDeque<Op>,
     completions: Vec<Completion>,
     in_kernel: usize,
+    /// Bytes of the reads in the kernel, and each slot's share of it.
+    kernel_bytes: usize,
+    slot_bytes: Vec<usize>,
+    peak_kernel_bytes: usize,
     resubmits: u64,
     /// Set when a fatal ring error left ops in the kernel; the reactor then
     /// refuses further batches.
@@ -136,6 +145,9 @@ impl Reactor {
             parked: VecDeque::new(),
             completions: Vec::with_capacity(depth),
             in_kernel: 0,
+            kernel_bytes: 0,
+            slot_bytes: vec![0; depth],
+            peak_kernel_bytes: 0,
             resubmits: 0,
             broken: false,
             faults: None,
@@ -161,6 +173,11 @@ impl Reactor {
     /// Reads submitted to the kernel and not yet reaped.
     pub fn in_kernel(&self) -> usize {
         self.in_kernel
+    }
+
+    /// The most bytes the kernel was reading at once so far.
+    pub fn peak_kernel_bytes(&self) -> usize {
+        self.peak_kernel_bytes
     }
 
     /// Reads resubmitted after a short read, since creation.
@@ -246,6 +263,11 @@ impl Reactor {
             let Some(op) = self.parked.pop_front() else {
                 break;
             };
+            let next = (op.buf.len() - op.done).min(self.config.read_chunk_bytes_max);
+            if self.in_kernel > 0 && self.kernel_bytes + next > self.config.inflight_bytes_max {
+                self.parked.push_front(op);
+                break;
+            }
             let slot = self
                 .free_slots
                 .pop()
@@ -268,6 +290,9 @@ impl Reactor {
                 break;
             }
             self.in_kernel += 1;
+            self.slot_bytes[slot] = len as usize;
+            self.kernel_bytes += len as usize;
+            self.peak_kernel_bytes = self.peak_kernel_bytes.max(self.kernel_bytes);
         }
     }
 
@@ -282,6 +307,7 @@ impl Reactor {
                 .expect("completion for an empty slot");
             self.free_slots.push(slot);
             self.in_kernel -= 1;
+            self.kernel_bytes -= std::mem::take(&mut self.slot_bytes[slot]);
             let result = match &mut self.faults {
                 Some(f) => {
                     let r = f(op.tag, completion.result);
@@ -315,6 +341,7 @@ impl Reactor {
         }
         self.parked.clear();
         self.in_kernel = 0;
+        self.kernel_bytes = 0;
         self.broken = true;
     }
 }

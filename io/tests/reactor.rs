@@ -97,6 +97,7 @@ fn chunked_reads_resubmit_remainder() {
     let config = ReactorConfig {
         depth: 3,
         read_chunk_bytes_max: 4096,
+        ..ReactorConfig::default()
     };
     let Some(mut reactor) = reactor(config) else {
         return;
@@ -265,4 +266,28 @@ fn the_service_thread_streams_every_result_of_every_batch() {
         assert_eq!(seen.len(), reqs.len());
     }
     drop(service);
+}
+
+/// At most `inflight_bytes_max` bytes are in the kernel at once (a single
+/// larger read goes alone), and every read still completes exactly.
+#[test]
+fn in_flight_bytes_stay_under_their_bound() {
+    let Some(mut r) = reactor(ReactorConfig {
+        depth: 16,
+        inflight_bytes_max: 48 << 10,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    check_batch(&mut r, &file, &data, 40);
+    let largest = requests(&file, 40).iter().map(|q| q.len).max().unwrap();
+    assert!(
+        r.peak_kernel_bytes() <= (48 << 10).max(largest),
+        "peak {} bytes in the kernel",
+        r.peak_kernel_bytes()
+    );
+    assert!(r.peak_kernel_bytes() > 0);
 }
