@@ -149,6 +149,7 @@ pub fn generate(
     let disk = (after.disk_time - before.disk_time).as_secs_f64();
     let matmul = prof.expert_matmul.as_secs_f64();
     let attention = prof.attention.as_secs_f64();
+    let (latency_mean, latency_p99) = model.store.read_latency_us();
     let stats = RunStats {
         prompt_tokens: prompt.len(),
         tokens: out.len(),
@@ -167,8 +168,8 @@ pub fn generate(
         expert_bytes_read: after.bytes_read - before.bytes_read,
         device_bytes_read: device_read_bytes().saturating_sub(device_before),
         peak_rss_bytes: peak_rss_bytes(),
-        read_latency_mean_us: model.store.read_latency_us().0,
-        read_latency_p99_us: model.store.read_latency_us().1,
+        read_latency_mean_us: latency_mean,
+        read_latency_p99_us: latency_p99,
         expert_disk_s: disk,
         expert_matmul_s: matmul,
         attention_s: attention,

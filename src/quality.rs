@@ -5,6 +5,7 @@
 
 use crate::convert::writer::write_atomic;
 use crate::error::{Error, Result};
+use crate::sampler::argmax;
 use serde::Serialize;
 use std::path::Path;
 
@@ -104,16 +105,6 @@ fn log_softmax(l: &[f32]) -> Vec<f64> {
     let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = l.iter().map(|v| (*v as f64 - max).exp()).sum::<f64>().ln() + max;
     l.iter().map(|v| *v as f64 - lse).collect()
-}
-
-fn argmax(l: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, v) in l.iter().enumerate() {
-        if *v > l[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Compares `logits` computed on `ids` with the reference.

@@ -264,8 +264,9 @@ impl ExpertStore {
                     slabs.push(self.index.shards[sp.shard].reader.read(sp.offset, sp.len)?);
                     bytes += sp.len as u64;
                 }
-                wait += start.elapsed();
-                latencies.push(start.elapsed().as_micros() as u64);
+                let took = start.elapsed();
+                wait += took;
+                latencies.push(took.as_micros() as u64);
                 done(e, self.assemble(layer, e, &spans, &slabs)?);
                 Ok(())
             }),

@@ -21,7 +21,7 @@
 //! bias, which carries the popularity directly. `--layers` and `--experts`
 //! shrink a geometry for a smaller model of the same per-layer shapes.
 
-use super::{write_json, write_tokenizer};
+use super::{noise, write_json, write_tokenizer};
 use crate::convert::writer::{write_atomic, FileWriter, Layout, ALIGN};
 use crate::error::{Error, Result};
 use crate::quant::{QBits, QMatrix};
@@ -476,14 +476,6 @@ fn outputs(p: &Planned) -> Vec<(String, &'static str, Vec<usize>, u64)> {
             ]
         }
     }
-}
-
-/// Uniform(-a, a) with the given std.
-fn noise(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
-    let a = std * 3f32.sqrt();
-    (0..n)
-        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * a)
-        .collect()
 }
 
 /// Log-popularity of every expert of `layer`: Zipf ranks under a per-layer

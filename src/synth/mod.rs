@@ -172,15 +172,20 @@ pub(crate) fn write_tokenizer(dir: &Path, vocab: usize) -> Result<usize> {
     Ok(tok.get_vocab_size(true))
 }
 
-/// Uniform(-a, a) values with the std of `std`, as BF16 bytes.
-fn random_bf16(rng: &mut Rng, n: usize, std: f32) -> Vec<u8> {
+/// `n` Uniform(-a, a) values with the std of `std`.
+pub(crate) fn noise(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
     let a = std * 3f32.sqrt();
-    let mut out = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        let u = rng.next_f64() as f32 * 2.0 - 1.0;
-        out.extend_from_slice(&bf16::from_f32(u * a).to_le_bytes());
-    }
-    out
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * a)
+        .collect()
+}
+
+/// [`noise`] as BF16 bytes.
+fn random_bf16(rng: &mut Rng, n: usize, std: f32) -> Vec<u8> {
+    noise(rng, n, std)
+        .into_iter()
+        .flat_map(|v| bf16::from_f32(v).to_le_bytes())
+        .collect()
 }
 
 fn ones_bf16(n: usize) -> Vec<u8> {
