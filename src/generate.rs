@@ -45,17 +45,40 @@ pub struct RunStats {
     /// process so far).
     pub read_latency_mean_us: f64,
     pub read_latency_p99_us: u64,
+    /// Time compute was blocked waiting for expert reads.
     pub expert_disk_s: f64,
     pub expert_matmul_s: f64,
     pub attention_s: f64,
     pub other_s: f64,
+    /// Time the read path had reads in flight.
+    pub disk_busy_s: f64,
+    /// Expert bytes read / disk busy time, GB/s.
+    pub disk_gb_per_s: f64,
+    /// Expert bytes read per generated token.
+    pub bytes_read_per_token: f64,
+    /// Share of the run when reads and compute ran at once:
+    /// (disk busy − compute's wait on reads) / run time.
+    pub overlap: f64,
+    /// Lookahead prefetch: reads issued, experts then asked for (of which
+    /// `late` were still in flight), and bytes read for nothing.
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub prefetch_late: u64,
+    pub prefetch_wasted_bytes: u64,
+    /// Share of chosen experts the lookahead guessed, predicting layer L+1
+    /// from layer L's post-attention residual (`attn`) or its output
+    /// (`output`); single-token forwards only; `None` without any.
+    pub recall_attn: Option<f64>,
+    pub recall_output: Option<f64>,
+    /// The same per layer (cumulative over the process), `[attn, output]`.
+    pub recall_per_layer: Vec<[Option<f64>; 2]>,
 }
 
 impl RunStats {
     /// The one-line summary every run ends with.
     pub fn line(&self) -> String {
         format!(
-            "[stats] {} tokens in {:.2} s ({:.2} tok/s) | prompt {} tok, prefill {:.2} s | expert hit rate {:.1}% (pinned {:.1}%) | read {:.1} MiB, device {:.1} MiB | peak RSS {:.1} MiB | disk {:.2} s, expert-matmul {:.2} s, attention {:.2} s, other {:.2} s",
+            "[stats] {} tokens in {:.2} s ({:.2} tok/s) | prompt {} tok, prefill {:.2} s | expert hit rate {:.1}% (pinned {:.1}%) | read {:.1} MiB, device {:.1} MiB, {:.1} MB/token, {:.2} GB/s | peak RSS {:.1} MiB | disk {:.2} s, expert-matmul {:.2} s, attention {:.2} s, other {:.2} s | overlap {:.0}% | prefetch {} used of {} ({} late), {:.1} MiB wasted, recall attn {} output {}",
             self.tokens,
             self.seconds,
             self.tok_per_s,
@@ -65,13 +88,26 @@ impl RunStats {
             self.expert_pinned_hit_rate * 100.0,
             self.expert_bytes_read as f64 / (1 << 20) as f64,
             self.device_bytes_read as f64 / (1 << 20) as f64,
+            self.bytes_read_per_token / 1e6,
+            self.disk_gb_per_s,
             self.peak_rss_bytes as f64 / (1 << 20) as f64,
             self.expert_disk_s,
             self.expert_matmul_s,
             self.attention_s,
             self.other_s,
+            self.overlap * 100.0,
+            self.prefetch_used,
+            self.prefetch_issued,
+            self.prefetch_late,
+            self.prefetch_wasted_bytes as f64 / (1 << 20) as f64,
+            percent(self.recall_attn),
+            percent(self.recall_output),
         )
     }
+}
+
+fn percent(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.0}%", v * 100.0))
 }
 
 /// The result of [`generate`].
@@ -113,6 +149,7 @@ pub fn generate(
     }
     let start = Instant::now();
     let before = model.store.counters();
+    let recall_before = model.store.recall_totals();
     let device_before = device_read_bytes();
     let mut prof = Profile::default();
     let mut kv = model.new_kv(prompt.len() + max_tokens);
@@ -147,6 +184,14 @@ pub fn generate(
         }
     };
     let disk = (after.disk_time - before.disk_time).as_secs_f64();
+    let busy = (after.disk_busy - before.disk_busy).as_secs_f64();
+    let bytes_read = after.bytes_read - before.bytes_read;
+    let recall_after = model.store.recall_totals();
+    let recall = |v: usize| {
+        let hit = recall_after[v].0 - recall_before[v].0;
+        let all = recall_after[v].1 - recall_before[v].1;
+        (all > 0).then(|| hit as f64 / all as f64)
+    };
     let matmul = prof.expert_matmul.as_secs_f64();
     let attention = prof.attention.as_secs_f64();
     let (latency_mean, latency_p99) = model.store.read_latency_us();
@@ -165,7 +210,7 @@ pub fn generate(
         expert_warm_hit_rate: rate(warm),
         expert_hits: hits,
         expert_misses: misses,
-        expert_bytes_read: after.bytes_read - before.bytes_read,
+        expert_bytes_read: bytes_read,
         device_bytes_read: device_read_bytes().saturating_sub(device_before),
         peak_rss_bytes: peak_rss_bytes(),
         read_latency_mean_us: latency_mean,
@@ -174,6 +219,27 @@ pub fn generate(
         expert_matmul_s: matmul,
         attention_s: attention,
         other_s: (seconds - disk - matmul - attention).max(0.0),
+        disk_busy_s: busy,
+        disk_gb_per_s: if busy > 0.0 {
+            bytes_read as f64 / busy / 1e9
+        } else {
+            0.0
+        },
+        bytes_read_per_token: bytes_read as f64 / out.len().max(1) as f64,
+        overlap: if seconds > 0.0 {
+            ((busy - disk) / seconds).clamp(0.0, 1.0)
+        } else {
+            0.0
+        },
+        prefetch_issued: after.prefetch_issued - before.prefetch_issued,
+        prefetch_used: after.prefetch_used - before.prefetch_used,
+        prefetch_late: after.prefetch_late - before.prefetch_late,
+        prefetch_wasted_bytes: after
+            .prefetch_wasted_bytes
+            .saturating_sub(before.prefetch_wasted_bytes),
+        recall_attn: recall(0),
+        recall_output: recall(1),
+        recall_per_layer: model.store.recall(),
     };
     Ok(Generation {
         prompt_ids: prompt.to_vec(),

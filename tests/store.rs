@@ -8,6 +8,7 @@ mod common;
 use moestream::generate::{generate, GenOptions};
 use moestream::model::{LoadOptions, Model};
 use moestream::sampler::SamplingParams;
+use moestream::store::{Lookahead, Schedule, Variant};
 use moestream_io::ReadMode;
 use std::path::Path;
 
@@ -101,6 +102,76 @@ fn reactor_and_sync_reads_agree_in_every_mode() {
             );
         }
     }
+}
+
+/// Pipelining and router-lookahead prefetch (from either state, one or two
+/// layers ahead) change no token and no cache decision, in every read mode
+/// and submission path; prefetch reads are issued, some are used, and the
+/// recall figures are shares.
+#[test]
+fn pipeline_and_prefetch_change_no_token_in_any_mode() {
+    let dir = common::tiny_model();
+    let baseline = load(dir.path(), 1, ReadMode::Buffered, false);
+    let want = gen(&baseline).unwrap();
+    let want_counts = baseline.store.counters();
+    let lookaheads = [
+        None,
+        Some(Lookahead {
+            from: Variant::Attn,
+            depth: 1,
+        }),
+        Some(Lookahead {
+            from: Variant::Output,
+            depth: 1,
+        }),
+        Some(Lookahead {
+            from: Variant::Attn,
+            depth: 2,
+        }),
+    ];
+    let mut used = 0;
+    for mode in ReadMode::ALL {
+        for reactor in [false, true] {
+            for pipeline in [false, true] {
+                for lookahead in lookaheads {
+                    let opts = LoadOptions {
+                        expert_cache: 1,
+                        read_mode: mode,
+                        io_reactor: reactor,
+                        schedule: Schedule {
+                            pipeline,
+                            lookahead,
+                            prefetch_experts_max: 0,
+                        },
+                        ..LoadOptions::default()
+                    };
+                    let model = Model::load(dir.path(), &opts).unwrap();
+                    let what =
+                        format!("{mode} reactor={reactor} pipeline={pipeline} {lookahead:?}");
+                    assert_eq!(gen(&model).unwrap(), want, "{what}");
+                    let c = model.store.counters();
+                    assert_eq!(
+                        (c.hits, c.misses),
+                        (want_counts.hits, want_counts.misses),
+                        "{what}: cache behaviour"
+                    );
+                    assert!(c.bytes_read >= c.misses * 3 * 16 * 32 * 2, "{what}");
+                    if lookahead.is_some() {
+                        assert!(c.prefetch_issued > 0, "{what}: no prefetch issued");
+                        assert!(c.prefetch_used <= c.prefetch_issued, "{what}");
+                        assert!(c.prefetch_late <= c.prefetch_used, "{what}");
+                        used += c.prefetch_used;
+                    } else {
+                        assert_eq!(c.prefetch_issued, 0, "{what}");
+                    }
+                    for r in model.store.recall().iter().flatten().flatten() {
+                        assert!((0.0..=1.0).contains(r), "{what}: recall {r}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(used > 0, "no prefetched expert was ever used");
 }
 
 #[test]

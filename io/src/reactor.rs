@@ -13,6 +13,14 @@
 //! in FIFO order, in `parked`. Completions are first reaped into a list and
 //! handled after the reap loop.
 //!
+//! Priorities: reads are [`Priority::Demand`] (compute waits on them) or
+//! [`Priority::Prefetch`] (speculative). Prefetch reads wait in their own
+//! FIFO, enter the kernel only while no demand read is parked, and at most
+//! `prefetch_depth` of them are in the kernel at once, so a demand read
+//! never queues behind more than that many. A parked prefetch read can be
+//! promoted to demand (compute now needs it) or cancelled (it is no longer
+//! wanted); a read already in the kernel finishes either way.
+//!
 //! Short reads: a read that returns fewer bytes than asked is resubmitted
 //! for the remainder (parked at the front); a read that hits the end of the
 //! file before the requested range ends is an [`IoError::ShortRead`].
@@ -41,6 +49,8 @@ pub struct ReactorConfig {
     /// Bytes the kernel may be reading at once; further reads wait parked
     /// (a single read larger than this still goes, alone).
     pub inflight_bytes_max: usize,
+    /// Prefetch reads in the kernel at once (at least 1).
+    pub prefetch_depth: u32,
 }
 
 impl Default for ReactorConfig {
@@ -49,8 +59,18 @@ impl Default for ReactorConfig {
             depth: 64,
             read_chunk_bytes_max: 1 << 30,
             inflight_bytes_max: 256 << 20,
+            prefetch_depth: 2,
         }
     }
+}
+
+/// Whether compute waits on a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// Compute is blocked until it lands.
+    Demand,
+    /// Speculative: yields to every parked demand read.
+    Prefetch,
 }
 
 /// One requested read. `tag` comes back with the result.
@@ -82,6 +102,10 @@ pub struct Reactor {
     slots: Vec<Option<Op>>,
     free_slots: Vec<usize>,
     parked: VecDeque<Op>,
+    /// Prefetch reads waiting; they enter only while `parked` is empty.
+    parked_prefetch: VecDeque<Op>,
+    /// Prefetch reads in the kernel.
+    prefetch_in_kernel: usize,
     completions: Vec<Completion>,
     in_kernel: usize,
     /// Bytes of the reads in the kernel, and each slot's share of it.
@@ -107,6 +131,7 @@ struct Op {
     span: DirectSpan,
     /// Bytes of `buf` filled so far.
     done: usize,
+    priority: Priority,
 }
 
 /// What a completion means for its op.
@@ -127,6 +152,7 @@ impl Reactor {
     /// cannot be used.
     pub fn new(config: ReactorConfig, pool: Arc<SlabPool>) -> Result<Self, IoError> {
         assert!(config.depth > 0, "reactor depth must be positive");
+        assert!(config.prefetch_depth > 0, "prefetch depth must be positive");
         assert!(
             config.read_chunk_bytes_max >= ALIGN
                 && config.read_chunk_bytes_max.is_multiple_of(ALIGN)
@@ -143,6 +169,8 @@ impl Reactor {
             slots: (0..depth).map(|_| None).collect(),
             free_slots: (0..depth).rev().collect(),
             parked: VecDeque::new(),
+            parked_prefetch: VecDeque::new(),
+            prefetch_in_kernel: 0,
             completions: Vec::with_capacity(depth),
             in_kernel: 0,
             kernel_bytes: 0,
@@ -165,9 +193,14 @@ impl Reactor {
         self.config
     }
 
-    /// Reads waiting for a submission slot.
+    /// Reads waiting for a submission slot (both priorities).
     pub fn queued(&self) -> usize {
-        self.parked.len()
+        self.parked.len() + self.parked_prefetch.len()
+    }
+
+    /// Nothing parked and nothing in the kernel.
+    pub fn is_idle(&self) -> bool {
+        self.queued() == 0 && self.in_kernel == 0
     }
 
     /// Reads submitted to the kernel and not yet reaped.
@@ -203,31 +236,33 @@ impl Reactor {
         reqs: Vec<ReadReq>,
         mut on_done: impl FnMut(ReadDone),
     ) -> Result<(), IoError> {
-        if self.broken {
-            return Err(IoError::Ring {
-                op: "submit_batch",
-                source: io::Error::other("reactor abandoned its ops after a ring failure"),
-            });
-        }
+        self.check_usable("submit_batch")?;
         let mut done = Vec::with_capacity(reqs.len());
         for req in reqs {
-            self.prepare(req, &mut done);
+            self.enqueue(req, Priority::Demand, &mut done);
         }
         done.drain(..).for_each(&mut on_done);
-        while !self.parked.is_empty() || self.in_kernel > 0 {
-            self.fill();
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                self.abandon();
-                return Err(e);
-            }
-            self.reap(&mut done);
+        while !self.is_idle() {
+            self.step(&mut done)?;
             done.drain(..).for_each(&mut on_done);
         }
         Ok(())
     }
 
-    /// Turns a request into a parked op, or finishes it without I/O.
-    fn prepare(&mut self, req: ReadReq, done: &mut Vec<ReadDone>) {
+    fn check_usable(&self, op: &'static str) -> Result<(), IoError> {
+        if self.broken {
+            return Err(IoError::Ring {
+                op,
+                source: io::Error::other("reactor abandoned its ops after a ring failure"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues one read at `priority` without waiting. A request that fails
+    /// before any I/O (a range outside the file, no buffer) lands in `done`
+    /// at once; the rest complete through [`Reactor::step`].
+    pub fn enqueue(&mut self, req: ReadReq, priority: Priority, done: &mut Vec<ReadDone>) {
         if let Err(e) = req.file.check_range(req.offset, req.len) {
             done.push((req.tag, Err(e)));
             return;
@@ -249,23 +284,85 @@ impl Reactor {
             len: req.len,
             span,
             done: 0,
+            priority,
         };
         if op.is_complete() {
             return done.push((op.tag, Ok(op.into_slab(&self.pool))));
         }
-        self.parked.push_back(op);
+        match priority {
+            Priority::Demand => self.parked.push_back(op),
+            Priority::Prefetch => self.parked_prefetch.push_back(op),
+        }
+    }
+
+    /// Submits what the limits allow, waits for at least one completion
+    /// (unless idle) and appends the finished reads to `done`. A fatal ring
+    /// error leaves the reactor unusable.
+    pub fn step(&mut self, done: &mut Vec<ReadDone>) -> Result<(), IoError> {
+        self.check_usable("step")?;
+        if self.is_idle() {
+            return Ok(());
+        }
+        self.fill();
+        if let Err(e) = self.ring.submit_and_wait(1) {
+            self.abandon();
+            return Err(e);
+        }
+        self.reap(done);
+        Ok(())
+    }
+
+    /// Moves every parked prefetch read whose tag satisfies `pred` to the
+    /// back of the demand queue; returns how many moved.
+    pub fn promote(&mut self, mut pred: impl FnMut(u64) -> bool) -> usize {
+        let mut moved = 0;
+        let mut keep = VecDeque::with_capacity(self.parked_prefetch.len());
+        for mut op in self.parked_prefetch.drain(..) {
+            if pred(op.tag) {
+                op.priority = Priority::Demand;
+                self.parked.push_back(op);
+                moved += 1;
+            } else {
+                keep.push_back(op);
+            }
+        }
+        self.parked_prefetch = keep;
+        moved
+    }
+
+    /// Drops every parked prefetch read whose tag satisfies `pred` (its
+    /// buffer goes back to the pool); returns the tags and lengths dropped.
+    pub fn cancel(&mut self, mut pred: impl FnMut(u64) -> bool) -> Vec<(u64, usize)> {
+        let mut dropped = Vec::new();
+        let mut keep = VecDeque::with_capacity(self.parked_prefetch.len());
+        for op in self.parked_prefetch.drain(..) {
+            if pred(op.tag) {
+                dropped.push((op.tag, op.len));
+                self.pool.give(op.buf);
+            } else {
+                keep.push_back(op);
+            }
+        }
+        self.parked_prefetch = keep;
+        dropped
     }
 
     /// Moves parked ops into the submission queue, oldest first, while
     /// fewer than `depth` are in the kernel.
     fn fill(&mut self) {
         while self.in_kernel < self.config.depth as usize {
-            let Some(op) = self.parked.pop_front() else {
-                break;
+            let prefetch_open = self.prefetch_in_kernel < self.config.prefetch_depth as usize;
+            let (op, from_prefetch) = match self.parked.pop_front() {
+                Some(op) => (op, false),
+                None if prefetch_open => match self.parked_prefetch.pop_front() {
+                    Some(op) => (op, true),
+                    None => break,
+                },
+                None => break,
             };
             let next = (op.buf.len() - op.done).min(self.config.read_chunk_bytes_max);
             if self.in_kernel > 0 && self.kernel_bytes + next > self.config.inflight_bytes_max {
-                self.parked.push_front(op);
+                self.park_front(op, from_prefetch);
                 break;
             }
             let slot = self
@@ -286,13 +383,25 @@ impl Reactor {
             if !pushed {
                 let op = self.slots[slot].take().expect("op just inserted");
                 self.free_slots.push(slot);
-                self.parked.push_front(op);
+                self.park_front(op, from_prefetch);
                 break;
             }
             self.in_kernel += 1;
+            if op.priority == Priority::Prefetch {
+                self.prefetch_in_kernel += 1;
+            }
             self.slot_bytes[slot] = len as usize;
             self.kernel_bytes += len as usize;
             self.peak_kernel_bytes = self.peak_kernel_bytes.max(self.kernel_bytes);
+        }
+    }
+
+    /// Returns an op to the front of the queue of its priority.
+    fn park_front(&mut self, op: Op, prefetch: bool) {
+        if prefetch && op.priority == Priority::Prefetch {
+            self.parked_prefetch.push_front(op);
+        } else {
+            self.parked.push_front(op);
         }
     }
 
@@ -307,6 +416,9 @@ impl Reactor {
                 .expect("completion for an empty slot");
             self.free_slots.push(slot);
             self.in_kernel -= 1;
+            if op.priority == Priority::Prefetch {
+                self.prefetch_in_kernel -= 1;
+            }
             self.kernel_bytes -= std::mem::take(&mut self.slot_bytes[slot]);
             let result = match &mut self.faults {
                 Some(f) => {
@@ -324,7 +436,8 @@ impl Reactor {
                 Step::Failed(tag, e) => done.push((tag, Err(e))),
                 Step::Again(op) => {
                     self.resubmits += 1;
-                    self.parked.push_front(op);
+                    let prefetch = op.priority == Priority::Prefetch;
+                    self.park_front(op, prefetch);
                 }
             }
         }
@@ -340,7 +453,9 @@ impl Reactor {
             }
         }
         self.parked.clear();
+        self.parked_prefetch.clear();
         self.in_kernel = 0;
+        self.prefetch_in_kernel = 0;
         self.kernel_bytes = 0;
         self.broken = true;
     }

@@ -1,58 +1,273 @@
 //! `ReactorService`: a dedicated thread that owns a [`Reactor`] and serves
 //! batches of reads sent over a crossbeam channel, streaming each result
-//! back as its completion is reaped. Compute threads never touch the ring;
-//! a batch is one message, and results arrive in completion order on the
-//! batch's own channel.
+//! back on the batch's own channel as its completion is reaped. Compute
+//! threads never touch the ring.
 //!
-//! Batches are served one after another (each keeps up to the reactor's
-//! depth in the kernel). Dropping the service closes the request channel;
-//! the thread finishes the batch in hand and exits, and the drop joins it.
+//! Batches are not served one after another: every queued read of every
+//! batch competes for the kernel, demand reads first (see
+//! [`Priority`]). A prefetch batch can later be promoted (compute now waits
+//! on it) or cancelled (its parked reads are dropped, each answered with
+//! [`BatchEvent::Cancelled`]). The thread blocks on the channel only when
+//! the reactor is idle; while reads are in flight it picks up new messages
+//! between completions.
+//!
+//! Counters (shared atomics): time the reactor was busy (any read in the
+//! kernel or parked) and bytes completed per priority, so callers can
+//! report disk utilisation, overlap and prefetch waste.
+//!
+//! Dropping the service closes the request channel; the thread finishes
+//! the reads in hand and exits, and the drop joins it.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam::channel::{self, Receiver, Sender};
+use crossbeam::channel::{self, Receiver, Sender, TryRecvError};
 
 use crate::error::IoError;
-use crate::reactor::{Reactor, ReadDone, ReadReq};
+use crate::reactor::{Priority, Reactor, ReadDone, ReadReq};
 
 /// What a batch's channel carries.
 #[derive(Debug)]
 pub enum BatchEvent {
     /// One read's result (tag and slab, or its error).
     Done(ReadDone),
+    /// A read of a cancelled batch that was dropped before any I/O.
+    Cancelled(u64),
     /// The ring failed; no further results of this batch will come.
     Failed(IoError),
 }
 
-struct Job {
-    reqs: Vec<ReadReq>,
-    reply: Sender<BatchEvent>,
+/// A submitted batch: its results channel and its id (for promote/cancel).
+pub struct Batch {
+    pub id: u64,
+    pub events: Receiver<BatchEvent>,
+}
+
+enum Msg {
+    Submit {
+        id: u64,
+        reqs: Vec<ReadReq>,
+        priority: Priority,
+        reply: Sender<BatchEvent>,
+    },
+    Promote(u64),
+    Cancel(u64),
+}
+
+/// Counters the service thread keeps.
+#[derive(Default, Debug)]
+struct Counters {
+    busy_ns: AtomicU64,
+    demand_bytes: AtomicU64,
+    prefetch_bytes: AtomicU64,
+    cancelled_bytes: AtomicU64,
+}
+
+/// A snapshot of the service's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceCounters {
+    /// Time with at least one read parked or in the kernel.
+    pub busy: Duration,
+    /// Bytes of completed demand reads (promoted prefetch reads included).
+    pub demand_bytes: u64,
+    /// Bytes of completed prefetch reads.
+    pub prefetch_bytes: u64,
+    /// Bytes of prefetch reads cancelled before any I/O.
+    pub cancelled_bytes: u64,
 }
 
 /// A reactor on its own thread.
 pub struct ReactorService {
-    tx: Option<Sender<Job>>,
+    tx: Option<Sender<Msg>>,
     thread: Option<JoinHandle<()>>,
+    next_id: AtomicU64,
+    counters: Arc<Counters>,
+}
+
+/// A read of a batch, as the thread tracks it.
+struct Route {
+    batch: u64,
+    tag: u64,
+    len: usize,
+    priority: Priority,
+}
+
+/// The service thread's state.
+struct Served {
+    reactor: Reactor,
+    /// Internal tag -> the request it serves.
+    routes: HashMap<u64, Route>,
+    /// Batch id -> (reply channel, reads outstanding).
+    batches: HashMap<u64, (Sender<BatchEvent>, usize)>,
+    next_tag: u64,
+    done: Vec<ReadDone>,
+    counters: Arc<Counters>,
+}
+
+impl Served {
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Submit {
+                id,
+                reqs,
+                priority,
+                reply,
+            } => {
+                if reqs.is_empty() {
+                    return;
+                }
+                self.batches.insert(id, (reply, reqs.len()));
+                for mut req in reqs {
+                    let tag = self.next_tag;
+                    self.next_tag += 1;
+                    self.routes.insert(
+                        tag,
+                        Route {
+                            batch: id,
+                            tag: req.tag,
+                            len: req.len,
+                            priority,
+                        },
+                    );
+                    req.tag = tag;
+                    self.reactor.enqueue(req, priority, &mut self.done);
+                }
+                self.deliver();
+            }
+            Msg::Promote(id) => {
+                let routes = &mut self.routes;
+                self.reactor.promote(|t| match routes.get_mut(&t) {
+                    Some(r) if r.batch == id => {
+                        r.priority = Priority::Demand;
+                        true
+                    }
+                    _ => false,
+                });
+            }
+            Msg::Cancel(id) => {
+                let routes = &self.routes;
+                let dropped = self
+                    .reactor
+                    .cancel(|t| routes.get(&t).is_some_and(|r| r.batch == id));
+                for (tag, len) in dropped {
+                    self.counters
+                        .cancelled_bytes
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                    if let Some(route) = self.routes.remove(&tag) {
+                        self.answer(route.batch, BatchEvent::Cancelled(route.tag));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends finished reads to their batches.
+    fn deliver(&mut self) {
+        let done = std::mem::take(&mut self.done);
+        for (tag, result) in done {
+            let Some(route) = self.routes.remove(&tag) else {
+                continue;
+            };
+            if result.is_ok() {
+                let counter = match route.priority {
+                    Priority::Demand => &self.counters.demand_bytes,
+                    Priority::Prefetch => &self.counters.prefetch_bytes,
+                };
+                counter.fetch_add(route.len as u64, Ordering::Relaxed);
+            }
+            self.answer(route.batch, BatchEvent::Done((route.tag, result)));
+        }
+    }
+
+    /// Sends one event of `batch`, forgetting the batch after its last.
+    fn answer(&mut self, batch: u64, event: BatchEvent) {
+        if let Some((reply, left)) = self.batches.get_mut(&batch) {
+            // A caller that stopped listening only loses results.
+            let _ = reply.send(event);
+            *left -= 1;
+            if *left == 0 {
+                self.batches.remove(&batch);
+            }
+        }
+    }
+
+    /// Fails every outstanding batch after a ring error.
+    fn fail_all(&mut self, e: &IoError) {
+        for (_, (reply, _)) in self.batches.drain() {
+            let _ = reply.send(BatchEvent::Failed(IoError::Ring {
+                op: "reactor",
+                source: std::io::Error::other(e.to_string()),
+            }));
+        }
+        self.routes.clear();
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        let mut broken: Option<IoError> = None;
+        loop {
+            // Block only when there is nothing to drive.
+            if self.reactor.is_idle() {
+                match rx.recv() {
+                    Ok(msg) => self.handle_or_fail(msg, &broken),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(msg) => self.handle_or_fail(msg, &broken),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if self.reactor.is_idle() => return,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            if self.reactor.is_idle() {
+                continue;
+            }
+            let start = Instant::now();
+            let res = self.reactor.step(&mut self.done);
+            self.counters
+                .busy_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.deliver();
+            if let Err(e) = res {
+                self.fail_all(&e);
+                broken = Some(e);
+            }
+        }
+    }
+
+    fn handle_or_fail(&mut self, msg: Msg, broken: &Option<IoError>) {
+        match (msg, broken) {
+            (Msg::Submit { reply, .. }, Some(e)) => {
+                let _ = reply.send(BatchEvent::Failed(IoError::Ring {
+                    op: "submit",
+                    source: std::io::Error::other(e.to_string()),
+                }));
+            }
+            (msg, _) => self.handle(msg),
+        }
+    }
 }
 
 impl ReactorService {
     /// Moves `reactor` onto a new thread named `moestream-io`.
-    pub fn spawn(mut reactor: Reactor) -> Result<ReactorService, IoError> {
-        let (tx, rx) = channel::unbounded::<Job>();
+    pub fn spawn(reactor: Reactor) -> Result<ReactorService, IoError> {
+        let (tx, rx) = channel::unbounded::<Msg>();
+        let counters = Arc::new(Counters::default());
+        let served = Served {
+            reactor,
+            routes: HashMap::with_capacity(256),
+            batches: HashMap::with_capacity(64),
+            next_tag: 0,
+            done: Vec::with_capacity(64),
+            counters: counters.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("moestream-io".into())
-            .spawn(move || {
-                for job in rx.iter() {
-                    let reply = job.reply;
-                    let res = reactor.submit_batch_with(job.reqs, |d| {
-                        // A caller that stopped listening only loses results.
-                        let _ = reply.send(BatchEvent::Done(d));
-                    });
-                    if let Err(e) = res {
-                        let _ = reply.send(BatchEvent::Failed(e));
-                    }
-                }
-            })
+            .spawn(move || served.run(rx))
             .map_err(|e| IoError::Ring {
                 op: "spawn the reactor thread",
                 source: e,
@@ -60,25 +275,63 @@ impl ReactorService {
         Ok(ReactorService {
             tx: Some(tx),
             thread: Some(thread),
+            next_id: AtomicU64::new(0),
+            counters,
         })
     }
 
-    /// Sends a batch; its results (one `Done` per request, or a `Failed`)
-    /// arrive on the returned channel in completion order.
+    /// Sends a demand batch; its results (one `Done` per request, or a
+    /// `Failed`) arrive on the returned channel in completion order.
     pub fn submit(&self, reqs: Vec<ReadReq>) -> Receiver<BatchEvent> {
-        let (reply, rx) = channel::unbounded();
-        let job = Job { reqs, reply };
-        let tx = self
-            .tx
-            .as_ref()
-            .expect("the request channel lives until drop");
-        if let Err(channel::SendError(job)) = tx.send(job) {
-            let _ = job.reply.send(BatchEvent::Failed(IoError::Ring {
+        self.submit_at(reqs, Priority::Demand).events
+    }
+
+    /// Sends a batch at `priority`; each request is answered once on the
+    /// batch's channel (`Done`, or `Cancelled` after [`Self::cancel`]), or
+    /// the channel gets one `Failed`.
+    pub fn submit_at(&self, reqs: Vec<ReadReq>, priority: Priority) -> Batch {
+        let (reply, events) = channel::unbounded();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let msg = Msg::Submit {
+            id,
+            reqs,
+            priority,
+            reply,
+        };
+        if let Err(channel::SendError(Msg::Submit { reply, .. })) = self.sender().send(msg) {
+            let _ = reply.send(BatchEvent::Failed(IoError::Ring {
                 op: "submit",
                 source: std::io::Error::other("the reactor thread has exited"),
             }));
         }
-        rx
+        Batch { id, events }
+    }
+
+    /// Raises a prefetch batch's parked reads to demand priority.
+    pub fn promote(&self, batch: u64) {
+        let _ = self.sender().send(Msg::Promote(batch));
+    }
+
+    /// Drops a prefetch batch's parked reads (reads in the kernel finish).
+    pub fn cancel(&self, batch: u64) {
+        let _ = self.sender().send(Msg::Cancel(batch));
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> ServiceCounters {
+        let c = &self.counters;
+        ServiceCounters {
+            busy: Duration::from_nanos(c.busy_ns.load(Ordering::Relaxed)),
+            demand_bytes: c.demand_bytes.load(Ordering::Relaxed),
+            prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
+            cancelled_bytes: c.cancelled_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn sender(&self) -> &Sender<Msg> {
+        self.tx
+            .as_ref()
+            .expect("the request channel lives until drop")
     }
 }
 

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use moestream_io::{IoError, OpenFile, Reactor, ReactorConfig, ReadReq, SlabPool};
+use moestream_io::{
+    BatchEvent, IoError, OpenFile, Priority, Reactor, ReactorConfig, ReadReq, SlabPool,
+};
 
 const FILE_BYTES: usize = 5 * 65_536 + 777;
 
@@ -290,4 +292,133 @@ fn in_flight_bytes_stay_under_their_bound() {
         r.peak_kernel_bytes()
     );
     assert!(r.peak_kernel_bytes() > 0);
+}
+
+/// Drives the reactor until idle, returning the tags in completion order
+/// (checking each slab's bytes).
+fn drain(r: &mut Reactor, reqs: &[ReadReq], data: &[u8]) -> Vec<u64> {
+    let mut order = Vec::new();
+    let mut done = Vec::new();
+    while !r.is_idle() {
+        r.step(&mut done).unwrap();
+        for (tag, slab) in done.drain(..) {
+            let req = reqs.iter().find(|q| q.tag == tag).unwrap();
+            let s = req.offset as usize;
+            assert_eq!(slab.unwrap().bytes(), &data[s..s + req.len], "tag {tag}");
+            order.push(tag);
+        }
+    }
+    order
+}
+
+/// Demand reads enter the kernel before every parked prefetch read; at most
+/// `prefetch_depth` prefetch reads ride along, so every demand read
+/// completes within the first `demand + prefetch_depth` results.
+#[test]
+fn demand_reads_pass_parked_prefetch_reads() {
+    let Some(mut r) = reactor(ReactorConfig {
+        depth: 2,
+        prefetch_depth: 1,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let reqs = requests(&file, 12);
+    let mut done = Vec::new();
+    for q in &reqs[..8] {
+        r.enqueue(q.clone(), Priority::Prefetch, &mut done);
+    }
+    for q in &reqs[8..] {
+        r.enqueue(q.clone(), Priority::Demand, &mut done);
+    }
+    assert!(done.is_empty());
+    let order = drain(&mut r, &reqs, &data);
+    assert_eq!(order.len(), 12);
+    for demand in 8..12u64 {
+        let at = order.iter().position(|&t| t == demand).unwrap();
+        assert!(
+            at < 4 + 1,
+            "demand read {demand} completed {at}th: {order:?}"
+        );
+    }
+}
+
+/// A promoted prefetch read overtakes the other parked prefetch reads; a
+/// cancelled one is dropped without I/O and never completes.
+#[test]
+fn promote_and_cancel_parked_prefetch_reads() {
+    let Some(mut r) = reactor(ReactorConfig {
+        depth: 1,
+        prefetch_depth: 1,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let reqs = requests(&file, 8);
+    let mut done = Vec::new();
+    for q in &reqs {
+        r.enqueue(q.clone(), Priority::Prefetch, &mut done);
+    }
+    assert_eq!(r.promote(|t| t == 6 || t == 7), 2);
+    let dropped = r.cancel(|t| t == 2 || t == 3);
+    let mut dropped_tags: Vec<u64> = dropped.iter().map(|d| d.0).collect();
+    dropped_tags.sort();
+    assert_eq!(dropped_tags, [2, 3]);
+    assert_eq!(dropped[0].1, reqs[dropped[0].0 as usize].len);
+    let order = drain(&mut r, &reqs, &data);
+    assert_eq!(order, [6, 7, 0, 1, 4, 5]);
+}
+
+/// Through the service thread: a cancelled prefetch batch answers every
+/// request exactly once (done or cancelled), and the byte counters add up.
+#[test]
+fn service_cancel_answers_every_request_once() {
+    let Some(r) = reactor(ReactorConfig {
+        depth: 1,
+        prefetch_depth: 1,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let service = moestream_io::ReactorService::spawn(r).unwrap();
+    let reqs = requests(&file, 30);
+    let batch = service.submit_at(reqs.clone(), Priority::Prefetch);
+    service.cancel(batch.id);
+    let demand = service.submit(requests(&file, 3));
+    assert_eq!(demand.iter().take(3).count(), 3);
+    let (mut read, mut cancelled) = (0u64, 0u64);
+    let mut seen = HashSet::new();
+    for event in batch.events.iter().take(reqs.len()) {
+        match event {
+            BatchEvent::Done((tag, slab)) => {
+                let q = &reqs[tag as usize];
+                let s = q.offset as usize;
+                assert_eq!(slab.unwrap().bytes(), &data[s..s + q.len]);
+                read += q.len as u64;
+                assert!(seen.insert(tag));
+            }
+            BatchEvent::Cancelled(tag) => {
+                cancelled += reqs[tag as usize].len as u64;
+                assert!(seen.insert(tag));
+            }
+            BatchEvent::Failed(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(seen.len(), reqs.len());
+    assert!(
+        cancelled > 0,
+        "a 30-read batch at depth 1 cancels some reads"
+    );
+    let c = service.counters();
+    assert_eq!((c.prefetch_bytes, c.cancelled_bytes), (read, cancelled));
+    assert!(c.demand_bytes > 0 && c.busy > std::time::Duration::ZERO);
 }

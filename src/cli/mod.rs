@@ -11,6 +11,7 @@ use moestream::quality;
 use moestream::quant::policy::{Class, Policy, Width};
 use moestream::sampler::SamplingParams;
 use moestream::store::policy::EvictPolicy;
+use moestream::store::{Lookahead, Schedule, Variant};
 use moestream::synth::{self, SynthSpec};
 use moestream::tokenizer::{eos_ids, TextStream, Tokenizer};
 use moestream_io::ReadMode;
@@ -132,9 +133,12 @@ struct ModelArgs {
     /// Routed experts kept in RAM per layer.
     #[arg(long, default_value_t = 16)]
     expert_cache: usize,
-    /// How expert bytes are read: direct, buffered, drop, mmap, pread.
-    #[arg(long, default_value = "buffered")]
-    read_mode: ReadMode,
+    /// How expert bytes are read: auto (what `moestream tune` measured
+    /// fastest for this disk and model; buffered without a profile),
+    /// direct (O_DIRECT), buffered (page cache), drop (page cache, then
+    /// dropped), mmap, pread (synchronous baseline).
+    #[arg(long = "io", visible_alias = "read-mode", default_value = "auto", value_parser = parse_io)]
+    io: IoChoice,
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -146,11 +150,32 @@ struct ModelArgs {
     /// when a query sees more than index_topk positions; same output as on).
     #[arg(long, value_enum, default_value_t = DsaMode::Auto)]
     dsa: DsaMode,
-    /// How a layer's expert misses are read: reactor (all in flight at once
-    /// through io_uring, falling back to sync where unavailable) or sync
-    /// (one after another).
-    #[arg(long, value_enum, default_value_t = IoPath::Reactor)]
-    io: IoPath,
+    /// How a layer's expert misses are submitted: reactor (all in flight at
+    /// once through io_uring, falling back to sync where unavailable) or
+    /// sync (one after another on a reader thread).
+    #[arg(long, value_enum, default_value_t = Submit::Reactor)]
+    submit: Submit,
+    /// Pipelined MoE layers: compute cached experts while misses are read,
+    /// then each miss as it lands (on), or wait for every read first (off);
+    /// auto takes the tuned profile's choice (on without one).
+    #[arg(long, value_enum, default_value_t = Toggle::Auto)]
+    pipeline: Toggle,
+    /// Router-lookahead prefetch: read the experts the next layers' routers
+    /// pick from this layer's state, at lower priority than demand reads
+    /// (on), or not (off); auto takes the tuned profile's choice.
+    #[arg(long, value_enum, default_value_t = Toggle::Auto)]
+    prefetch: Toggle,
+    /// The state the lookahead applies the next router to: attn (this
+    /// layer's post-attention residual: more lead time) or output (this
+    /// layer's output: better guesses).
+    #[arg(long, value_enum, default_value_t = PrefetchFrom::Attn)]
+    prefetch_from: PrefetchFrom,
+    /// MoE layers ahead the lookahead prefetches.
+    #[arg(long, default_value_t = 1)]
+    prefetch_depth: usize,
+    /// Prefetch reads alive at once (default depth x top-k).
+    #[arg(long)]
+    prefetch_experts: Option<usize>,
     /// Quantize a float or FP8 checkpoint while loading: routed experts at
     /// BITS, the rest by the converter's default policy (identical bytes to
     /// `convert --expert-bits BITS`).
@@ -180,9 +205,70 @@ struct ModelArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum IoPath {
+enum Submit {
     Reactor,
     Sync,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Toggle {
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PrefetchFrom {
+    Attn,
+    Output,
+}
+
+/// `--io`: a read mode, or the tuned profile's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IoChoice {
+    Auto,
+    Mode(ReadMode),
+}
+
+fn parse_io(s: &str) -> std::result::Result<IoChoice, String> {
+    if s == "auto" {
+        return Ok(IoChoice::Auto);
+    }
+    s.parse::<ReadMode>()
+        .map(IoChoice::Mode)
+        .map_err(|_| format!("`{s}`: expected auto, direct, buffered, drop, mmap or pread"))
+}
+
+/// What `auto` settles to without a tuned profile.
+const DEFAULT_READ_MODE: ReadMode = ReadMode::Buffered;
+const DEFAULT_PIPELINE: bool = true;
+const DEFAULT_PREFETCH: bool = false;
+
+/// The read mode, pipelining and prefetch `m` asks for, with `auto`
+/// resolved.
+fn schedule(m: &ModelArgs) -> (ReadMode, Schedule) {
+    let mode = match m.io {
+        IoChoice::Mode(mode) => mode,
+        IoChoice::Auto => DEFAULT_READ_MODE,
+    };
+    let on = |t: Toggle, default: bool| match t {
+        Toggle::On => true,
+        Toggle::Off => false,
+        Toggle::Auto => default,
+    };
+    let lookahead = on(m.prefetch, DEFAULT_PREFETCH).then_some(Lookahead {
+        from: match m.prefetch_from {
+            PrefetchFrom::Attn => Variant::Attn,
+            PrefetchFrom::Output => Variant::Output,
+        },
+        depth: m.prefetch_depth.max(1),
+    });
+    let schedule = Schedule {
+        pipeline: on(m.pipeline, DEFAULT_PIPELINE),
+        lookahead,
+        prefetch_experts_max: m.prefetch_experts.unwrap_or(0),
+    };
+    (mode, schedule)
 }
 
 #[derive(Args)]
@@ -338,12 +424,14 @@ fn load(m: &ModelArgs) -> Result<Model> {
             Some(p)
         }
     };
+    let (read_mode, schedule) = schedule(m);
     let opts = LoadOptions {
         expert_cache: m.expert_cache,
-        read_mode: m.read_mode,
+        read_mode,
+        schedule,
         mla: m.mla,
         dsa: m.dsa,
-        io_reactor: m.io == IoPath::Reactor,
+        io_reactor: m.submit == Submit::Reactor,
         quantize_at_load,
         ram_budget: match m.ram_gb {
             Some(gb) if !(gb > 0.0 && gb.is_finite()) => bail!("--ram-gb {gb}: must be positive"),
@@ -668,8 +756,16 @@ fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
     let decode_s = s.seconds - s.prefill_seconds;
     let row: Vec<(&str, String)> = vec![
         ("model", a.model.model.display().to_string()),
-        ("read_mode", a.model.read_mode.to_string()),
-        ("io", format!("{:?}", a.model.io).to_lowercase()),
+        ("read_mode", schedule(&a.model).0.to_string()),
+        ("submit", format!("{:?}", a.model.submit).to_lowercase()),
+        ("pipeline", model.store.schedule.pipeline.to_string()),
+        (
+            "prefetch",
+            match model.store.schedule.lookahead {
+                Some(l) => format!("{}-{}", l.from.name(), l.depth),
+                None => "off".into(),
+            },
+        ),
         (
             "ram_gb",
             a.model.ram_gb.map_or("-".into(), |g| g.to_string()),

@@ -17,7 +17,7 @@ use crate::quant::policy::Policy;
 use crate::store::budget::{self, BudgetInput};
 use crate::store::policy::EvictPolicy;
 use crate::store::usage::HISTORY_FILE;
-use crate::store::{ExpertLocation, ExpertStore};
+use crate::store::{ExpertLocation, ExpertStore, Schedule};
 use crate::weights::index::AtLoad;
 use crate::weights::WeightIndex;
 use std::path::Path;
@@ -47,6 +47,9 @@ pub struct LoadOptions {
     pub pin_history: bool,
     /// Context the KV pool is budgeted for (clamped to the model's maximum).
     pub context: usize,
+    /// Pipelining and router-lookahead prefetch. `prefetch_experts_max`
+    /// 0 with a lookahead means `depth × top_k`.
+    pub schedule: Schedule,
 }
 
 impl Default for LoadOptions {
@@ -62,6 +65,7 @@ impl Default for LoadOptions {
             policy: EvictPolicy::default(),
             pin_history: true,
             context: 4096,
+            schedule: Schedule::default(),
         }
     }
 }
@@ -150,7 +154,16 @@ impl Model {
             (h, cfg.moe_intermediate_size),
             opts.io_reactor,
             (opts.policy, cfg.top_k),
-        );
+        )?;
+        let mut store = store;
+        store.schedule = opts.schedule;
+        if let Some(a) = opts.schedule.lookahead {
+            if store.schedule.prefetch_experts_max == 0 {
+                store.schedule.prefetch_experts_max = a.depth.max(1) * cfg.top_k;
+            }
+        } else {
+            store.schedule.prefetch_experts_max = 0;
+        }
         let shapes = shapes(&cfg, opts);
         let mut model = Model {
             shapes,
@@ -212,6 +225,7 @@ impl Model {
             kv: (kv_per_token * context) as u64,
             activations: (per_position * context.min(super::PREFILL_CHUNK) * 4) as u64,
             page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
+            prefetch_experts: self.store.schedule.prefetch_experts_max,
         }
     }
 }

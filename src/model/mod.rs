@@ -23,7 +23,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvLayout, LayerKv};
 use crate::profile::Profile;
-use crate::store::ExpertStore;
+use crate::store::{ExpertStore, Variant};
 use crate::tensor::Mat;
 use attention::{Attention, AttentionShape};
 use dsa::Selection;
@@ -274,12 +274,47 @@ impl Model {
         prof.attention += t0.elapsed();
         add(x, &y);
         self.norm_rows(x, &layer.post_attn_norm, &mut xn);
+        if rows.n == 1 {
+            self.look_ahead(l, x, Variant::Attn);
+        }
         match &layer.ffn {
             Ffn::Dense(mlp) => mlp.forward(&xn, rows.n, &mut y),
             Ffn::Moe(block) => block.forward(l, &self.store, &xn, rows.n, prof, &mut y)?,
         }
         add(x, &y);
+        if rows.n == 1 {
+            self.look_ahead(l, x, Variant::Output);
+        }
         Ok(())
+    }
+
+    /// Router lookahead from layer `l`'s residual `x` (one token): applies
+    /// the next MoE layer's router (after that layer's own norm) to it and
+    /// records the guess for the recall stats; when lookahead prefetch is
+    /// on from this variant, also for the `depth` next layers, and starts
+    /// reading the guessed experts.
+    fn look_ahead(&self, l: usize, x: &[f32], variant: Variant) {
+        let prefetch = self
+            .store
+            .schedule
+            .lookahead
+            .filter(|a| a.from == variant && self.store.schedule.prefetch_experts_max > 0);
+        let depth = prefetch.map_or(1, |a| a.depth.max(1));
+        let mut xn = vec![0f32; x.len()];
+        for j in l + 1..(l + 1 + depth).min(self.layers.len()) {
+            let next = &self.layers[j];
+            let Ffn::Moe(block) = &next.ffn else {
+                continue;
+            };
+            rms_norm(x, &next.post_attn_norm, self.cfg.rms_norm_eps, &mut xn);
+            let guess = block.router.route(&xn).experts;
+            if prefetch.is_some() {
+                self.store.prefetch(j, &guess);
+            }
+            if j == l + 1 {
+                self.store.predict(j, variant, guess);
+            }
+        }
     }
 
     fn norm_rows(&self, x: &[f32], w: &[f32], out: &mut [f32]) {

@@ -31,10 +31,11 @@ impl MoeBlock {
     /// Applies the block to `n` rows of `x` `(n, hidden)`, writing `(n, hidden)`.
     ///
     /// The pipeline: route every token → look the union of experts up in the
-    /// cache → a reader thread fetches the misses (all in flight at once
-    /// through the reactor) while this thread computes the hits → misses are
-    /// computed as they arrive → outputs are summed in expert order (so the
-    /// result does not depend on what was cached or when reads completed).
+    /// cache → submit every miss at once (prefetched ones are taken or
+    /// promoted) → compute the hits while the reads fly → compute each miss
+    /// as it lands → sum outputs in expert order (so the result does not
+    /// depend on what was cached or when reads completed). Without
+    /// pipelining, every read lands before any expert computes.
     pub fn forward(
         &self,
         layer: usize,
@@ -50,19 +51,16 @@ impl MoeBlock {
         for t in 0..n {
             let r = self.router.route(&x[t * h..(t + 1) * h]);
             store.record_usage(layer, &r.experts);
+            if n == 1 {
+                store.score_predictions(layer, &r.experts);
+            }
             for (e, w) in r.experts.into_iter().zip(r.weights) {
                 users.entry(e).or_default().push((t, w));
             }
         }
         let ids: Vec<usize> = users.keys().copied().collect();
         let tokens: Vec<&[(usize, f32)]> = users.values().map(Vec::as_slice).collect();
-        let cached = store.lookup(layer, &ids);
-        let misses: Vec<usize> = ids
-            .iter()
-            .zip(&cached)
-            .filter(|(_, c)| c.is_none())
-            .map(|(e, _)| *e)
-            .collect();
+        let (cached, mut pending) = store.begin(layer, &ids)?;
         let mut ys: Vec<Vec<f32>> = vec![Vec::new(); ids.len()]; // per expert (m, hidden)
         let mut apply = |e: usize, expert: &Mlp| {
             let i = ids
@@ -72,30 +70,29 @@ impl MoeBlock {
             ys[i] = apply_expert(expert, x, h, tokens[i]);
             prof.expert_matmul += start.elapsed();
         };
-        if misses.is_empty() {
+        if store.schedule.pipeline {
+            // Hits compute while the misses are read; each miss computes as
+            // it lands.
             for (&e, m) in ids.iter().zip(&cached) {
-                apply(e, m.as_ref().expect("no misses"));
+                if let Some(m) = m {
+                    apply(e, m);
+                }
+            }
+            while let Some((e, m)) = pending.next_expert()? {
+                apply(e, &m);
             }
         } else {
-            std::thread::scope(|s| -> Result<()> {
-                let (tx, rx) = crossbeam::channel::unbounded();
-                let reader = s.spawn(move || {
-                    store.fetch(layer, &misses, |e, m| {
-                        // The receiver outlives the reader; a send cannot fail.
-                        let _ = tx.send((e, m));
-                    })
-                });
-                for (&e, m) in ids.iter().zip(&cached) {
-                    if let Some(m) = m {
-                        apply(e, m);
-                    }
+            let fetched = pending.collect()?;
+            for (&e, m) in ids.iter().zip(&cached) {
+                if let Some(m) = m {
+                    apply(e, m);
                 }
-                for (e, m) in rx {
-                    apply(e, &m);
-                }
-                reader.join().expect("expert reader thread panicked")
-            })?;
+            }
+            for (e, m) in fetched {
+                apply(e, &m);
+            }
         }
+        pending.finish(&ids);
         out.fill(0.0);
         for (toks, y) in tokens.iter().zip(&ys) {
             for (k, (t, w)) in toks.iter().enumerate() {

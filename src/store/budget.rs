@@ -34,6 +34,9 @@ pub struct BudgetInput {
     pub activations: u64,
     /// The read mode goes through the page cache (buffered, drop, mmap).
     pub page_cache: bool,
+    /// Prefetch reads alive at once (their slabs and decoded experts wait
+    /// outside the cache until a layer asks for them).
+    pub prefetch_experts: usize,
 }
 
 /// The placement: slots per layer and what the budget was spent on.
@@ -75,6 +78,12 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         ("activations", i.activations),
         ("runtime", runtime_reserve(i.budget)),
     ];
+    if i.prefetch_experts > 0 {
+        reserves.push((
+            "prefetch",
+            i.prefetch_experts as u64 * (i.expert_disk + i.expert_ram),
+        ));
+    }
     if i.page_cache {
         reserves.push(("page-cache reserve", page_cache_reserve(i.budget)));
     }
@@ -155,6 +164,7 @@ mod tests {
             kv: 8 * MIB,
             activations: 4 * MIB,
             page_cache: false,
+            prefetch_experts: 0,
         }
     }
 
@@ -184,6 +194,25 @@ mod tests {
         let with = plan(&i).unwrap().slots_per_layer;
         i.page_cache = false;
         assert!(with < plan(&i).unwrap().slots_per_layer);
+    }
+
+    #[test]
+    fn prefetch_reserves_its_reads_and_decoded_experts() {
+        let mut i = input(512 * MIB);
+        let without = plan(&i).unwrap();
+        i.prefetch_experts = 8;
+        let with = plan(&i).unwrap();
+        assert!(with.reserves.contains(&("prefetch", 16 * MIB)));
+        let fixed = 100 * MIB + 12 * MIB + 8 * MIB + 4 * MIB + 48 * MIB + 512 * MIB / 50;
+        assert_eq!(
+            without.slots_per_layer as u64,
+            (512 * MIB - fixed) / (10 * MIB)
+        );
+        assert_eq!(
+            with.slots_per_layer as u64,
+            (512 * MIB - fixed - 16 * MIB) / (10 * MIB)
+        );
+        assert!(with.projected_peak <= with.budget);
     }
 
     #[test]

@@ -3,15 +3,21 @@
 //! Each routed expert (gate, up, down) stays on disk until a router picks
 //! it; then its bytes are read (one coalesced read when the three tensors
 //! are adjacent in one shard) and kept, in their stored element type, in a
-//! per-layer LRU cache ([`lru`]) of bounded size. A layer's misses are read
-//! together: through the io_uring reactor as one batch, each expert handed
-//! over as soon as its last span lands, or one by one through the shard
-//! readers. Counters record hits, misses, bytes read and time spent waiting
-//! on reads; [`usage`] records every router selection for tiering.
+//! per-layer slot cache ([`cache`]) of bounded size. A layer's misses are
+//! read together as one demand batch ([`reads`]: the io_uring reactor
+//! thread, or a synchronous reader thread), each expert handed over as soon
+//! as its last span lands ([`fetch`]). Router-lookahead prefetch reads a
+//! later layer's predicted experts at lower priority; a prediction that
+//! comes true saves a demand read, a wrong one is cancelled if it has not
+//! started. Counters record hits, misses, bytes read, time compute waited
+//! on reads, prefetch use and waste, and prediction recall; [`usage`]
+//! records every router selection for tiering.
 
 pub mod budget;
 pub mod cache;
+pub mod fetch;
 pub mod policy;
+pub(crate) mod reads;
 pub mod usage;
 
 use crate::error::{Error, Result};
@@ -20,14 +26,17 @@ use crate::tensor::Mat;
 use crate::weights::index::Resolved;
 use crate::weights::{TensorEntry, WeightIndex};
 use cache::SlotCache;
+use fetch::{Inflight, Pending, PrefetchRead};
 use moestream_io::{
-    coalesce, BatchEvent, ByteRange, CoalesceLimits, OpenFile, Reactor, ReactorConfig,
-    ReactorService, ReadMode, ReadReq, Slab,
+    coalesce, ByteRange, CoalesceLimits, Priority, Reactor, ReactorConfig, ReactorService,
+    ReadMode, Slab,
 };
 use policy::EvictPolicy;
+use reads::{Reads, SyncReader};
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use usage::{Usage, UsageTable};
 
 /// How an expert's tensors merge into reads: any gap up to 64 KiB is read
@@ -61,7 +70,7 @@ impl ExpertLocation {
 
 /// One coalesced read of an expert: a span of one shard, and the expert
 /// ranges (see [`ExpertLocation::ranges`]) it holds as byte windows into it.
-struct SpanRead {
+pub(crate) struct SpanRead {
     shard: usize,
     offset: u64,
     len: usize,
@@ -77,8 +86,21 @@ pub struct StoreCounters {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Bytes the read path completed (demand and prefetch).
     pub bytes_read: u64,
+    /// Time compute was blocked waiting for expert reads.
     pub disk_time: Duration,
+    /// Time the read path had reads in flight.
+    pub disk_busy: Duration,
+    /// Prefetch reads issued, and their bytes.
+    pub prefetch_issued: u64,
+    pub prefetch_issued_bytes: u64,
+    /// Prefetched experts a layer then asked for (a miss it did not wait
+    /// on, or waited on less), and how many of them were still in flight.
+    pub prefetch_used: u64,
+    pub prefetch_late: u64,
+    /// Bytes prefetch read (or is reading) for experts no layer asked for.
+    pub prefetch_wasted_bytes: u64,
 }
 
 impl StoreCounters {
@@ -122,16 +144,94 @@ pub struct ExpertStore {
     top_k: usize,
     hidden: usize,
     inter: usize,
-    io: Mutex<(u64, Duration)>,
-    /// Latency of each expert read, µs: from the read's submission (the
-    /// batch's, through the reactor) until its last byte landed.
+    /// Time compute waited on reads.
+    stall: Mutex<Duration>,
+    /// Latency of each expert read, µs: from its batch's submission until
+    /// its last byte landed.
     latency: Mutex<hdrhistogram::Histogram<u64>>,
     usage: Mutex<UsageTable>,
-    /// Batches a layer's misses when io_uring works and every shard reader
-    /// has a descriptor (not mmap; not drop, whose fadvise is per read).
-    reactor: Option<ReactorService>,
-    /// Per shard, its descriptor for reactor reads.
-    files: Vec<Option<Arc<OpenFile>>>,
+    /// The read path: io_uring when it works and every shard reader has a
+    /// descriptor (not mmap; not drop, whose fadvise is per read), else a
+    /// synchronous reader thread.
+    reads: Reads,
+    /// Per layer, its prefetch reads not yet consumed.
+    prefetched: Vec<Mutex<Vec<PrefetchRead>>>,
+    /// Prefetch reads issued and not yet consumed or dropped, all layers.
+    prefetch_live: AtomicUsize,
+    prefetch: Mutex<PrefetchTally>,
+    /// Predictions waiting to be scored, and recall so far, per layer.
+    recall: Mutex<Vec<LayerRecall>>,
+    /// How layers use the store (pipelining, lookahead).
+    pub schedule: Schedule,
+}
+
+/// How the MoE layers use the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Compute hits while misses are read, then each miss as it lands;
+    /// otherwise wait for every read, then compute.
+    pub pipeline: bool,
+    /// Router-lookahead prefetch, if on.
+    pub lookahead: Option<Lookahead>,
+    /// Prefetch reads alive at once (0 disables prefetch).
+    pub prefetch_experts_max: usize,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Schedule {
+            pipeline: true,
+            lookahead: None,
+            prefetch_experts_max: 0,
+        }
+    }
+}
+
+/// Router-lookahead: which state predicts the next layers' experts, and
+/// how many MoE layers ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lookahead {
+    pub from: Variant,
+    pub depth: usize,
+}
+
+/// The state a lookahead prediction applies layer L+1's router to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// Layer L's residual after its attention (issued before L's experts
+    /// run: the most lead time).
+    Attn = 0,
+    /// Layer L's output (issued before L+1's attention: the better guess).
+    Output = 1,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 2] = [Variant::Attn, Variant::Output];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Attn => "attn",
+            Variant::Output => "output",
+        }
+    }
+}
+
+/// Prefetch counters.
+#[derive(Clone, Copy, Debug, Default)]
+struct PrefetchTally {
+    issued: u64,
+    issued_bytes: u64,
+    used: u64,
+    late: u64,
+    used_bytes: u64,
+}
+
+/// One layer's lookahead predictions (per variant) and their scores.
+#[derive(Clone, Debug, Default)]
+struct LayerRecall {
+    predicted: [Option<Vec<usize>>; 2],
+    /// (experts predicted and chosen, experts chosen) per variant.
+    score: [(u64, u64); 2],
 }
 
 /// Reads in flight at once through the reactor.
@@ -151,23 +251,37 @@ impl ExpertStore {
         (hidden, inter): (usize, usize),
         use_reactor: bool,
         (policy, top_k): (EvictPolicy, usize),
-    ) -> ExpertStore {
-        let files: Vec<Option<Arc<OpenFile>>> =
-            index.shards.iter().map(|s| s.reader.open_file()).collect();
+    ) -> Result<ExpertStore> {
         let batchable = index
             .shards
             .iter()
             .all(|s| s.reader.open_file().is_some() && s.reader.effective_mode() != ReadMode::Drop);
-        let reactor = if use_reactor && batchable && Reactor::probe().is_ok() {
-            let config = ReactorConfig {
-                depth: REACTOR_DEPTH,
-                ..ReactorConfig::default()
-            };
+        let config = ReactorConfig {
+            depth: REACTOR_DEPTH,
+            ..ReactorConfig::default()
+        };
+        let service = if use_reactor && batchable && Reactor::probe().is_ok() {
             Reactor::new(config, moestream_io::shared_pool())
                 .and_then(ReactorService::spawn)
                 .ok()
         } else {
             None
+        };
+        let reads = match service {
+            Some(service) => Reads::Reactor {
+                service,
+                files: index
+                    .shards
+                    .iter()
+                    .map(|s| s.reader.open_file().expect("checked batchable"))
+                    .collect(),
+            },
+            None => Reads::Sync(SyncReader::spawn(index.clone()).map_err(|e| {
+                Error::Io(moestream_io::IoError::Ring {
+                    op: "spawn the expert reader thread",
+                    source: e,
+                })
+            })?),
         };
         let caches = locations
             .iter()
@@ -175,7 +289,8 @@ impl ExpertStore {
             .collect();
         let counts: Vec<usize> = locations.iter().map(Vec::len).collect();
         let usage_table = Mutex::new(UsageTable::new(&counts, HEAT_DECAY_TOKENS));
-        ExpertStore {
+        let layers = locations.len();
+        Ok(ExpertStore {
             index,
             locations,
             caches,
@@ -183,15 +298,19 @@ impl ExpertStore {
             top_k,
             hidden,
             inter,
-            io: Mutex::new((0, Duration::ZERO)),
+            stall: Mutex::new(Duration::ZERO),
             latency: Mutex::new(
                 hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
                     .expect("valid histogram bounds"),
             ),
             usage: usage_table,
-            reactor,
-            files,
-        }
+            reads,
+            prefetched: (0..layers).map(|_| Mutex::new(Vec::new())).collect(),
+            prefetch_live: AtomicUsize::new(0),
+            prefetch: Mutex::new(PrefetchTally::default()),
+            recall: Mutex::new(vec![LayerRecall::default(); layers]),
+            schedule: Schedule::default(),
+        })
     }
 
     /// Records a router selection in the usage counters.
@@ -224,164 +343,174 @@ impl ExpertStore {
         experts.iter().map(|&e| cache.get(e)).collect()
     }
 
-    /// Reads `experts` of `layer` from disk, inserts each into the layer's
-    /// cache and hands it to `sink` as soon as it is complete. With the
-    /// io_uring reactor, all their reads are in flight at once and experts
-    /// are handed over in completion order; otherwise one after another.
-    pub fn fetch(
+    /// Starts a layer's fetch of the union `ids` (sorted, unique): looks
+    /// them up (counting hits and misses), takes what prefetch already
+    /// delivered, promotes prefetch reads of wanted experts still in
+    /// flight, cancels the layer's other prefetch reads, and submits the
+    /// remaining misses as one demand batch. Returns the cached experts
+    /// (`None` for a miss) and the fetch, from which every miss arrives.
+    pub fn begin(
         &self,
         layer: usize,
-        experts: &[usize],
-        mut sink: impl FnMut(usize, Arc<Mlp>),
-    ) -> Result<()> {
-        // Bytes read and time spent waiting on reads (widening to f32 excluded).
-        let mut bytes = 0u64;
-        let mut wait = Duration::ZERO;
-        let mut latencies: Vec<u64> = Vec::with_capacity(experts.len());
-        // Experts go to the sink as they complete, but into the cache in the
-        // order asked for, so what the LRU later evicts never depends on
-        // which read finished first.
-        let mut fetched: Vec<Option<Arc<Mlp>>> = vec![None; experts.len()];
-        let mut done = |e: usize, mlp: Mlp| {
-            let mlp = Arc::new(mlp);
-            let i = experts
-                .iter()
-                .position(|&x| x == e)
-                .expect("fetched experts were asked for");
-            fetched[i] = Some(mlp.clone());
-            sink(e, mlp);
-        };
-        let res = match &self.reactor {
-            Some(reactor) if experts.len() > 1 => {
-                let timing = (&mut bytes, &mut wait, &mut latencies);
-                self.fetch_batched(reactor, layer, experts, timing, &mut done)
-            }
-            _ => experts.iter().try_for_each(|&e| {
-                let spans = self.plan(layer, e);
-                let mut slabs = Vec::with_capacity(spans.len());
-                let start = Instant::now();
-                for sp in &spans {
-                    slabs.push(self.index.shards[sp.shard].reader.read(sp.offset, sp.len)?);
-                    bytes += sp.len as u64;
+        ids: &[usize],
+    ) -> Result<(Vec<Option<Arc<Mlp>>>, Pending<'_>)> {
+        let cached = self.lookup(layer, ids);
+        let mut prefetched =
+            std::mem::take(&mut *self.prefetched[layer].lock().expect("prefetch lock"));
+        self.prefetch_live
+            .fetch_sub(prefetched.len(), Ordering::Relaxed);
+        // Land whatever already arrived.
+        for p in prefetched.iter_mut() {
+            for arrival in p.read.poll() {
+                if let fetch::Arrival::Ready(_, slabs) = arrival {
+                    // A prefetch that fails to decode is simply not used; a
+                    // demand read of it reports the error.
+                    p.ready = self
+                        .assemble(layer, p.expert, &p.read.plans[0], &slabs)
+                        .ok()
+                        .map(Arc::new);
                 }
-                let took = start.elapsed();
-                wait += took;
-                latencies.push(took.as_micros() as u64);
-                done(e, self.assemble(layer, e, &spans, &slabs)?);
-                Ok(())
-            }),
-        };
-        self.insert(layer, experts.iter().copied().zip(fetched));
-        let mut io = self.io.lock().expect("io lock");
-        io.0 += bytes;
-        io.1 += wait;
-        drop(io);
-        let mut h = self.latency.lock().expect("latency lock");
-        for us in latencies {
-            h.saturating_record(us.max(1));
-        }
-        res
-    }
-
-    /// All spans of all `experts` submitted as one reactor batch; an expert
-    /// is assembled when its last span completes.
-    fn fetch_batched(
-        &self,
-        reactor: &ReactorService,
-        layer: usize,
-        experts: &[usize],
-        (bytes, wait, latencies): (&mut u64, &mut Duration, &mut Vec<u64>),
-        done: &mut impl FnMut(usize, Mlp),
-    ) -> Result<()> {
-        let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| self.plan(layer, e)).collect();
-        let mut reqs = Vec::new();
-        let mut owner = Vec::new(); // tag -> (expert slot, span index)
-        for (i, spans) in plans.iter().enumerate() {
-            for (j, sp) in spans.iter().enumerate() {
-                let file = self.files[sp.shard]
-                    .clone()
-                    .expect("reactor only with descriptor-backed readers");
-                reqs.push(ReadReq {
-                    tag: owner.len() as u64,
-                    file,
-                    offset: sp.offset,
-                    len: sp.len,
-                });
-                owner.push((i, j));
-                *bytes += sp.len as u64;
             }
         }
-        let mut slabs: Vec<Vec<Option<Slab>>> = plans
-            .iter()
-            .map(|p| p.iter().map(|_| None).collect())
-            .collect();
-        let mut left: Vec<usize> = plans.iter().map(Vec::len).collect();
-        let mut first_err: Option<Error> = None;
-        let mut assembling = Duration::ZERO;
-        let start = Instant::now();
-        // Each expert is assembled and handed over as soon as its last span
-        // lands, while the rest of the batch is still in flight.
-        let mut ring_err: Option<Error> = None;
-        let n = reqs.len();
-        let events = reactor.submit(reqs);
-        let mut received = 0;
-        for event in events.iter().take(n) {
-            received += 1;
-            let (tag, slab) = match event {
-                BatchEvent::Done(d) => d,
-                BatchEvent::Failed(e) => {
-                    ring_err = Some(e.into());
-                    break;
-                }
-            };
-            if first_err.is_some() {
+        let mut ready = Vec::new();
+        let mut awaited = Vec::new();
+        let mut misses = Vec::new();
+        for (&e, c) in ids.iter().zip(&cached) {
+            if c.is_some() {
                 continue;
             }
-            let (i, j) = owner[tag as usize];
-            match slab {
-                Ok(slab) => slabs[i][j] = Some(slab),
-                Err(e) => {
-                    first_err = Some(e.into());
-                    continue;
-                }
-            }
-            left[i] -= 1;
-            if left[i] == 0 {
-                latencies.push(start.elapsed().as_micros() as u64);
-                let t = Instant::now();
-                let got: Vec<Slab> = slabs[i]
-                    .iter_mut()
-                    .map(|s| s.take().expect("every span completed"))
-                    .collect();
-                match self.assemble(layer, experts[i], &plans[i], &got) {
-                    Ok(mlp) => done(experts[i], mlp),
-                    Err(e) => first_err = Some(e),
-                }
-                assembling += t.elapsed();
+            let Some(at) = prefetched.iter().position(|p| p.expert == e) else {
+                misses.push(e);
+                continue;
+            };
+            let p = prefetched.swap_remove(at);
+            if let Some(m) = p.ready {
+                self.prefetch_used(p.read.bytes[0], false);
+                ready.push((e, m));
+            } else if p.read.outstanding() && !p.read.is_lost(0) {
+                self.reads.promote(p.read.batch.id);
+                awaited.push(p);
+            } else {
+                misses.push(e);
             }
         }
-        *wait += start.elapsed().saturating_sub(assembling);
-        if let Some(e) = ring_err {
-            return Err(e);
+        // Wrong guesses: drop their reads that have not started.
+        for p in prefetched {
+            if p.read.outstanding() {
+                self.reads.cancel(p.read.batch.id);
+            }
         }
-        if received < n {
-            return Err(Error::Io(moestream_io::IoError::Ring {
-                op: "reactor batch",
-                source: std::io::Error::other(
-                    "the reactor thread stopped before the batch completed",
-                ),
-            }));
+        Ok((cached, Pending::new(self, layer, ready, awaited, misses)))
+    }
+
+    /// Counts a prefetched expert a layer asked for; `late` when it was
+    /// still in flight then (promoted to demand).
+    pub(crate) fn prefetch_used(&self, bytes: u64, late: bool) {
+        let mut t = self.prefetch.lock().expect("prefetch lock");
+        t.used += 1;
+        t.used_bytes += bytes;
+        t.late += u64::from(late);
+    }
+
+    /// Starts low-priority reads of `experts` of `layer` (a lookahead
+    /// prediction), skipping those cached or already on their way, within
+    /// the prefetch budget. The reads land outside the cache; nothing is
+    /// evicted until the layer asks for them.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
+        let max = self.schedule.prefetch_experts_max;
+        if max == 0 || self.locations[layer].is_empty() {
+            return;
         }
-        if let Some(e) = first_err {
-            return Err(e);
+        let wanted: Vec<usize> = {
+            let cache = self.caches[layer].lock().expect("cache lock");
+            experts
+                .iter()
+                .copied()
+                .filter(|&e| !cache.contains(e))
+                .collect()
+        };
+        let mut pf = self.prefetched[layer].lock().expect("prefetch lock");
+        for e in wanted {
+            if pf.iter().any(|p| p.expert == e) {
+                continue;
+            }
+            if self.prefetch_live.load(Ordering::Relaxed) >= max {
+                break;
+            }
+            let read = Inflight::submit(self, layer, vec![e], Priority::Prefetch);
+            {
+                let mut t = self.prefetch.lock().expect("prefetch lock");
+                t.issued += 1;
+                t.issued_bytes += read.bytes[0];
+            }
+            self.prefetch_live.fetch_add(1, Ordering::Relaxed);
+            pf.push(PrefetchRead {
+                expert: e,
+                read,
+                ready: None,
+            });
         }
-        Ok(())
+    }
+
+    /// Records a lookahead prediction of `layer`'s experts (scored when the
+    /// layer routes its next single token).
+    pub fn predict(&self, layer: usize, variant: Variant, experts: Vec<usize>) {
+        self.recall.lock().expect("recall lock")[layer].predicted[variant as usize] = Some(experts);
+    }
+
+    /// Scores the pending predictions of `layer` against the experts it
+    /// chose.
+    pub fn score_predictions(&self, layer: usize, chosen: &[usize]) {
+        let mut recall = self.recall.lock().expect("recall lock");
+        let r = &mut recall[layer];
+        for v in Variant::ALL {
+            if let Some(p) = r.predicted[v as usize].take() {
+                let hit = chosen.iter().filter(|e| p.contains(e)).count();
+                r.score[v as usize].0 += hit as u64;
+                r.score[v as usize].1 += chosen.len() as u64;
+            }
+        }
+    }
+
+    /// Lookahead recall per layer and variant: the share of chosen experts
+    /// the prediction had (`None` for a layer never predicted).
+    pub fn recall(&self) -> Vec<[Option<f64>; 2]> {
+        let recall = self.recall.lock().expect("recall lock");
+        recall
+            .iter()
+            .map(|r| {
+                r.score
+                    .map(|(hit, all)| (all > 0).then(|| hit as f64 / all as f64))
+            })
+            .collect()
+    }
+
+    /// Recall summed over layers, per variant: (predicted and chosen, chosen).
+    pub fn recall_totals(&self) -> [(u64, u64); 2] {
+        let recall = self.recall.lock().expect("recall lock");
+        let mut t = [(0, 0); 2];
+        for r in recall.iter() {
+            for (t, s) in t.iter_mut().zip(&r.score) {
+                t.0 += s.0;
+                t.1 += s.1;
+            }
+        }
+        t
+    }
+
+    /// Adds one layer's wait time and read latencies.
+    pub(crate) fn record_reads(&self, stall: Duration, latencies: &[u64]) {
+        *self.stall.lock().expect("stall lock") += stall;
+        let mut h = self.latency.lock().expect("latency lock");
+        for &us in latencies {
+            h.saturating_record(us.max(1));
+        }
     }
 
     /// The coalesced reads of one expert: per shard, its tensors (and
     /// scales) merged into as few spans as the limits allow (one, for the
     /// container's contiguous layout).
-    fn plan(&self, layer: usize, expert: usize) -> Vec<SpanRead> {
+    pub(crate) fn plan(&self, layer: usize, expert: usize) -> Vec<SpanRead> {
         let mut ranges = self.locations[layer][expert].ranges();
         ranges.sort_by_key(|(_, e)| (e.shard, e.offset));
         let mut spans = Vec::new();
@@ -410,7 +539,7 @@ impl ExpertStore {
     }
 
     /// Decodes the bytes of `spans` (read into `slabs`) into the expert.
-    fn assemble(
+    pub(crate) fn assemble(
         &self,
         layer: usize,
         expert: usize,
@@ -443,7 +572,11 @@ impl ExpertStore {
     }
 
     /// Inserts fetched experts into the layer's cache, evicting by policy.
-    fn insert(&self, layer: usize, fetched: impl Iterator<Item = (usize, Option<Arc<Mlp>>)>) {
+    pub(crate) fn insert(
+        &self,
+        layer: usize,
+        fetched: impl Iterator<Item = (usize, Option<Arc<Mlp>>)>,
+    ) {
         let usage = self.usage.lock().expect("usage lock");
         let now = usage.clock();
         let mut cache = self.caches[layer].lock().expect("cache lock");
@@ -572,7 +705,7 @@ impl ExpertStore {
 
     /// Whether misses are read through the io_uring reactor.
     pub fn uses_reactor(&self) -> bool {
-        self.reactor.is_some()
+        self.reads.is_reactor()
     }
 
     /// Mean and 99th-percentile expert read latency so far, µs (0 with no
@@ -596,9 +729,20 @@ impl ExpertStore {
             c.misses += l.misses;
             c.evictions += l.evictions;
         }
-        let io = self.io.lock().expect("io lock");
-        c.bytes_read = io.0;
-        c.disk_time = io.1;
+        let r = self.reads.counters();
+        c.bytes_read = r.demand_bytes + r.prefetch_bytes;
+        c.disk_busy = r.busy;
+        c.disk_time = *self.stall.lock().expect("stall lock");
+        let t = *self.prefetch.lock().expect("prefetch lock");
+        c.prefetch_issued = t.issued;
+        c.prefetch_issued_bytes = t.issued_bytes;
+        c.prefetch_used = t.used;
+        c.prefetch_late = t.late;
+        // Issued and never asked for, less what was cancelled unread (a
+        // wrong guess still in flight counts: it will be read).
+        c.prefetch_wasted_bytes = t
+            .issued_bytes
+            .saturating_sub(t.used_bytes + r.cancelled_bytes);
         c
     }
 }

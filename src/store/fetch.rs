@@ -1,0 +1,335 @@
+//! A layer's expert reads in flight, and the consumer side of the
+//! pipeline.
+//!
+//! [`Inflight`] is one batch of expert reads (one or more coalesced spans
+//! per expert) turning into complete experts as its events arrive, in
+//! completion order. [`Pending`] is what a MoE layer holds while it works:
+//! its demand batch for the misses, the prefetch reads of experts it turned
+//! out to need, and the experts prefetch had already delivered. The layer
+//! computes its hits, then takes experts from [`Pending::next_expert`] as they
+//! land, and [`Pending::finish`] puts every fetched expert in the cache in
+//! the order asked for, so the cache never depends on completion order.
+
+use super::reads::SpanReq;
+use super::{ExpertStore, SpanRead};
+use crate::error::{Error, Result};
+use crate::model::mlp::Mlp;
+use crossbeam::channel::Select;
+use moestream_io::{Batch, BatchEvent, IoError, Priority, Slab};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one event of a batch meant.
+pub(crate) enum Arrival {
+    /// Expert `i` of the batch is complete: its slabs, span by span.
+    Ready(usize, Vec<Slab>),
+    /// An expert will not arrive: its read failed (with the error) or was
+    /// cancelled (`None`).
+    Lost(Option<Error>),
+    /// The read service failed; nothing more of this batch arrives.
+    Broken(Error),
+}
+
+/// One batch of expert reads in flight.
+pub(crate) struct Inflight {
+    pub batch: Batch,
+    pub experts: Vec<usize>,
+    pub plans: Vec<Vec<SpanRead>>,
+    /// Read tag -> (expert index, span index).
+    owner: Vec<(usize, usize)>,
+    slabs: Vec<Vec<Option<Slab>>>,
+    /// Spans still to land, per expert.
+    left: Vec<usize>,
+    /// Experts lost (failed or cancelled).
+    lost: Vec<bool>,
+    answered: usize,
+    pub submitted: Instant,
+    /// Bytes of each expert's spans.
+    pub bytes: Vec<u64>,
+}
+
+impl Inflight {
+    /// Submits every span of `experts` of `layer` as one batch.
+    pub fn submit(
+        store: &ExpertStore,
+        layer: usize,
+        experts: Vec<usize>,
+        priority: Priority,
+    ) -> Inflight {
+        let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| store.plan(layer, e)).collect();
+        let mut reqs = Vec::new();
+        let mut owner = Vec::new();
+        let mut bytes = Vec::with_capacity(plans.len());
+        for (i, spans) in plans.iter().enumerate() {
+            let mut b = 0;
+            for (j, sp) in spans.iter().enumerate() {
+                reqs.push(SpanReq {
+                    tag: owner.len() as u64,
+                    shard: sp.shard,
+                    offset: sp.offset,
+                    len: sp.len,
+                });
+                owner.push((i, j));
+                b += sp.len as u64;
+            }
+            bytes.push(b);
+        }
+        let slabs = plans
+            .iter()
+            .map(|p| p.iter().map(|_| None).collect())
+            .collect();
+        let left = plans.iter().map(Vec::len).collect();
+        let lost = vec![false; plans.len()];
+        let submitted = Instant::now();
+        let batch = store.reads.submit(reqs, priority);
+        Inflight {
+            batch,
+            experts,
+            plans,
+            owner,
+            slabs,
+            left,
+            lost,
+            answered: 0,
+            submitted,
+            bytes,
+        }
+    }
+
+    /// Whether some read has not been answered yet.
+    pub fn outstanding(&self) -> bool {
+        self.answered < self.owner.len()
+    }
+
+    /// Applies one event; returns what it completed, if anything.
+    pub fn on_event(&mut self, event: BatchEvent) -> Option<Arrival> {
+        let (tag, result) = match event {
+            BatchEvent::Done((tag, r)) => (tag, Some(r)),
+            BatchEvent::Cancelled(tag) => (tag, None),
+            BatchEvent::Failed(e) => {
+                self.answered = self.owner.len();
+                return Some(Arrival::Broken(e.into()));
+            }
+        };
+        self.answered += 1;
+        let (i, j) = self.owner[tag as usize];
+        if self.lost[i] {
+            return None;
+        }
+        match result {
+            Some(Ok(slab)) => {
+                self.slabs[i][j] = Some(slab);
+                self.left[i] -= 1;
+                if self.left[i] > 0 {
+                    return None;
+                }
+                let got = self.slabs[i]
+                    .iter_mut()
+                    .map(|s| s.take().expect("every span landed"))
+                    .collect();
+                Some(Arrival::Ready(i, got))
+            }
+            Some(Err(e)) => {
+                self.lost[i] = true;
+                Some(Arrival::Lost(Some(e.into())))
+            }
+            None => {
+                self.lost[i] = true;
+                Some(Arrival::Lost(None))
+            }
+        }
+    }
+
+    /// Whether expert `i` was lost (its read failed or was cancelled).
+    pub fn is_lost(&self, i: usize) -> bool {
+        self.lost[i]
+    }
+
+    /// Applies every event already waiting, without blocking.
+    pub fn poll(&mut self) -> Vec<Arrival> {
+        let mut out = Vec::new();
+        while self.outstanding() {
+            match self.batch.events.try_recv() {
+                Ok(ev) => out.extend(self.on_event(ev)),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+/// A prefetched expert read: its own one-expert batch, so it can be
+/// promoted or cancelled alone.
+pub(crate) struct PrefetchRead {
+    pub expert: usize,
+    pub read: Inflight,
+    /// The assembled expert, once it landed.
+    pub ready: Option<Arc<Mlp>>,
+}
+
+/// Where an expert of a [`Pending`] comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Demand,
+    Prefetch,
+}
+
+/// One layer's fetch in progress (see the module docs).
+pub struct Pending<'s> {
+    store: &'s ExpertStore,
+    layer: usize,
+    demand: Vec<Inflight>,
+    /// Prefetch reads of wanted experts, still in flight (promoted).
+    awaited: Vec<PrefetchRead>,
+    /// Experts that arrived before they were asked for.
+    ready: Vec<(usize, Arc<Mlp>)>,
+    /// Every expert handed out, for the cache.
+    fetched: Vec<(usize, Arc<Mlp>)>,
+    /// Time blocked waiting for reads.
+    stall: Duration,
+    latencies: Vec<u64>,
+}
+
+impl<'s> Pending<'s> {
+    pub(crate) fn new(
+        store: &'s ExpertStore,
+        layer: usize,
+        ready: Vec<(usize, Arc<Mlp>)>,
+        awaited: Vec<PrefetchRead>,
+        misses: Vec<usize>,
+    ) -> Pending<'s> {
+        let mut p = Pending {
+            store,
+            layer,
+            demand: Vec::new(),
+            awaited,
+            ready,
+            fetched: Vec::new(),
+            stall: Duration::ZERO,
+            latencies: Vec::new(),
+        };
+        p.read(misses);
+        p
+    }
+
+    /// Submits demand reads of `experts`.
+    fn read(&mut self, experts: Vec<usize>) {
+        if experts.is_empty() {
+            return;
+        }
+        let batch = Inflight::submit(self.store, self.layer, experts, Priority::Demand);
+        self.demand.push(batch);
+    }
+
+    /// The next expert to arrive, blocking until one lands; `None` when
+    /// every asked-for expert has been handed out.
+    pub fn next_expert(&mut self) -> Result<Option<(usize, Arc<Mlp>)>> {
+        loop {
+            if let Some((e, m)) = self.ready.pop() {
+                self.fetched.push((e, m.clone()));
+                return Ok(Some((e, m)));
+            }
+            let Some((source, k, event)) = self.wait()? else {
+                return Ok(None);
+            };
+            let read = match source {
+                Source::Demand => &mut self.demand[k],
+                Source::Prefetch => &mut self.awaited[k].read,
+            };
+            let Some(arrival) = read.on_event(event) else {
+                continue;
+            };
+            match (arrival, source) {
+                (Arrival::Ready(i, slabs), source) => {
+                    let (e, plan, submitted) = match source {
+                        Source::Demand => {
+                            let b = &self.demand[k];
+                            (b.experts[i], &b.plans[i], b.submitted)
+                        }
+                        Source::Prefetch => {
+                            let a = &self.awaited[k];
+                            (a.expert, &a.read.plans[0], a.read.submitted)
+                        }
+                    };
+                    self.latencies.push(submitted.elapsed().as_micros() as u64);
+                    let mlp = Arc::new(self.store.assemble(self.layer, e, plan, &slabs)?);
+                    if source == Source::Prefetch {
+                        let bytes = self.awaited[k].read.bytes[0];
+                        self.store.prefetch_used(bytes, true);
+                    }
+                    self.fetched.push((e, mlp.clone()));
+                    return Ok(Some((e, mlp)));
+                }
+                (Arrival::Lost(Some(e)), Source::Demand) | (Arrival::Broken(e), Source::Demand) => {
+                    return Err(e)
+                }
+                (Arrival::Lost(None), Source::Demand) => {
+                    unreachable!("demand reads are never cancelled")
+                }
+                // A prefetch read that failed or was dropped: read it again
+                // as demand (its error, if real, will come back there).
+                (Arrival::Lost(..) | Arrival::Broken(_), Source::Prefetch) => {
+                    let e = self.awaited[k].expert;
+                    self.read(vec![e]);
+                }
+            }
+        }
+    }
+
+    /// Blocks until some outstanding read answers: (source, index, event),
+    /// or `None` with nothing outstanding.
+    fn wait(&mut self) -> Result<Option<(Source, usize, BatchEvent)>> {
+        let mut sel = Select::new();
+        let mut map = Vec::new();
+        for (i, d) in self.demand.iter().enumerate() {
+            if d.outstanding() {
+                sel.recv(&d.batch.events);
+                map.push((Source::Demand, i));
+            }
+        }
+        for (i, a) in self.awaited.iter().enumerate() {
+            if a.read.outstanding() {
+                sel.recv(&a.read.batch.events);
+                map.push((Source::Prefetch, i));
+            }
+        }
+        if map.is_empty() {
+            return Ok(None);
+        }
+        let start = Instant::now();
+        let op = sel.select();
+        let (source, k) = map[op.index()];
+        let rx = match source {
+            Source::Demand => &self.demand[k].batch.events,
+            Source::Prefetch => &self.awaited[k].read.batch.events,
+        };
+        let event = op.recv(rx).unwrap_or_else(|_| {
+            BatchEvent::Failed(IoError::Ring {
+                op: "expert read",
+                source: std::io::Error::other("the read thread stopped mid-batch"),
+            })
+        });
+        self.stall += start.elapsed();
+        Ok(Some((source, k, event)))
+    }
+
+    /// Takes every remaining expert (for a layer that computes only after
+    /// all its reads landed).
+    pub fn collect(&mut self) -> Result<Vec<(usize, Arc<Mlp>)>> {
+        let mut all = Vec::new();
+        while let Some(x) = self.next_expert()? {
+            all.push(x);
+        }
+        Ok(all)
+    }
+
+    /// Inserts every fetched expert into the layer's cache (in the order
+    /// `ids` asked for them) and records bytes, stall time and latencies.
+    pub fn finish(self, ids: &[usize]) {
+        let mut fetched = self.fetched;
+        fetched.sort_by_key(|(e, _)| ids.iter().position(|x| x == e));
+        self.store
+            .insert(self.layer, fetched.into_iter().map(|(e, m)| (e, Some(m))));
+        self.store.record_reads(self.stall, &self.latencies);
+    }
+}
