@@ -28,6 +28,7 @@ pub mod store;
 pub mod synth;
 pub mod tensor;
 pub mod tokenizer;
+pub mod tune;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -19,6 +19,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod tune;
+
 #[derive(Parser)]
 #[command(
     name = "moestream",
@@ -46,6 +48,10 @@ enum Cmd {
     /// Measurements of this machine.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Measure this disk and a few decodes per configuration, and save the
+    /// fastest read mode, pipelining and prefetch as the model's profile
+    /// (used by --io auto).
+    Tune(tune::TuneArgs),
 }
 
 #[derive(Subcommand)]
@@ -125,7 +131,7 @@ struct ConvertArgs {
     quiet: bool,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct ModelArgs {
     /// Model directory (config.json, *.safetensors, tokenizer.json).
     #[arg(long)]
@@ -242,33 +248,75 @@ fn parse_io(s: &str) -> std::result::Result<IoChoice, String> {
 /// What `auto` settles to without a tuned profile.
 const DEFAULT_READ_MODE: ReadMode = ReadMode::Buffered;
 const DEFAULT_PIPELINE: bool = true;
-const DEFAULT_PREFETCH: bool = false;
+const DEFAULT_PREFETCH: Option<Lookahead> = None;
 
 /// The read mode, pipelining and prefetch `m` asks for, with `auto`
-/// resolved.
-fn schedule(m: &ModelArgs) -> (ReadMode, Schedule) {
-    let mode = match m.io {
-        IoChoice::Mode(mode) => mode,
-        IoChoice::Auto => DEFAULT_READ_MODE,
-    };
-    let on = |t: Toggle, default: bool| match t {
-        Toggle::On => true,
-        Toggle::Off => false,
-        Toggle::Auto => default,
-    };
-    let lookahead = on(m.prefetch, DEFAULT_PREFETCH).then_some(Lookahead {
+/// resolved from the tuned profile (or the defaults without one), and a
+/// note saying which profile was used.
+fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
+    let any_auto =
+        m.io == IoChoice::Auto || m.pipeline == Toggle::Auto || m.prefetch == Toggle::Auto;
+    let mut note = None;
+    let (mut mode, mut pipeline, mut prefetch) =
+        (DEFAULT_READ_MODE, DEFAULT_PIPELINE, DEFAULT_PREFETCH);
+    if any_auto {
+        match moestream::tune::load(&m.model) {
+            Ok(Some((path, p))) => {
+                mode = p.read_mode.parse().unwrap_or(DEFAULT_READ_MODE);
+                pipeline = p.pipeline;
+                prefetch = parse_lookahead(&p.prefetch);
+                note = Some(format!(
+                    "tuned profile: --io {} --pipeline {} --prefetch {} ({})",
+                    mode,
+                    if pipeline { "on" } else { "off" },
+                    p.prefetch,
+                    path.display()
+                ));
+            }
+            Ok(None) => {}
+            Err(e) => note = Some(format!("warning: {e}; using the defaults")),
+        }
+    }
+    if let IoChoice::Mode(m) = m.io {
+        mode = m;
+    }
+    match m.pipeline {
+        Toggle::On => pipeline = true,
+        Toggle::Off => pipeline = false,
+        Toggle::Auto => {}
+    }
+    let asked = Lookahead {
         from: match m.prefetch_from {
             PrefetchFrom::Attn => Variant::Attn,
             PrefetchFrom::Output => Variant::Output,
         },
         depth: m.prefetch_depth.max(1),
-    });
+    };
+    match m.prefetch {
+        Toggle::On => prefetch = Some(asked),
+        Toggle::Off => prefetch = None,
+        Toggle::Auto => {}
+    }
     let schedule = Schedule {
-        pipeline: on(m.pipeline, DEFAULT_PIPELINE),
-        lookahead,
+        pipeline,
+        lookahead: prefetch,
         prefetch_experts_max: m.prefetch_experts.unwrap_or(0),
     };
-    (mode, schedule)
+    (mode, schedule, note)
+}
+
+/// A profile's `off` / `attn-1` / `output-2`.
+fn parse_lookahead(s: &str) -> Option<Lookahead> {
+    let (from, depth) = s.split_once('-')?;
+    let from = match from {
+        "attn" => Variant::Attn,
+        "output" => Variant::Output,
+        _ => return None,
+    };
+    Some(Lookahead {
+        from,
+        depth: depth.parse().ok().filter(|&d| d > 0)?,
+    })
 }
 
 #[derive(Args)]
@@ -397,6 +445,7 @@ pub fn main() -> ExitCode {
         Cmd::Convert(a) => cmd_convert(a),
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
+        Cmd::Tune(a) => tune::cmd_tune(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -424,7 +473,10 @@ fn load(m: &ModelArgs) -> Result<Model> {
             Some(p)
         }
     };
-    let (read_mode, schedule) = schedule(m);
+    let (read_mode, schedule, note) = schedule(m);
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let opts = LoadOptions {
         expert_cache: m.expert_cache,
         read_mode,
@@ -503,7 +555,7 @@ fn cmd_run(a: RunArgs) -> Result<()> {
             Ok(t) => t.decode(&g.token_ids)?,
             Err(_) => String::new(),
         };
-        print_json(&g, &text)?;
+        print_json(&g, &text, &model)?;
         return Ok(());
     }
     let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -531,12 +583,13 @@ fn stream_text(
     Ok(g)
 }
 
-fn print_json(g: &Generation, text: &str) -> Result<()> {
+fn print_json(g: &Generation, text: &str, model: &Model) -> Result<()> {
     let v = serde_json::json!({
         "prompt_ids": g.prompt_ids,
         "token_ids": g.token_ids,
         "text": text,
         "stats": g.stats,
+        "config": config_json(model),
     });
     println!("{}", serde_json::to_string(&v)?);
     Ok(())
@@ -734,6 +787,36 @@ fn drop_page_cache(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// How the model reads and schedules experts, for `--json`.
+fn config_json(model: &Model) -> serde_json::Value {
+    let s = model.store.schedule;
+    serde_json::json!({
+        "io": read_mode_of(model).name(),
+        "submit": if model.store.uses_reactor() { "reactor" } else { "sync" },
+        "pipeline": s.pipeline,
+        "prefetch": lookahead_name(s.lookahead),
+        "slots_per_layer": model.plan.as_ref().map(|p| p.slots_per_layer),
+    })
+}
+
+/// `off`, or the lookahead as `from-depth`.
+fn lookahead_name(l: Option<Lookahead>) -> String {
+    match l {
+        Some(l) => format!("{}-{}", l.from.name(), l.depth),
+        None => "off".into(),
+    }
+}
+
+/// The read mode the model's shards actually use (after any fallback).
+fn read_mode_of(model: &Model) -> ReadMode {
+    model
+        .store
+        .index()
+        .shards
+        .first()
+        .map_or(ReadMode::Buffered, |s| s.reader.effective_mode())
+}
+
 fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
     a.model.no_history = true;
     if a.cold {
@@ -756,16 +839,10 @@ fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
     let decode_s = s.seconds - s.prefill_seconds;
     let row: Vec<(&str, String)> = vec![
         ("model", a.model.model.display().to_string()),
-        ("read_mode", schedule(&a.model).0.to_string()),
+        ("read_mode", read_mode_of(&model).to_string()),
         ("submit", format!("{:?}", a.model.submit).to_lowercase()),
         ("pipeline", model.store.schedule.pipeline.to_string()),
-        (
-            "prefetch",
-            match model.store.schedule.lookahead {
-                Some(l) => format!("{}-{}", l.from.name(), l.depth),
-                None => "off".into(),
-            },
-        ),
+        ("prefetch", lookahead_name(model.store.schedule.lookahead)),
         (
             "ram_gb",
             a.model.ram_gb.map_or("-".into(), |g| g.to_string()),

@@ -82,17 +82,28 @@ impl MoeBlock {
                 apply(e, &m);
             }
         } else {
-            let fetched = pending.collect()?;
-            for (&e, m) in ids.iter().zip(&cached) {
-                if let Some(m) = m {
-                    apply(e, m);
+            // Reads and compute never overlap: each wave of reads lands
+            // before its experts (and, after the first, the hits) compute.
+            let mut hits_done = false;
+            loop {
+                let wave = pending.next_wave()?;
+                if !hits_done {
+                    for (&e, m) in ids.iter().zip(&cached) {
+                        if let Some(m) = m {
+                            apply(e, m);
+                        }
+                    }
+                    hits_done = true;
+                }
+                if wave.is_empty() {
+                    break;
+                }
+                for (e, m) in wave {
+                    apply(e, &m);
                 }
             }
-            for (e, m) in fetched {
-                apply(e, &m);
-            }
         }
-        pending.finish(&ids);
+        pending.finish();
         out.fill(0.0);
         for (toks, y) in tokens.iter().zip(&ys) {
             for (k, (t, w)) in toks.iter().enumerate() {

@@ -141,6 +141,37 @@ impl<V: Clone> SlotCache<V> {
         self.entries.iter().filter(|e| e.pinned).count()
     }
 
+    /// For each of `keys`, whether it would still be cached after inserting
+    /// all of them in order with [`SlotCache::insert`] and `score` (nothing
+    /// is changed or counted). Lets a caller drop, as soon as it is used,
+    /// a fetched value that would only be evicted again.
+    pub fn survivors(&self, keys: &[usize], score: impl Fn(usize, u64) -> u64) -> Vec<bool> {
+        let mut shadow: SlotCache<()> = SlotCache {
+            capacity: self.capacity,
+            entries: self
+                .entries
+                .iter()
+                .map(|e| Entry {
+                    key: e.key,
+                    value: (),
+                    last: e.last,
+                    pinned: e.pinned,
+                })
+                .collect(),
+            tick: self.tick,
+            counters: CacheCounters::default(),
+        };
+        for &k in keys {
+            shadow.insert(k, (), &score);
+        }
+        keys.iter().map(|&k| shadow.contains(k)).collect()
+    }
+
+    /// Whether some cached value satisfies `pred`.
+    pub fn any_value(&self, pred: impl Fn(&V) -> bool) -> bool {
+        self.entries.iter().any(|e| pred(&e.value))
+    }
+
     /// Whether `key` is cached (no counting).
     pub fn contains(&self, key: usize) -> bool {
         self.entries.iter().any(|e| e.key == key)
@@ -169,6 +200,31 @@ mod tests {
     /// LRU: the score is the last-use clock.
     fn lru(_: usize, last: u64) -> u64 {
         last
+    }
+
+    /// `survivors` predicts exactly what a real insertion sequence keeps,
+    /// under LRU and a frequency score, with pins and repeated keys.
+    #[test]
+    fn survivors_match_the_real_insertions() {
+        let heat = |k: usize, last: u64| ((k as u64 * 7919) % 13) << 8 | last;
+        for cap in 0..6 {
+            for seq in [vec![5, 6, 7, 8, 9], vec![1, 9, 9, 2], vec![3], vec![]] {
+                for score in [lru as fn(usize, u64) -> u64, heat] {
+                    let mut c = SlotCache::new(cap);
+                    for k in [1, 2, 3] {
+                        c.insert(k, k, score);
+                    }
+                    c.pin(2);
+                    c.get(1);
+                    let predicted = c.survivors(&seq, score);
+                    for &k in &seq {
+                        c.insert(k, k, score);
+                    }
+                    let actual: Vec<bool> = seq.iter().map(|&k| c.contains(k)).collect();
+                    assert_eq!(predicted, actual, "cap {cap} seq {seq:?}");
+                }
+            }
+        }
     }
 
     #[test]

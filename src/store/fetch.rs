@@ -4,11 +4,18 @@
 //! [`Inflight`] is one batch of expert reads (one or more coalesced spans
 //! per expert) turning into complete experts as its events arrive, in
 //! completion order. [`Pending`] is what a MoE layer holds while it works:
-//! its demand batch for the misses, the prefetch reads of experts it turned
+//! its demand reads for the misses, the prefetch reads of experts it turned
 //! out to need, and the experts prefetch had already delivered. The layer
-//! computes its hits, then takes experts from [`Pending::next_expert`] as they
-//! land, and [`Pending::finish`] puts every fetched expert in the cache in
-//! the order asked for, so the cache never depends on completion order.
+//! computes its hits, then takes experts from [`Pending::next_expert`] as
+//! they land, and [`Pending::finish`] replays the cache insertions in the
+//! order asked for, so the cache never depends on completion order.
+//!
+//! Memory stays bounded whatever the union's size (a long prefill can miss
+//! every expert of a layer): at most `window` demand experts are read and
+//! not yet handed out at once, and an expert the cache would evict again
+//! within the same layer (known up front, [`super::cache::SlotCache::survivors`])
+//! is dropped as soon as it has been applied; the replay inserts a
+//! placeholder for it, which is evicted before the replay ends.
 
 use super::reads::SpanReq;
 use super::{ExpertStore, SpanRead};
@@ -178,6 +185,17 @@ enum Source {
 pub struct Pending<'s> {
     store: &'s ExpertStore,
     layer: usize,
+    /// Every miss, in the order asked for, and whether it survives the
+    /// layer's cache insertions.
+    misses: Vec<(usize, bool)>,
+    /// Misses to read, not yet submitted.
+    queue: std::collections::VecDeque<usize>,
+    /// Demand experts submitted and not yet handed out.
+    outstanding: usize,
+    /// Bound on `outstanding` (a refill tops it up).
+    window: usize,
+    /// No refills while a wave is collected.
+    hold: bool,
     demand: Vec<Inflight>,
     /// Prefetch reads of wanted experts, still in flight (promoted).
     awaited: Vec<PrefetchRead>,
@@ -191,16 +209,26 @@ pub struct Pending<'s> {
 }
 
 impl<'s> Pending<'s> {
+    /// `misses` are every cache miss in the order asked for, with whether
+    /// each survives the cache insertions; `to_read` those neither
+    /// prefetched nor awaited.
     pub(crate) fn new(
         store: &'s ExpertStore,
         layer: usize,
-        ready: Vec<(usize, Arc<Mlp>)>,
-        awaited: Vec<PrefetchRead>,
-        misses: Vec<usize>,
+        (ready, awaited): (Vec<(usize, Arc<Mlp>)>, Vec<PrefetchRead>),
+        misses: Vec<(usize, bool)>,
+        to_read: Vec<usize>,
+        window: usize,
     ) -> Pending<'s> {
+        assert!(window > 0, "the read window must be positive");
         let mut p = Pending {
             store,
             layer,
+            misses,
+            queue: to_read.into(),
+            outstanding: 0,
+            window,
+            hold: false,
             demand: Vec::new(),
             awaited,
             ready,
@@ -208,8 +236,18 @@ impl<'s> Pending<'s> {
             stall: Duration::ZERO,
             latencies: Vec::new(),
         };
-        p.read(misses);
+        p.refill();
         p
+    }
+
+    /// Submits queued misses, as one batch, up to the window.
+    fn refill(&mut self) {
+        let n = self
+            .window
+            .saturating_sub(self.outstanding)
+            .min(self.queue.len());
+        let experts: Vec<usize> = self.queue.drain(..n).collect();
+        self.read(experts);
     }
 
     /// Submits demand reads of `experts`.
@@ -217,8 +255,16 @@ impl<'s> Pending<'s> {
         if experts.is_empty() {
             return;
         }
+        self.outstanding += experts.len();
         let batch = Inflight::submit(self.store, self.layer, experts, Priority::Demand);
         self.demand.push(batch);
+    }
+
+    /// Keeps `mlp` for the cache if it survives the layer's insertions.
+    fn keep(&mut self, e: usize, mlp: &Arc<Mlp>) {
+        if self.misses.iter().any(|&(m, survives)| m == e && survives) {
+            self.fetched.push((e, mlp.clone()));
+        }
     }
 
     /// The next expert to arrive, blocking until one lands; `None` when
@@ -226,7 +272,7 @@ impl<'s> Pending<'s> {
     pub fn next_expert(&mut self) -> Result<Option<(usize, Arc<Mlp>)>> {
         loop {
             if let Some((e, m)) = self.ready.pop() {
-                self.fetched.push((e, m.clone()));
+                self.keep(e, &m);
                 return Ok(Some((e, m)));
             }
             let Some((source, k, event)) = self.wait()? else {
@@ -253,11 +299,19 @@ impl<'s> Pending<'s> {
                     };
                     self.latencies.push(submitted.elapsed().as_micros() as u64);
                     let mlp = Arc::new(self.store.assemble(self.layer, e, plan, &slabs)?);
-                    if source == Source::Prefetch {
-                        let bytes = self.awaited[k].read.bytes[0];
-                        self.store.prefetch_used(bytes, true);
+                    match source {
+                        Source::Prefetch => {
+                            let bytes = self.awaited[k].read.bytes[0];
+                            self.store.prefetch_used(bytes, true);
+                        }
+                        Source::Demand => {
+                            self.outstanding -= 1;
+                            if !self.hold {
+                                self.refill();
+                            }
+                        }
                     }
-                    self.fetched.push((e, mlp.clone()));
+                    self.keep(e, &mlp);
                     return Ok(Some((e, mlp)));
                 }
                 (Arrival::Lost(Some(e)), Source::Demand) | (Arrival::Broken(e), Source::Demand) => {
@@ -313,23 +367,45 @@ impl<'s> Pending<'s> {
         Ok(Some((source, k, event)))
     }
 
-    /// Takes every remaining expert (for a layer that computes only after
-    /// all its reads landed).
-    pub fn collect(&mut self) -> Result<Vec<(usize, Arc<Mlp>)>> {
-        let mut all = Vec::new();
-        while let Some(x) = self.next_expert()? {
-            all.push(x);
-        }
-        Ok(all)
+    /// The next wave of experts for a layer that never computes while
+    /// reading: submits the next window of misses, then waits for every
+    /// read in flight. Empty when every expert has been handed out.
+    pub fn next_wave(&mut self) -> Result<Vec<(usize, Arc<Mlp>)>> {
+        self.refill();
+        self.hold = true;
+        let mut wave = Vec::new();
+        let got = loop {
+            match self.next_expert() {
+                Ok(Some(x)) => wave.push(x),
+                Ok(None) => break Ok(wave),
+                Err(e) => break Err(e),
+            }
+        };
+        self.hold = false;
+        got
     }
 
-    /// Inserts every fetched expert into the layer's cache (in the order
-    /// `ids` asked for them) and records bytes, stall time and latencies.
-    pub fn finish(self, ids: &[usize]) {
-        let mut fetched = self.fetched;
-        fetched.sort_by_key(|(e, _)| ids.iter().position(|x| x == e));
-        self.store
-            .insert(self.layer, fetched.into_iter().map(|(e, m)| (e, Some(m))));
+    /// Replays the layer's cache insertions in the order asked for (kept
+    /// experts, placeholders for the ones that would not survive) and
+    /// records stall time and latencies. Every miss must have been handed
+    /// out.
+    pub fn finish(self) {
+        assert!(
+            self.queue.is_empty() && self.outstanding == 0,
+            "a layer finished with expert reads outstanding"
+        );
+        let fetched = self.fetched;
+        let placeholder = &self.store.placeholder;
+        let replay = self.misses.iter().map(|&(e, survives)| {
+            let kept = fetched
+                .iter()
+                .find(|(k, _)| *k == e)
+                .map(|(_, m)| m.clone());
+            assert_eq!(kept.is_some(), survives, "expert {e}: kept iff it survives");
+            (e, Some(kept.unwrap_or_else(|| placeholder.clone())))
+        });
+        self.store.insert(self.layer, replay);
+        self.store.check_no_placeholder(self.layer);
         self.store.record_reads(self.stall, &self.latencies);
     }
 }

@@ -163,6 +163,9 @@ pub struct ExpertStore {
     recall: Mutex<Vec<LayerRecall>>,
     /// How layers use the store (pipelining, lookahead).
     pub schedule: Schedule,
+    /// Stands in, during a cache replay, for an expert that is evicted
+    /// again before the replay ends (never computed with).
+    placeholder: Arc<Mlp>,
 }
 
 /// How the MoE layers use the store.
@@ -310,6 +313,13 @@ impl ExpertStore {
             prefetch: Mutex::new(PrefetchTally::default()),
             recall: Mutex::new(vec![LayerRecall::default(); layers]),
             schedule: Schedule::default(),
+            placeholder: Arc::new(Mlp {
+                gate: Mat::f32(0, 0, Vec::new()),
+                up: Mat::f32(0, 0, Vec::new()),
+                down: Mat::f32(0, 0, Vec::new()),
+                hidden: 0,
+                inter: 0,
+            }),
         })
     }
 
@@ -374,13 +384,15 @@ impl ExpertStore {
         }
         let mut ready = Vec::new();
         let mut awaited = Vec::new();
+        let mut to_read = Vec::new();
         let mut misses = Vec::new();
         for (&e, c) in ids.iter().zip(&cached) {
             if c.is_some() {
                 continue;
             }
+            misses.push(e);
             let Some(at) = prefetched.iter().position(|p| p.expert == e) else {
-                misses.push(e);
+                to_read.push(e);
                 continue;
             };
             let p = prefetched.swap_remove(at);
@@ -391,7 +403,7 @@ impl ExpertStore {
                 self.reads.promote(p.read.batch.id);
                 awaited.push(p);
             } else {
-                misses.push(e);
+                to_read.push(e);
             }
         }
         // Wrong guesses: drop their reads that have not started.
@@ -400,7 +412,13 @@ impl ExpertStore {
                 self.reads.cancel(p.read.batch.id);
             }
         }
-        Ok((cached, Pending::new(self, layer, ready, awaited, misses)))
+        let survives = self.survivors(layer, &misses);
+        let misses = misses.into_iter().zip(survives).collect();
+        let window = self.top_k.max(1);
+        Ok((
+            cached,
+            Pending::new(self, layer, (ready, awaited), misses, to_read, window),
+        ))
     }
 
     /// Counts a prefetched expert a layer asked for; `late` when it was
@@ -569,6 +587,29 @@ impl ExpertStore {
             hidden: self.hidden,
             inter: self.inter,
         })
+    }
+
+    /// For each of `misses` (in insertion order), whether it would stay in
+    /// the layer's cache after they are all inserted.
+    fn survivors(&self, layer: usize, misses: &[usize]) -> Vec<bool> {
+        let usage = self.usage.lock().expect("usage lock");
+        let now = usage.clock();
+        let cache = self.caches[layer].lock().expect("cache lock");
+        match self.policy {
+            EvictPolicy::Lru => cache.survivors(misses, |_, last| last),
+            EvictPolicy::Lfru => {
+                cache.survivors(misses, |k, _| policy::lfru_score(usage.get(layer, k), now))
+            }
+        }
+    }
+
+    /// Asserts the replay left no placeholder in the layer's cache.
+    pub(crate) fn check_no_placeholder(&self, layer: usize) {
+        let cache = self.caches[layer].lock().expect("cache lock");
+        assert!(
+            !cache.any_value(|m| Arc::ptr_eq(m, &self.placeholder)),
+            "a placeholder expert survived the cache replay of layer {layer}"
+        );
     }
 
     /// Inserts fetched experts into the layer's cache, evicting by policy.

@@ -1,0 +1,248 @@
+//! `moestream tune`: measure this disk with expert-sized reads in every
+//! read mode, decode a few tokens cold in each candidate configuration
+//! (read mode × pipelining × lookahead prefetch), and save the fastest as
+//! the model's tuned profile (see `moestream::tune`), which `--io auto`
+//! (the default) then uses.
+
+use super::{drop_page_cache, load, lookahead_name, read_mode_of, IoChoice, ModelArgs, Toggle};
+use anyhow::{Context, Result};
+use clap::Args;
+use moestream::generate::{generate, GenOptions};
+use moestream::sampler::SamplingParams;
+use moestream::tokenizer::Tokenizer;
+use moestream::tune::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
+use moestream_io::{bench_random_reads, BenchConfig, ReadMode};
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub(super) struct TuneArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Tokens each decode probe generates (greedy, EOS ignored).
+    #[arg(long, default_value_t = 8)]
+    tokens: usize,
+    /// Read modes (best by the disk sweep) that get decode probes.
+    #[arg(long, default_value_t = 2)]
+    modes_probed: usize,
+    /// Rounds of probes (alternating); the median decides.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Reads in flight of the disk sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    depths: Vec<usize>,
+    /// Print the table only; do not save the profile.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+const PROMPT: &str = "The engine reads the expert from the disk while the cores compute";
+
+/// The probed (pipeline, prefetch) pairs.
+const SCHEDULES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
+    anyhow::ensure!(
+        a.tokens >= 2,
+        "--tokens must be at least 2 (one decode step)"
+    );
+    anyhow::ensure!(a.rounds >= 1, "--rounds must be at least 1");
+    a.model.no_history = true;
+    let dir = a.model.model.clone();
+    // One expert's read span sets the sweep's read size.
+    let (expert_disk, shard) = {
+        let mut m = a.model.clone();
+        m.io = IoChoice::Mode(ReadMode::Pread);
+        m.ram_gb = None;
+        m.expert_cache = 0;
+        let model = load(&m)?;
+        let (_, disk) = model
+            .store
+            .expert_bytes()
+            .context("the model has no routed experts to tune for")?;
+        (disk as usize, largest_shard(&dir)?)
+    };
+    println!(
+        "disk sweep: random {:.2} MB reads (one expert) of {}",
+        expert_disk as f64 / 1e6,
+        shard.display()
+    );
+    println!("mode      depth   GB/s   p50 ms   p99 ms");
+    let reads = ((512usize << 20) / expert_disk.max(1)).clamp(8, 64);
+    let mut disk = Vec::new();
+    for mode in ReadMode::ALL {
+        for &depth in &a.depths {
+            drop_page_cache(&dir)?;
+            let cfg = BenchConfig {
+                read_bytes: expert_disk,
+                reads: reads.max(depth),
+                threads: depth.max(1),
+                seed: 7 + depth as u64,
+            };
+            let r = bench_random_reads(&shard, mode, cfg)
+                .with_context(|| format!("disk sweep of {} ({mode})", shard.display()))?;
+            println!(
+                "{:<9} {:>5} {:>6.2} {:>8.2} {:>8.2}",
+                mode.name(),
+                depth,
+                r.gb_per_s,
+                r.read_latency_us_p50 / 1e3,
+                r.read_latency_us_p99 / 1e3
+            );
+            disk.push(DiskPoint {
+                read_mode: mode.name().into(),
+                depth,
+                read_bytes: expert_disk,
+                gb_per_s: r.gb_per_s,
+                p50_us: r.read_latency_us_p50,
+                p99_us: r.read_latency_us_p99,
+            });
+        }
+    }
+    let mut ranked: Vec<(ReadMode, f64)> = ReadMode::ALL
+        .iter()
+        .map(|&m| {
+            let best = disk
+                .iter()
+                .filter(|p| p.read_mode == m.name())
+                .map(|p| p.gb_per_s)
+                .fold(0.0, f64::max);
+            (m, best)
+        })
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let candidates: Vec<ReadMode> = ranked
+        .iter()
+        .take(a.modes_probed.max(1))
+        .map(|r| r.0)
+        .collect();
+
+    println!(
+        "decode probes: {} tokens, cold, {}",
+        a.tokens,
+        a.model
+            .ram_gb
+            .map_or("no --ram-gb".into(), |g| format!("--ram-gb {g}"))
+    );
+    println!("mode      pipeline prefetch  decode tok/s  MB/token  overlap");
+    let mut runs: Vec<Vec<Probe>> = Vec::new();
+    for round in 0..a.rounds {
+        let mut i = 0;
+        for &mode in &candidates {
+            for &(pipeline, prefetch) in &SCHEDULES {
+                let p = probe(&a, mode, pipeline, prefetch)?;
+                println!(
+                    "{:<9} {:<8} {:<9} {:>12.3} {:>9.1} {:>7.0}%{}",
+                    p.read_mode,
+                    if pipeline { "on" } else { "off" },
+                    p.prefetch,
+                    p.decode_tok_s,
+                    p.mb_read_per_token,
+                    p.overlap * 100.0,
+                    if a.rounds > 1 {
+                        format!("  (round {})", round + 1)
+                    } else {
+                        String::new()
+                    }
+                );
+                if round == 0 {
+                    runs.push(Vec::new());
+                }
+                runs[i].push(p);
+                i += 1;
+            }
+        }
+    }
+    let probes: Vec<Probe> = runs.into_iter().map(median_probe).collect();
+    let best = probes
+        .iter()
+        .max_by(|a, b| a.decode_tok_s.total_cmp(&b.decode_tok_s))
+        .expect("at least one probe")
+        .clone();
+    let profile = Profile {
+        version: PROFILE_VERSION,
+        device: tune::device_of(&dir)?,
+        model: dir.display().to_string(),
+        read_mode: best.read_mode.clone(),
+        pipeline: best.pipeline,
+        prefetch: best.prefetch.clone(),
+        ram_gb: a.model.ram_gb,
+        disk,
+        probes,
+    };
+    println!(
+        "best: --io {} --pipeline {} --prefetch {} ({:.3} tok/s{})",
+        best.read_mode,
+        if best.pipeline { "on" } else { "off" },
+        if best.prefetch == "off" { "off" } else { "on" },
+        best.decode_tok_s,
+        if a.rounds > 1 { ", median" } else { "" }
+    );
+    if a.dry_run {
+        println!("(dry run: profile not saved)");
+    } else {
+        let path = tune::save(&dir, &profile)?;
+        println!(
+            "saved {} (used by --io auto on device {})",
+            path.display(),
+            profile.device
+        );
+    }
+    Ok(())
+}
+
+/// One cold decode in one configuration.
+fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, prefetch: bool) -> Result<Probe> {
+    let mut m = a.model.clone();
+    m.io = IoChoice::Mode(mode);
+    m.pipeline = if pipeline { Toggle::On } else { Toggle::Off };
+    m.prefetch = if prefetch { Toggle::On } else { Toggle::Off };
+    drop_page_cache(&m.model)?;
+    let model = load(&m)?;
+    let prompt = match Tokenizer::load(&m.model) {
+        Ok(t) => t.encode(PROMPT)?,
+        Err(_) => (1..=8u32)
+            .map(|i| i % model.cfg.vocab_size as u32)
+            .collect(),
+    };
+    let opts = GenOptions {
+        max_tokens: a.tokens,
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+        eos_ids: vec![],
+    };
+    let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
+    let s = &g.stats;
+    let decode_s = (s.seconds - s.prefill_seconds).max(1e-9);
+    Ok(Probe {
+        read_mode: read_mode_of(&model).name().into(),
+        pipeline,
+        prefetch: lookahead_name(model.store.schedule.lookahead),
+        decode_tok_s: s.tokens.saturating_sub(1) as f64 / decode_s,
+        mb_read_per_token: s.bytes_read_per_token / 1e6,
+        overlap: s.overlap,
+    })
+}
+
+/// The probe with the median decode speed of one configuration's rounds.
+fn median_probe(mut rounds: Vec<Probe>) -> Probe {
+    rounds.sort_by(|a, b| a.decode_tok_s.total_cmp(&b.decode_tok_s));
+    rounds.swap_remove(rounds.len() / 2)
+}
+
+/// The largest `*.safetensors` file of `dir` (the sweep reads from it).
+fn largest_shard(dir: &Path) -> Result<PathBuf> {
+    let mut best: Option<(u64, PathBuf)> = None;
+    for ent in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = ent?.path();
+        if p.extension().is_some_and(|e| e == "safetensors") {
+            let len = std::fs::metadata(&p)
+                .with_context(|| format!("stat {}", p.display()))?
+                .len();
+            if best.as_ref().is_none_or(|b| len > b.0) {
+                best = Some((len, p));
+            }
+        }
+    }
+    best.map(|b| b.1)
+        .with_context(|| format!("no *.safetensors in {}", dir.display()))
+}
