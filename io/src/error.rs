@@ -62,6 +62,12 @@ pub enum IoError {
         source: io::Error,
     },
 
+    /// A request that cannot be carried out as given (e.g. a disk sweep
+    /// whose block size fits in none of its files); `what` says why and
+    /// names the files involved.
+    #[error("{what}")]
+    BadInput { what: String },
+
     /// A read mode name did not parse.
     #[error("unknown read mode {name:?} (expected direct, buffered, drop, mmap or pread)")]
     UnknownMode { name: String },

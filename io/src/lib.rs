@@ -14,7 +14,10 @@
 //!   [`ReactorService`], the reactor on its own thread, fed over a channel;
 //! - [`coalesce`], merging nearby ranges into larger reads within named
 //!   limits;
-//! - [`bench_random_reads`], the measurement behind choosing a mode per disk.
+//! - [`bench_random_reads`], the measurement behind choosing a mode per disk,
+//!   and [`sweep`], the raw disk sweep over modes, block sizes and queue
+//!   depths (`moestream bench io`), with its CSV and its SVG plot
+//!   ([`Figure`], a dependency-free line-plot writer).
 //!
 //! Unsafe code lives only in `aligned` (the allocation), `ring` (handing
 //! buffers to the kernel), `reactor` (keeping them alive until completion)
@@ -26,11 +29,13 @@ mod coalesce;
 mod error;
 mod file;
 mod mode;
+mod plot;
 mod reactor;
 mod ring;
 mod service;
 mod slab;
 mod source;
+mod sweep;
 
 pub use aligned::{align_up, AlignedBuf, ALIGN};
 pub use bench::{bench_random_reads, BenchConfig, BenchReport};
@@ -38,7 +43,12 @@ pub use coalesce::{coalesce, ByteRange, CoalesceLimits, MergedRead};
 pub use error::IoError;
 pub use file::{DirectSpan, OpenFile};
 pub use mode::ReadMode;
+pub use plot::{Figure, Panel, Series};
 pub use reactor::{FaultInjector, Priority, Reactor, ReactorConfig, ReadDone, ReadReq};
 pub use service::{Batch, BatchEvent, ReactorService, ServiceCounters};
 pub use slab::{Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};
+pub use sweep::{
+    device_read_bytes, drop_page_cache, size_label, sweep, sweep_svg, write_csv, Engine,
+    SweepConfig, SweepRow, CSV_HEADER, SWEEP_DEPTH_MAX,
+};

@@ -1,5 +1,7 @@
 //! `Reactor`: batches of reads through io_uring, returned in completion
-//! order.
+//! order; or a stream of reads pulled one at a time as slots free up
+//! ([`Reactor::submit_stream_with`]), which keeps the queue full without
+//! knowing the requests in advance.
 //!
 //! Buffer ownership: every in-flight read is an [`Op`] that owns its aligned
 //! buffer and an `Arc` of its file. While the kernel may write into the
@@ -26,7 +28,8 @@
 //! file before the requested range ends is an [`IoError::ShortRead`].
 //!
 //! Counters: `queued()` is the number of parked reads, `in_kernel()` the
-//! number submitted and not yet reaped; both are zero between batches.
+//! number submitted and not yet reaped; both are zero between batches and
+//! streams.
 
 use std::collections::VecDeque;
 use std::io;
@@ -249,6 +252,45 @@ impl Reactor {
         Ok(())
     }
 
+    /// Reads a stream of requests while keeping up to `depth` of them
+    /// outstanding: whenever fewer than `depth` pulled reads are unfinished
+    /// it pulls the next request from `next` (which returns `None` to end
+    /// the stream), so a freed slot is refilled as soon as its completion
+    /// is reaped, and a pulled request enters the kernel in the same
+    /// round. Each result goes to `on_done` as soon as it is reaped.
+    /// Returns once `next` has returned `None` and every pulled read is
+    /// done. Errors as [`Reactor::submit_batch_with`].
+    pub fn submit_stream_with(
+        &mut self,
+        mut next: impl FnMut() -> Option<ReadReq>,
+        mut on_done: impl FnMut(ReadDone),
+    ) -> Result<(), IoError> {
+        self.check_usable("submit_stream_with")?;
+        let depth = self.config.depth as usize;
+        let mut done = Vec::with_capacity(depth);
+        let mut open = true;
+        loop {
+            while open && self.queued() + self.in_kernel < depth {
+                match next() {
+                    Some(req) => self.enqueue(req, Priority::Demand, &mut done),
+                    None => open = false,
+                }
+                // Requests finished without I/O (rejected ranges) go out
+                // at once, so `next` sees their results before pulling on.
+                done.drain(..).for_each(&mut on_done);
+            }
+            if self.is_idle() {
+                if open {
+                    continue;
+                }
+                return Ok(());
+            }
+            self.step(&mut done)?;
+            done.drain(..).for_each(&mut on_done);
+        }
+    }
+
+    /// Refuses work after a fatal ring error.
     fn check_usable(&self, op: &'static str) -> Result<(), IoError> {
         if self.broken {
             return Err(IoError::Ring {

@@ -422,3 +422,60 @@ fn service_cancel_answers_every_request_once() {
     assert_eq!((c.prefetch_bytes, c.cancelled_bytes), (read, cancelled));
     assert!(c.demand_bytes > 0 && c.busy > std::time::Duration::ZERO);
 }
+
+/// A stream pulls requests only while fewer than `depth` are outstanding,
+/// fills the queue to `depth`, and hands every result over once with the
+/// file's bytes; a request past the end is a short read and the stream goes
+/// on; an empty stream returns at once.
+#[test]
+fn a_stream_keeps_depth_outstanding_and_hands_over_every_result() {
+    use std::cell::Cell;
+    let depth = 3;
+    let Some(mut r) = reactor(ReactorConfig {
+        depth,
+        ..ReactorConfig::default()
+    }) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = fixture(dir.path());
+    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let mut reqs = requests(&file, 30);
+    reqs[7].offset = FILE_BYTES as u64 - 10;
+    reqs[7].len = 11;
+    let (pulled, finished, peak) = (Cell::new(0usize), Cell::new(0usize), Cell::new(0usize));
+    let mut seen = HashSet::new();
+    r.submit_stream_with(
+        || {
+            let outstanding = pulled.get() - finished.get();
+            assert!(
+                outstanding < depth as usize,
+                "pulled with {outstanding} outstanding"
+            );
+            let req = reqs.get(pulled.get()).cloned()?;
+            pulled.set(pulled.get() + 1);
+            peak.set(peak.get().max(outstanding + 1));
+            Some(req)
+        },
+        |(tag, result)| {
+            finished.set(finished.get() + 1);
+            assert!(seen.insert(tag), "tag {tag} twice");
+            let req = &reqs[tag as usize];
+            if tag == 7 {
+                let err = result.unwrap_err();
+                assert!(matches!(err, IoError::ShortRead { .. }), "{err}");
+                return;
+            }
+            let s = req.offset as usize;
+            assert_eq!(result.unwrap().bytes(), &data[s..s + req.len], "tag {tag}");
+        },
+    )
+    .unwrap();
+    assert_eq!(seen.len(), 30);
+    assert_eq!(peak.get(), depth as usize, "the queue was kept full");
+    assert_eq!((r.queued(), r.in_kernel()), (0, 0));
+    // An empty stream returns at once; the reactor stays usable.
+    r.submit_stream_with(|| None, |_| panic!("no reads"))
+        .unwrap();
+    check_batch(&mut r, &file, &data, 5);
+}

@@ -19,6 +19,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod bench_io;
 mod tune;
 
 #[derive(Parser)]
@@ -61,6 +62,9 @@ enum BenchCmd {
     /// Decode speed of one configuration: one result line, optionally
     /// appended to a CSV file. The usage history is neither used nor saved.
     Decode(DecodeArgs),
+    /// Raw disk sweep: cold random reads of the model files for every read
+    /// mode x block size x queue depth (GB/s, latency, device bytes).
+    Io(bench_io::IoBenchArgs),
 }
 
 #[derive(Args)]
@@ -446,6 +450,7 @@ pub fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
         Cmd::Tune(a) => tune::cmd_tune(a),
+        Cmd::Bench(BenchCmd::Io(a)) => bench_io::cmd_bench_io(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
