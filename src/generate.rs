@@ -72,6 +72,14 @@ pub struct RunStats {
     pub recall_output: Option<f64>,
     /// The same per layer (cumulative over the process), `[attn, output]`.
     pub recall_per_layer: Vec<[Option<f64>; 2]>,
+    /// The decode phase alone (after the prefill, the first token's
+    /// forward excluded): its steps, seconds, expert bytes read, read-path
+    /// busy time and compute's wait on reads.
+    pub decode_steps: usize,
+    pub decode_s: f64,
+    pub decode_bytes_read: u64,
+    pub decode_disk_busy_s: f64,
+    pub decode_disk_wait_s: f64,
 }
 
 impl RunStats {
@@ -156,9 +164,11 @@ pub fn generate(
     let mut sampler = Sampler::new(opts.sampling);
     let mut out = Vec::with_capacity(max_tokens);
     let mut prefill_seconds = 0.0;
+    let mut at_decode = before;
     if max_tokens > 0 {
         let mut logits = model.forward_chunked(prompt, &mut kv, false, &mut prof, PREFILL_CHUNK)?;
         prefill_seconds = start.elapsed().as_secs_f64();
+        at_decode = model.store.counters();
         loop {
             let id = sampler.sample(&logits);
             out.push(id);
@@ -240,6 +250,11 @@ pub fn generate(
         recall_attn: recall(0),
         recall_output: recall(1),
         recall_per_layer: model.store.recall(),
+        decode_steps: out.len().saturating_sub(1),
+        decode_s: seconds - prefill_seconds,
+        decode_bytes_read: after.bytes_read - at_decode.bytes_read,
+        decode_disk_busy_s: (after.disk_busy - at_decode.disk_busy).as_secs_f64(),
+        decode_disk_wait_s: (after.disk_time - at_decode.disk_time).as_secs_f64(),
     };
     Ok(Generation {
         prompt_ids: prompt.to_vec(),

@@ -83,6 +83,11 @@ struct DecodeArgs {
     /// Drop the model files from the page cache first (fadvise DONTNEED).
     #[arg(long)]
     cold: bool,
+    /// Generate once before measuring, in the same process, so the
+    /// measured run finds what the first one cached (with every expert
+    /// cached: the compute-only time of this decode).
+    #[arg(long)]
+    warmup: bool,
     /// Append the result as a CSV row (header written for a new file).
     #[arg(long, value_name = "FILE")]
     csv: Option<PathBuf>,
@@ -838,10 +843,14 @@ fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         ignore_eos: true,
         eos_ids: vec![],
     };
+    if a.warmup {
+        generate(&model, &prompt, &opts, |_| Ok(()))?;
+    }
     let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
     let s = &g.stats;
     let n = s.tokens.max(1) as f64;
     let decode_s = s.seconds - s.prefill_seconds;
+    let steps = s.decode_steps.max(1) as f64;
     let row: Vec<(&str, String)> = vec![
         ("model", a.model.model.display().to_string()),
         ("read_mode", read_mode_of(&model).to_string()),
@@ -892,6 +901,38 @@ fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         (
             "peak_rss_mib",
             format!("{:.1}", s.peak_rss_bytes as f64 / (1 << 20) as f64),
+        ),
+        ("warmup", a.warmup.to_string()),
+        ("decode_s_per_tok", format!("{:.4}", s.decode_s / steps)),
+        (
+            "decode_mb_per_tok",
+            format!("{:.2}", s.decode_bytes_read as f64 / steps / 1e6),
+        ),
+        (
+            "decode_wait_s_per_tok",
+            format!("{:.4}", s.decode_disk_wait_s / steps),
+        ),
+        (
+            "decode_disk_gb_s",
+            format!(
+                "{:.3}",
+                s.decode_bytes_read as f64 / s.decode_disk_busy_s.max(1e-9) / 1e9
+            ),
+        ),
+        ("overlap", format!("{:.3}", s.overlap)),
+        ("prefetch_used", s.prefetch_used.to_string()),
+        ("prefetch_issued", s.prefetch_issued.to_string()),
+        (
+            "prefetch_wasted_mb",
+            format!("{:.1}", s.prefetch_wasted_bytes as f64 / 1e6),
+        ),
+        (
+            "recall_attn",
+            s.recall_attn.map_or("-".into(), |r| format!("{r:.3}")),
+        ),
+        (
+            "recall_output",
+            s.recall_output.map_or("-".into(), |r| format!("{r:.3}")),
         ),
     ];
     println!(

@@ -11,8 +11,9 @@ use moestream::generate::{generate, GenOptions};
 use moestream::sampler::SamplingParams;
 use moestream::tokenizer::Tokenizer;
 use moestream::tune::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
-use moestream_io::{bench_random_reads, BenchConfig, ReadMode};
+use moestream_io::{sweep, ReadMode, SweepConfig};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Args)]
 pub(super) struct TuneArgs {
@@ -30,6 +31,9 @@ pub(super) struct TuneArgs {
     /// Reads in flight of the disk sweep.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     depths: Vec<usize>,
+    /// Seconds per disk-sweep cell.
+    #[arg(long, default_value_t = 0.5)]
+    cell_seconds: f64,
     /// Print the table only; do not save the profile.
     #[arg(long)]
     dry_run: bool,
@@ -46,10 +50,14 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         "--tokens must be at least 2 (one decode step)"
     );
     anyhow::ensure!(a.rounds >= 1, "--rounds must be at least 1");
+    anyhow::ensure!(
+        a.cell_seconds > 0.0 && a.cell_seconds.is_finite(),
+        "--cell-seconds must be positive"
+    );
     a.model.no_history = true;
     let dir = a.model.model.clone();
     // One expert's read span sets the sweep's read size.
-    let (expert_disk, shard) = {
+    let expert_disk = {
         let mut m = a.model.clone();
         m.io = IoChoice::Mode(ReadMode::Pread);
         m.ram_gb = None;
@@ -59,45 +67,46 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
             .store
             .expert_bytes()
             .context("the model has no routed experts to tune for")?;
-        (disk as usize, largest_shard(&dir)?)
+        disk as usize
     };
+    let shards = shards(&dir)?;
     println!(
-        "disk sweep: random {:.2} MB reads (one expert) of {}",
+        "disk sweep: random {:.2} MB reads (one expert) over {} shard(s), page cache dropped per cell",
         expert_disk as f64 / 1e6,
-        shard.display()
+        shards.len()
     );
-    println!("mode      depth   GB/s   p50 ms   p99 ms");
-    let reads = ((512usize << 20) / expert_disk.max(1)).clamp(8, 64);
-    let mut disk = Vec::new();
-    for mode in ReadMode::ALL {
-        for &depth in &a.depths {
-            drop_page_cache(&dir)?;
-            let cfg = BenchConfig {
-                read_bytes: expert_disk,
-                reads: reads.max(depth),
-                threads: depth.max(1),
-                seed: 7 + depth as u64,
-            };
-            let r = bench_random_reads(&shard, mode, cfg)
-                .with_context(|| format!("disk sweep of {} ({mode})", shard.display()))?;
-            println!(
-                "{:<9} {:>5} {:>6.2} {:>8.2} {:>8.2}",
-                mode.name(),
-                depth,
-                r.gb_per_s,
-                r.read_latency_us_p50 / 1e3,
-                r.read_latency_us_p99 / 1e3
-            );
-            disk.push(DiskPoint {
-                read_mode: mode.name().into(),
-                depth,
-                read_bytes: expert_disk,
-                gb_per_s: r.gb_per_s,
-                p50_us: r.read_latency_us_p50,
-                p99_us: r.read_latency_us_p99,
-            });
-        }
-    }
+    println!("mode      engine    depth   GB/s   p50 ms   p99 ms");
+    let cfg = SweepConfig {
+        modes: ReadMode::ALL.to_vec(),
+        read_sizes: vec![expert_disk],
+        depths: a.depths.clone(),
+        cell_time: Duration::from_secs_f64(a.cell_seconds),
+        reads_max: None,
+        seed: 7,
+    };
+    let rows = sweep(&shards, &cfg, |r| {
+        println!(
+            "{:<9} {:<9} {:>5} {:>6.2} {:>8.2} {:>8.2}",
+            r.mode_label(),
+            format!("{:?}", r.engine).to_lowercase(),
+            r.depth,
+            r.gb_per_s,
+            r.latency_us_p50 / 1e3,
+            r.latency_us_p99 / 1e3
+        );
+    })
+    .context("disk sweep")?;
+    let disk: Vec<DiskPoint> = rows
+        .iter()
+        .map(|r| DiskPoint {
+            read_mode: r.effective_mode.name().into(),
+            depth: r.depth,
+            read_bytes: r.read_bytes,
+            gb_per_s: r.gb_per_s,
+            p50_us: r.latency_us_p50,
+            p99_us: r.latency_us_p99,
+        })
+        .collect();
     let mut ranked: Vec<(ReadMode, f64)> = ReadMode::ALL
         .iter()
         .map(|&m| {
@@ -129,7 +138,37 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         let mut i = 0;
         for &mode in &candidates {
             for &(pipeline, prefetch) in &SCHEDULES {
-                let p = probe(&a, mode, pipeline, prefetch)?;
+                let p = match probe(&a, mode, pipeline, prefetch) {
+                    Ok(p) => p,
+                    // A configuration that cannot fit the budget (prefetch
+                    // reserves RAM) is not a candidate.
+                    Err(e)
+                        if matches!(
+                            e.downcast_ref::<moestream::Error>(),
+                            Some(moestream::Error::Budget(_))
+                        ) =>
+                    {
+                        println!(
+                            "{:<9} {:<8} {:<9} does not fit: {e}",
+                            mode.name(),
+                            if pipeline { "on" } else { "off" },
+                            if prefetch { "on" } else { "off" }
+                        );
+                        Probe {
+                            read_mode: mode.name().into(),
+                            pipeline,
+                            prefetch: if prefetch {
+                                "attn-1".into()
+                            } else {
+                                "off".into()
+                            },
+                            decode_tok_s: 0.0,
+                            mb_read_per_token: 0.0,
+                            overlap: 0.0,
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
                 println!(
                     "{:<9} {:<8} {:<9} {:>12.3} {:>9.1} {:>7.0}%{}",
                     p.read_mode,
@@ -229,20 +268,16 @@ fn median_probe(mut rounds: Vec<Probe>) -> Probe {
     rounds.swap_remove(rounds.len() / 2)
 }
 
-/// The largest `*.safetensors` file of `dir` (the sweep reads from it).
-fn largest_shard(dir: &Path) -> Result<PathBuf> {
-    let mut best: Option<(u64, PathBuf)> = None;
+/// The `*.safetensors` files of `dir` (the sweep reads across them).
+fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
     for ent in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let p = ent?.path();
         if p.extension().is_some_and(|e| e == "safetensors") {
-            let len = std::fs::metadata(&p)
-                .with_context(|| format!("stat {}", p.display()))?
-                .len();
-            if best.as_ref().is_none_or(|b| len > b.0) {
-                best = Some((len, p));
-            }
+            out.push(p);
         }
     }
-    best.map(|b| b.1)
-        .with_context(|| format!("no *.safetensors in {}", dir.display()))
+    out.sort();
+    anyhow::ensure!(!out.is_empty(), "no *.safetensors in {}", dir.display());
+    Ok(out)
 }

@@ -55,6 +55,9 @@ impl MmapReader {
 }
 
 /// Page size the advice ranges are aligned to.
+/// Bytes per WILLNEED advice: below any device's read-ahead cap.
+const WILLNEED_CHUNK: usize = 1 << 20;
+
 const PAGE: usize = 4096;
 
 impl RangeReader for MmapReader {
@@ -74,10 +77,18 @@ impl RangeReader for MmapReader {
         // page cache): RSS holds only what the engine keeps.
         // MADV_RANDOM (see `expect_random`) turns off fault read-ahead, so
         // ask for exactly this range up front: the kernel reads it in large
-        // requests instead of one page per fault. Advisory.
+        // requests instead of one page per fault. One WILLNEED reads at most
+        // the device's read-ahead window (the rest would then fault in page
+        // by page: 0.1 GB/s for 19 MB reads here), so ask in chunks.
+        // Advisory.
         if let Some(map) = &self.map {
             let start = offset as usize / PAGE * PAGE;
-            let _ = map.advise_range(memmap2::Advice::WillNeed, start, end as usize - start);
+            let mut at = start;
+            while at < end as usize {
+                let n = WILLNEED_CHUNK.min(end as usize - at);
+                let _ = map.advise_range(memmap2::Advice::WillNeed, at, n);
+                at += n;
+            }
         }
         let mut buf = self.pool.take(len)?;
         buf.as_mut_slice()
