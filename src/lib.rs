@@ -24,6 +24,7 @@ pub mod profile;
 pub mod quality;
 pub mod quant;
 pub mod sampler;
+pub mod scratch;
 pub mod store;
 pub mod synth;
 pub mod tensor;

@@ -364,3 +364,38 @@ fn bad_containers_fail_with_named_errors() {
     let out = cli_convert(&dst2, &tmp.path().join("again"), &[]);
     assert_clean_failure(&out, &["already a moestream container"]);
 }
+
+/// A container's packed experts are decoded in place: their matrices are
+/// windows of the read slab (no copy), in every read mode, and equal the
+/// bytes an owned decode gives.
+#[test]
+fn packed_experts_are_windows_of_their_read_slab() {
+    use moestream::model::{LoadOptions, Model};
+    use moestream::tensor::MatData;
+    let (_tmp, dst) = quant_container("qwen3_moe", &[]);
+    for mode in ReadMode::ALL {
+        let opts = LoadOptions {
+            read_mode: mode,
+            ..LoadOptions::default()
+        };
+        let model = Model::load(&dst, &opts).unwrap();
+        assert!(model.store.zero_copy(), "{mode}");
+        let layer = (0..model.layers.len())
+            .find(|&l| model.store.experts_in(l) > 0)
+            .unwrap();
+        let mlp = model.store.read(layer, 1).unwrap();
+        let index = WeightIndex::open(&dst, ReadMode::Buffered).unwrap();
+        for (mat, part) in [(&mlp.gate, "gate_proj"), (&mlp.up, "up_proj"), (&mlp.down, "down_proj")] {
+            let MatData::Q(q) = &mat.data else {
+                panic!("{mode}: {part} is not packed");
+            };
+            assert!(q.data.is_shared() && q.scales.is_shared(), "{mode}: {part} was copied");
+            let name = format!("model.layers.{layer}.mlp.experts.1.{part}.weight");
+            let owned = index.read_mat(&name, mat.rows, mat.cols).unwrap();
+            let MatData::Q(o) = &owned.data else {
+                panic!("{name} is not packed");
+            };
+            assert_eq!(q, o, "{mode}: {name}");
+        }
+    }
+}

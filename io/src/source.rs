@@ -22,7 +22,7 @@ use crate::mode::ReadMode;
 use crate::slab::{Slab, SlabPool};
 
 /// Idle bytes kept by the pool that [`open`] shares between readers.
-pub const SHARED_POOLED_BYTES_MAX: usize = 64 << 20;
+pub const SHARED_POOLED_BYTES_MAX: usize = 256 << 20;
 
 /// Reads byte ranges of one file.
 pub trait RangeReader: Send + Sync {

@@ -385,7 +385,7 @@ fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
                 MatData::F32(v) => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
                 MatData::Bf16(v) => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
                 MatData::Q(q) => vec![
-                    q.data,
+                    q.data.to_vec(),
                     q.scales.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 ],
             }

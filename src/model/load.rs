@@ -219,6 +219,7 @@ impl Model {
             resident: self.store.index().resident_bytes(),
             expert_ram,
             expert_disk,
+            expert_zero_copy: self.store.zero_copy(),
             moe_layers: self.store.moe_layers(),
             experts_per_layer: cfg.num_experts,
             top_k: cfg.top_k,

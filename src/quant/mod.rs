@@ -14,6 +14,9 @@
 
 pub mod fp8;
 pub mod policy;
+pub mod words;
+
+pub use words::Words;
 
 /// Smallest per-row scale (an all-zero row quantizes to zeros, not NaN).
 pub const SCALE_MIN: f32 = 1e-8;
@@ -117,8 +120,8 @@ pub struct QMatrix {
     pub rows: usize,
     pub cols: usize,
     /// `rows * bits.row_bytes(cols)` bytes.
-    pub data: Vec<u8>,
-    pub scales: Vec<f32>,
+    pub data: Words<u8>,
+    pub scales: Words<f32>,
 }
 
 impl QMatrix {
@@ -141,8 +144,8 @@ impl QMatrix {
             bits,
             rows,
             cols,
-            data,
-            scales,
+            data: data.into(),
+            scales: scales.into(),
         }
     }
 
@@ -252,9 +255,9 @@ mod tests {
         // absmax 127 -> scale 1; 2.5 -> 2, 3.5 -> 4, -2.5 -> -2.
         let row = [127.0f32, 2.5, 3.5, -2.5];
         let m = QMatrix::quantize(&row, 1, 4, QBits::Int8);
-        assert_eq!(m.data, [127u8, 2, 4, (-2i8) as u8]);
+        assert_eq!(*m.data, [127u8, 2, 4, (-2i8) as u8]);
         let z = QMatrix::quantize(&[0.0; 6], 2, 3, QBits::Int4);
-        assert_eq!(z.scales, [SCALE_MIN; 2]);
+        assert_eq!(*z.scales, [SCALE_MIN; 2]);
         assert!(z.dequantize().iter().all(|v| *v == 0.0));
     }
 

@@ -25,6 +25,9 @@ pub struct BudgetInput {
     pub expert_ram: u64,
     /// One routed expert's read span on disk.
     pub expert_disk: u64,
+    /// Experts are decoded in place in their read slab (packed
+    /// containers), so a miss never holds a slab and a copy at once.
+    pub expert_zero_copy: bool,
     pub moe_layers: usize,
     pub experts_per_layer: usize,
     pub top_k: usize,
@@ -69,11 +72,13 @@ fn page_cache_reserve(budget: u64) -> u64 {
 /// Plans the budget, or explains (with the numbers) why it cannot fit.
 pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
     let mut reserves = vec![
-        // A layer's misses: read into slabs and decoded, possibly while the
-        // evicted experts are still in use by the same layer.
+        // A layer's misses (at most top-k read at once): read into slabs
+        // and decoded (a packed expert is decoded in place, zero copy),
+        // while the experts they evict are still in use by the layer.
         (
             "in-flight experts",
-            i.top_k as u64 * (i.expert_disk + 2 * i.expert_ram),
+            i.top_k as u64
+                * (i.expert_disk + if i.expert_zero_copy { 1 } else { 2 } * i.expert_ram),
         ),
         ("KV pool", i.kv),
         ("activations", i.activations),
@@ -156,6 +161,7 @@ mod tests {
             resident: 100 * MIB,
             expert_ram: MIB,
             expert_disk: MIB,
+            expert_zero_copy: false,
             moe_layers: 10,
             experts_per_layer: 64,
             top_k: 4,

@@ -298,7 +298,7 @@ impl<'s> Pending<'s> {
                         }
                     };
                     self.latencies.push(submitted.elapsed().as_micros() as u64);
-                    let mlp = Arc::new(self.store.assemble(self.layer, e, plan, &slabs)?);
+                    let mlp = Arc::new(self.store.assemble(self.layer, e, plan, slabs)?);
                     match source {
                         Source::Prefetch => {
                             let bytes = self.awaited[k].read.bytes[0];

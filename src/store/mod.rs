@@ -237,8 +237,18 @@ struct LayerRecall {
     score: [(u64, u64); 2],
 }
 
-/// Reads in flight at once through the reactor.
+/// Reads in flight at once through the reactor (a bound; the byte bound
+/// below is usually the tighter one).
 const REACTOR_DEPTH: u32 = 32;
+
+/// Bytes the kernel reads at once: two experts, at least 16 MiB. This
+/// disk gains little from depth, and reads sharing it finish together:
+/// with GLM-5's 19 MB experts, 8 reads at once made the first expert land
+/// only when all had (decode 0.21 s/token), two at a time lets compute start
+/// on the first while the rest are read (0.20 s/token, same bytes).
+fn reactor_inflight_bytes(expert_disk: usize) -> usize {
+    (2 * expert_disk).max(16 << 20)
+}
 
 /// Heats halve every this many forwarded tokens.
 const HEAT_DECAY_TOKENS: u64 = 256;
@@ -259,8 +269,12 @@ impl ExpertStore {
             .shards
             .iter()
             .all(|s| s.reader.open_file().is_some() && s.reader.effective_mode() != ReadMode::Drop);
+        let expert_disk = locations.iter().flatten().next().map_or(0, |loc| {
+            loc.parts.iter().map(|r| r.entry.len).sum::<usize>()
+        });
         let config = ReactorConfig {
             depth: REACTOR_DEPTH,
+            inflight_bytes_max: reactor_inflight_bytes(expert_disk),
             ..ReactorConfig::default()
         };
         let service = if use_reactor && batchable && Reactor::probe().is_ok() {
@@ -376,7 +390,7 @@ impl ExpertStore {
                     // A prefetch that fails to decode is simply not used; a
                     // demand read of it reports the error.
                     p.ready = self
-                        .assemble(layer, p.expert, &p.read.plans[0], &slabs)
+                        .assemble(layer, p.expert, &p.read.plans[0], slabs)
                         .ok()
                         .map(Arc::new);
                 }
@@ -556,25 +570,30 @@ impl ExpertStore {
         spans
     }
 
-    /// Decodes the bytes of `spans` (read into `slabs`) into the expert.
+    /// Decodes the expert from `slabs` (one per span of `spans`). Packed
+    /// tensors stay in their slab (zero copy); others are decoded out.
     pub(crate) fn assemble(
         &self,
         layer: usize,
         expert: usize,
         spans: &[SpanRead],
-        slabs: &[Slab],
+        slabs: Vec<Slab>,
     ) -> Result<Mlp> {
         let loc = &self.locations[layer][expert];
-        let mut bytes: [Option<&[u8]>; 6] = [None; 6];
-        for (sp, slab) in spans.iter().zip(slabs) {
+        let slabs: Vec<Arc<Slab>> = slabs.into_iter().map(Arc::new).collect();
+        let mut parts: [Option<(&Arc<Slab>, Range<usize>)>; 6] = Default::default();
+        for (sp, slab) in spans.iter().zip(&slabs) {
             for (part, window) in &sp.parts {
-                bytes[*part] = Some(&slab.bytes()[window.clone()]);
+                parts[*part] = Some((slab, window.clone()));
             }
         }
         let mut mats = Vec::with_capacity(3);
         for (i, r) in loc.parts.iter().enumerate() {
-            let data = bytes[2 * i].expect("the spans cover every part");
-            mats.push(self.index.decode_mat(r, data, bytes[2 * i + 1])?);
+            let data = parts[2 * i].clone().expect("the spans cover every part");
+            mats.push(
+                self.index
+                    .decode_mat_in(r, data, parts[2 * i + 1].clone())?,
+            );
         }
         let [gate, up, down]: [Mat; 3] = match mats.try_into() {
             Ok(m) => m,
@@ -729,9 +748,24 @@ impl ExpertStore {
     pub fn expert_bytes(&self) -> Option<(u64, u64)> {
         let layer = self.locations.iter().position(|l| !l.is_empty())?;
         let loc = self.locations[layer].first()?;
-        let ram = loc.parts.iter().map(|r| self.index.kept_bytes(r)).sum();
-        let disk = self.plan(layer, 0).iter().map(|s| s.len as u64).sum();
+        let kept: u64 = loc.parts.iter().map(|r| self.index.kept_bytes(r)).sum();
+        let disk: u64 = self.plan(layer, 0).iter().map(|s| s.len as u64).sum();
+        // A zero-copy expert keeps its whole read buffer (4096-rounded).
+        let ram = if self.zero_copy() {
+            kept.max(moestream_io::align_up(disk as usize) as u64)
+        } else {
+            kept
+        };
         Some((ram, disk))
+    }
+
+    /// Whether experts are packed, so decoded in place in their slabs.
+    pub fn zero_copy(&self) -> bool {
+        self.locations.iter().flatten().next().is_some_and(|loc| {
+            loc.parts
+                .iter()
+                .all(|r| matches!(r.stored, crate::weights::index::Stored::Quant { .. }))
+        })
     }
 
     /// Reads one expert, bypassing the cache.
@@ -741,7 +775,7 @@ impl ExpertStore {
             .iter()
             .map(|sp| self.index.shards[sp.shard].reader.read(sp.offset, sp.len))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        self.assemble(layer, expert, &spans, &slabs)
+        self.assemble(layer, expert, &spans, slabs)
     }
 
     /// Whether misses are read through the io_uring reactor.

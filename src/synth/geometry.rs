@@ -571,7 +571,7 @@ fn fill(
                 }
                 let q = QMatrix::quantize(&v, n, cols, QBits::Int8);
                 w.write_part(&p.name, &q.data)?;
-                scales.extend(q.scales);
+                scales.extend_from_slice(&q.scales);
             }
             w.write(&scales_name(&p.name), &f32_bytes(&scales))
         }

@@ -9,12 +9,14 @@
 use super::dtype::{self, DType};
 use crate::error::{Error, Result};
 use crate::quant::policy::{Policy, Width};
-use crate::quant::{fp8, QBits, QMatrix};
+use crate::quant::{fp8, QBits, QMatrix, Words};
 use crate::tensor::Mat;
-use moestream_io::{RangeReader, ReadMode};
+use moestream_io::{RangeReader, ReadMode, Slab};
 use std::collections::HashMap;
 use std::io::Read;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Largest safetensors header accepted (the format's own limit is 100 MB).
 const HEADER_BYTES_MAX: u64 = 100 << 20;
@@ -333,8 +335,8 @@ impl WeightIndex {
                     bits: meta.bits,
                     rows,
                     cols,
-                    data: data.to_vec(),
-                    scales: f32s(companion.unwrap_or_default()),
+                    data: data.to_vec().into(),
+                    scales: f32s(companion.unwrap_or_default()).into(),
                 };
                 q.check()
                     .map_err(|why| self.shard_error(&r.entry, &r.name, why))?;
@@ -345,6 +347,39 @@ impl WeightIndex {
             (Stored::Float(dt), Some(w)) => Mat::encode(floats(Some(dt)), rows, cols, w),
             (Stored::Fp8 { .. }, Some(w)) => Mat::encode(floats(None), rows, cols, w),
         })
+    }
+
+    /// [`WeightIndex::decode_mat`] over windows of read slabs: a packed
+    /// tensor stays in its slab (zero copy) when both windows are aligned;
+    /// anything else is decoded from the bytes as `decode_mat` does.
+    pub fn decode_mat_in(
+        &self,
+        r: &Resolved,
+        (slab, window): (&Arc<Slab>, Range<usize>),
+        companion: Option<(&Arc<Slab>, Range<usize>)>,
+    ) -> Result<Mat> {
+        if let (Stored::Quant { meta, .. }, Some((cs, cw))) = (&r.stored, &companion) {
+            let data = Words::shared(slab, window.clone());
+            let scales = Words::shared(cs, cw.clone());
+            if let (Some(data), Some(scales)) = (data, scales) {
+                let q = QMatrix {
+                    bits: meta.bits,
+                    rows: r.shape[0],
+                    cols: r.shape[1],
+                    data,
+                    scales,
+                };
+                q.check()
+                    .map_err(|why| self.shard_error(&r.entry, &r.name, why))?;
+                return Ok(Mat::quant(q));
+            }
+        }
+        let bytes = slab
+            .bytes()
+            .get(window)
+            .expect("the span covers the tensor");
+        let comp = companion.map(|(s, w)| &s.bytes()[w]);
+        self.decode_mat(r, bytes, comp)
     }
 
     /// Bytes `r` takes in RAM once decoded by [`WeightIndex::decode_mat`].

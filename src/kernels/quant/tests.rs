@@ -210,8 +210,8 @@ fn int_path_extreme_weights_and_activations() {
             bits,
             rows,
             cols,
-            data,
-            scales: vec![0.5, 1.0, 2.0, 1.0],
+            data: data.into(),
+            scales: vec![0.5, 1.0, 2.0, 1.0].into(),
         };
         for xv in [127.0f32, -127.0, 1.0] {
             let x = vec![xv; cols];

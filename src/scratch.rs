@@ -1,0 +1,154 @@
+//! Scratch buffers of the forward pass, reused across forwards so a decode
+//! step allocates nothing once the first one has run.
+//!
+//! [`Scratch::zeroed`] hands out a zeroed `f32` buffer taken from a
+//! per-thread free list (the smallest pooled buffer that is large enough,
+//! else the largest one, grown); dropping it returns the allocation to the
+//! list. A decode step asks for the same sizes in the same order every
+//! time, so after the first step every request is served from the list.
+//! The list keeps at most [`POOLED_MAX`] buffers; a prefill's larger
+//! buffers stay pooled for the next prefill (the RAM plan's activation
+//! item covers one prefill chunk).
+//!
+//! [`with_vec`] lends a reusable `Vec` of any element type for the same
+//! purpose (index lists, routing pairs), one per type and thread.
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+
+/// Buffers a thread keeps pooled.
+pub const POOLED_MAX: usize = 64;
+
+thread_local! {
+    static POOL: RefCell<Vec<Vec<f32>>> = RefCell::new(Vec::with_capacity(POOLED_MAX));
+    static VECS: RefCell<HashMap<TypeId, Vec<Box<dyn Any>>>> = RefCell::new(HashMap::new());
+}
+
+/// A zeroed `f32` buffer on loan from the thread's pool.
+pub struct Scratch {
+    buf: Vec<f32>,
+}
+
+impl Scratch {
+    /// A buffer of `len` zeros.
+    pub fn zeroed(len: usize) -> Scratch {
+        let mut buf = POOL
+            .try_with(|p| {
+                let mut p = p.borrow_mut();
+                let fit = p
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.capacity() >= len)
+                    .min_by_key(|(_, b)| b.capacity())
+                    .map(|(i, _)| i);
+                let pick = fit.or_else(|| {
+                    p.iter()
+                        .enumerate()
+                        .max_by_key(|(_, b)| b.capacity())
+                        .map(|(i, _)| i)
+                });
+                pick.map(|i| p.swap_remove(i))
+            })
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        buf.clear();
+        buf.resize(len, 0.0);
+        Scratch { buf }
+    }
+}
+
+impl Deref for Scratch {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.buf
+    }
+}
+
+impl DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        if buf.capacity() == 0 {
+            return;
+        }
+        // During thread teardown the pool may be gone: the buffer is freed.
+        let _ = POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < POOLED_MAX {
+                p.push(buf);
+            }
+        });
+    }
+}
+
+/// Runs `f` with an empty `Vec<T>` whose allocation is reused by the next
+/// call on this thread (nested calls for the same `T` get separate ones).
+pub fn with_vec<T: 'static, R>(f: impl FnOnce(&mut Vec<T>) -> R) -> R {
+    let key = TypeId::of::<T>();
+    let taken: Option<Box<dyn Any>> = VECS
+        .try_with(|m| m.borrow_mut().get_mut(&key).and_then(Vec::pop))
+        .ok()
+        .flatten();
+    let mut v: Box<Vec<T>> = match taken.map(|b| b.downcast::<Vec<T>>()) {
+        Some(Ok(v)) => v,
+        _ => Box::new(Vec::new()),
+    };
+    v.clear();
+    let r = f(&mut v);
+    v.clear();
+    let _ = VECS.try_with(|m| {
+        let mut m = m.borrow_mut();
+        let list = m.entry(key).or_default();
+        if list.len() < POOLED_MAX {
+            list.push(v as Box<dyn Any>);
+        }
+    });
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_zeroed_and_reused() {
+        let ptr = {
+            let mut a = Scratch::zeroed(1000);
+            assert!(a.iter().all(|&x| x == 0.0));
+            a[3] = 7.0;
+            a.as_ptr()
+        };
+        let b = Scratch::zeroed(500);
+        assert_eq!(b.len(), 500);
+        assert!(b.iter().all(|&x| x == 0.0), "reused buffers come back zeroed");
+        assert_eq!(b.as_ptr(), ptr, "the pooled allocation was reused");
+        let c = Scratch::zeroed(2000);
+        assert_eq!(c.len(), 2000);
+        assert_ne!(c.as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn lent_vecs_are_empty_and_nest() {
+        let outer = with_vec::<usize, _>(|v| {
+            v.extend([1, 2, 3]);
+            let inner = with_vec::<usize, _>(|w| {
+                assert!(w.is_empty());
+                w.push(9);
+                w.len()
+            });
+            assert_eq!(v.len(), 3);
+            inner
+        });
+        assert_eq!(outer, 1);
+        with_vec::<usize, _>(|v| assert!(v.is_empty()));
+    }
+}
