@@ -177,7 +177,7 @@ pub fn generate(
             if stop || out.len() == max_tokens {
                 break;
             }
-            logits = model.forward(&[id], &mut kv, false, &mut prof)?;
+            model.forward_into(&[id], &mut kv, false, &mut prof, &mut logits)?;
         }
     }
     let seconds = start.elapsed().as_secs_f64();

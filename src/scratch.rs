@@ -74,6 +74,15 @@ impl DerefMut for Scratch {
     }
 }
 
+impl<'a> IntoIterator for &'a Scratch {
+    type Item = &'a f32;
+    type IntoIter = std::slice::Iter<'a, f32>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.buf.iter()
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.buf);
@@ -129,7 +138,10 @@ mod tests {
         };
         let b = Scratch::zeroed(500);
         assert_eq!(b.len(), 500);
-        assert!(b.iter().all(|&x| x == 0.0), "reused buffers come back zeroed");
+        assert!(
+            b.iter().all(|&x| x == 0.0),
+            "reused buffers come back zeroed"
+        );
         assert_eq!(b.as_ptr(), ptr, "the pooled allocation was reused");
         let c = Scratch::zeroed(2000);
         assert_eq!(c.len(), 2000);

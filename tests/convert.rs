@@ -385,11 +385,18 @@ fn packed_experts_are_windows_of_their_read_slab() {
             .unwrap();
         let mlp = model.store.read(layer, 1).unwrap();
         let index = WeightIndex::open(&dst, ReadMode::Buffered).unwrap();
-        for (mat, part) in [(&mlp.gate, "gate_proj"), (&mlp.up, "up_proj"), (&mlp.down, "down_proj")] {
+        for (mat, part) in [
+            (&mlp.gate, "gate_proj"),
+            (&mlp.up, "up_proj"),
+            (&mlp.down, "down_proj"),
+        ] {
             let MatData::Q(q) = &mat.data else {
                 panic!("{mode}: {part} is not packed");
             };
-            assert!(q.data.is_shared() && q.scales.is_shared(), "{mode}: {part} was copied");
+            assert!(
+                q.data.is_shared() && q.scales.is_shared(),
+                "{mode}: {part} was copied"
+            );
             let name = format!("model.layers.{layer}.mlp.experts.1.{part}.weight");
             let owned = index.read_mat(&name, mat.rows, mat.cols).unwrap();
             let MatData::Q(o) = &owned.data else {

@@ -9,6 +9,7 @@ use super::Rows;
 use crate::config::{ModelConfig, QkNorm};
 use crate::kernels::f32::dot;
 use crate::kv::LayerKv;
+use crate::scratch::Scratch;
 use crate::tensor::Mat;
 use std::ops::Range;
 
@@ -73,7 +74,7 @@ pub fn add_bias(rows: &mut [f32], bias: &Option<Vec<f32>>) {
 }
 
 fn norm_heads(x: &mut [f32], w: &[f32], eps: f64) {
-    let mut tmp = vec![0f32; w.len()];
+    let mut tmp = Scratch::zeroed(w.len());
     for head in x.chunks_exact_mut(w.len()) {
         rms_norm(head, w, eps, &mut tmp);
         head.copy_from_slice(&tmp);
@@ -101,9 +102,9 @@ impl Attention {
             panic!("GQA attention given a non-GQA cache layer");
         };
         let (qd, kd) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
-        let mut q = vec![0f32; n * qd]; // (n, heads * head_dim)
-        let mut k = vec![0f32; n * kd]; // (n, kv_heads * head_dim)
-        let mut v = vec![0f32; n * kd]; // (n, kv_heads * head_dim)
+        let mut q = Scratch::zeroed(n * qd); // (n, heads * head_dim)
+        let mut k = Scratch::zeroed(n * kd); // (n, kv_heads * head_dim)
+        let mut v = Scratch::zeroed(n * kd); // (n, kv_heads * head_dim)
         self.wq.matmul(x, n, &mut q);
         self.wk.matmul(x, n, &mut k);
         self.wv.matmul(x, n, &mut v);
@@ -135,7 +136,7 @@ impl Attention {
         }
         kc[start * kd..(start + n) * kd].copy_from_slice(&k);
         vc[start * kd..(start + n) * kd].copy_from_slice(&v);
-        let mut ctx = vec![0f32; n * qd]; // (n, heads * head_dim)
+        let mut ctx = Scratch::zeroed(n * qd); // (n, heads * head_dim)
         for t in 0..n {
             let q_row = &q[t * qd..(t + 1) * qd];
             let len = start + t + 1;
@@ -159,7 +160,7 @@ fn attend(
     let (d, kd) = (s.head_dim, s.kv_heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut scores = vec![0f32; span.len()];
+    let mut scores = Scratch::zeroed(span.len());
     for h in 0..s.heads {
         let kvh = h / group;
         let qh = &q[h * d..(h + 1) * d];

@@ -11,8 +11,9 @@
 //! bit-identical to dense attention). Keys and scores stay f32.
 
 use super::rope::Rope;
-use super::router::top_k;
+use super::router::top_k_into;
 use crate::kernels::f32::dot;
+use crate::scratch::{self, Scratch};
 use crate::tensor::Mat;
 
 /// Positions each query row may attend to: `None` = every visible one.
@@ -68,7 +69,7 @@ impl Indexer {
         index_k: &mut [f32],
     ) {
         let d = sh.head_dim;
-        let mut k = vec![0f32; n * d]; // (n, head_dim)
+        let mut k = Scratch::zeroed(n * d); // (n, head_dim)
         self.wk.matmul(x, n, &mut k);
         for (t, row) in k.chunks_exact_mut(d).enumerate() {
             layer_norm(row, &self.k_norm_w, &self.k_norm_b);
@@ -94,39 +95,113 @@ impl Indexer {
         index_k: &[f32],
         skip_short: bool,
     ) -> Selection {
+        let mut out = Vec::new();
+        let at = (n, start, rope_offset, skip_short);
+        self.select_into(sh, x, q_resid, at, index_k, &mut out);
+        out
+    }
+
+    /// [`Indexer::select`] into `out`, reusing its rows' vectors (with a
+    /// recycled selection, no allocation once they have grown). `at` is
+    /// `(n, start, rope_offset, skip_short)`.
+    pub fn select_into(
+        &self,
+        sh: &IndexerShape,
+        x: &[f32],
+        q_resid: &[f32],
+        (n, start, rope_offset, skip_short): (usize, usize, usize, bool),
+        index_k: &[f32],
+        out: &mut Selection,
+    ) {
         let (h, d) = (sh.heads, sh.head_dim);
-        if skip_short && start + n <= sh.topk {
-            return vec![None; n];
+        for row in out.drain(n.min(out.len())..) {
+            keep_row(row);
         }
-        let mut q = vec![0f32; n * h * d]; // (n, heads * head_dim)
+        out.resize_with(n, || None);
+        if skip_short && start + n <= sh.topk {
+            out.iter_mut().for_each(|r| keep_row(r.take()));
+            return;
+        }
+        let mut q = Scratch::zeroed(n * h * d); // (n, heads * head_dim)
         self.wq_b.matmul(q_resid, n, &mut q);
-        let mut w = vec![0f32; n * h]; // (n, heads)
+        let mut w = Scratch::zeroed(n * h); // (n, heads)
         self.weights_proj.matmul(x, n, &mut w);
         let w_scale = (h as f32).powf(-0.5);
         let softmax_scale = (d as f32).powf(-0.5);
-        let mut out = Vec::with_capacity(n);
-        let mut scores = Vec::new();
-        for t in 0..n {
-            let row = start + t;
-            if skip_short && row < sh.topk {
-                out.push(None);
-                continue;
-            }
-            let qt = &mut q[t * h * d..(t + 1) * h * d];
-            sh.rope.apply_heads(qt, d, 0, rope_offset + row);
-            scores.clear();
-            scores.resize(row + 1, 0f32);
-            for (hh, qh) in qt.chunks_exact(d).enumerate() {
-                let wh = w[t * h + hh] * w_scale;
-                for (s, sc) in scores.iter_mut().enumerate() {
-                    let r = (dot(qh, &index_k[s * d..(s + 1) * d]) * softmax_scale).max(0.0);
-                    *sc += wh * r;
+        // Sized for the whole cache up front, so a growing context never
+        // reallocates them.
+        let positions_max = index_k.len() / d;
+        scratch::with_vec::<f32, _>(|scores| {
+            scores.reserve(positions_max);
+            for (t, slot) in out.iter_mut().enumerate() {
+                let row = start + t;
+                if skip_short && row < sh.topk {
+                    keep_row(slot.take());
+                    continue;
                 }
+                let qt = &mut q[t * h * d..(t + 1) * h * d];
+                sh.rope.apply_heads(qt, d, 0, rope_offset + row);
+                scores.clear();
+                scores.resize(row + 1, 0f32);
+                for (hh, qh) in qt.chunks_exact(d).enumerate() {
+                    let wh = w[t * h + hh] * w_scale;
+                    for (s, sc) in scores.iter_mut().enumerate() {
+                        let r = (dot(qh, &index_k[s * d..(s + 1) * d]) * softmax_scale).max(0.0);
+                        *sc += wh * r;
+                    }
+                }
+                let keep = slot.get_or_insert_with(spare_row);
+                keep.reserve(positions_max);
+                top_k_into(scores, sh.topk, keep);
+                keep.sort_unstable();
             }
-            let mut keep = top_k(&scores, sh.topk);
-            keep.sort_unstable();
-            out.push(Some(keep));
-        }
-        out
+        });
     }
+}
+
+thread_local! {
+    /// Selections recycled between forwards.
+    static SPARE: std::cell::RefCell<Vec<Selection>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Row vectors of rows that became `None`, for later rows.
+    static ROWS: std::cell::RefCell<Vec<Vec<usize>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps a dropped row's vector for reuse.
+fn keep_row(row: Option<Vec<usize>>) {
+    if let Some(mut v) = row {
+        v.clear();
+        let _ = ROWS.try_with(|r| {
+            let mut r = r.borrow_mut();
+            if r.len() < 64 {
+                r.push(v);
+            }
+        });
+    }
+}
+
+/// A row vector (a kept one when there is one).
+fn spare_row() -> Vec<usize> {
+    ROWS.try_with(|r| r.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// A selection to fill (a recycled one when there is one).
+pub fn spare() -> Selection {
+    SPARE
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Gives a selection back for a later forward.
+pub fn recycle(sel: Selection) {
+    let _ = SPARE.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < 4 {
+            s.push(sel);
+        }
+    });
 }

@@ -17,13 +17,14 @@
 //! its selected positions.
 
 use super::attention::{add_bias, softmax};
-use super::dsa::{Indexer, IndexerShape, Selection};
+use super::dsa::{self, Indexer, IndexerShape, Selection};
 use super::norm::rms_norm;
 use super::rope::Rope;
 use super::Rows;
 use crate::config::MlaConfig;
 use crate::kernels::f32::{dot, matmul};
 use crate::kv::LayerKv;
+use crate::scratch::{self, Scratch};
 use crate::tensor::Mat;
 
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
@@ -161,7 +162,7 @@ impl MlaAttention {
                 pos,
             );
         }
-        let mut ckv = vec![0f32; n * (l + r)]; // (n, kv_lora + rope)
+        let mut ckv = Scratch::zeroed(n * (l + r)); // (n, kv_lora + rope)
         self.wkv_a.matmul(x, n, &mut ckv);
         add_bias(&mut ckv, &self.bkv_a);
         for (t, row) in ckv.chunks_exact_mut(l + r).enumerate() {
@@ -173,44 +174,53 @@ impl MlaAttention {
         }
         if let (Some(ix), Some(ish)) = (&self.indexer, &sh.indexer) {
             ix.write_keys(ish, x, n, start, rope_offset, index_k);
-            *selection = match sh.dsa {
-                DsaMode::Off => None,
+            match sh.dsa {
+                DsaMode::Off => {
+                    if let Some(old) = selection.take() {
+                        dsa::recycle(old);
+                    }
+                }
                 DsaMode::On | DsaMode::Auto => {
                     let qr = q_resid
                         .as_deref()
                         .expect("config check: an indexer needs q_lora_rank");
                     let skip_short = sh.dsa == DsaMode::Auto;
-                    Some(ix.select(ish, x, qr, n, start, rope_offset, index_k, skip_short))
+                    let mut sel = selection.take().unwrap_or_else(dsa::spare);
+                    let at = (n, start, rope_offset, skip_short);
+                    ix.select_into(ish, x, qr, at, index_k, &mut sel);
+                    *selection = Some(sel);
                 }
+            }
+        }
+        let mut ctx = Scratch::zeroed(n * h * c.v_head_dim); // (n, heads * v_head_dim)
+        scratch::with_vec::<Option<Vec<usize>>, _>(|all| {
+            all.resize(n, None);
+            let queries = Queries {
+                q: &q,
+                start,
+                sel: selection.as_ref().unwrap_or(all),
             };
-        }
-        let all = vec![None; n];
-        let queries = Queries {
-            q: &q,
-            start,
-            sel: selection.as_ref().unwrap_or(&all),
-        };
-        let mut ctx = vec![0f32; n * h * c.v_head_dim]; // (n, heads * v_head_dim)
-        if sh.explicit_for(n, start + n) {
-            self.attend_explicit(sh, &queries, latent, k_rope, &mut ctx);
-        } else {
-            self.attend_absorbed(sh, &queries, latent, k_rope, &mut ctx);
-        }
+            if sh.explicit_for(n, start + n) {
+                self.attend_explicit(sh, &queries, latent, k_rope, &mut ctx);
+            } else {
+                self.attend_absorbed(sh, &queries, latent, k_rope, &mut ctx);
+            }
+        });
         self.wo.matmul(&ctx, n, out);
         add_bias(out, &self.bo);
     }
 
     /// `(q_resid, q)`: the normed q latent (when q_lora) and `(n, heads * qk)`.
-    fn queries(&self, sh: &MlaShape, x: &[f32], n: usize) -> (Option<Vec<f32>>, Vec<f32>) {
+    fn queries(&self, sh: &MlaShape, x: &[f32], n: usize) -> (Option<Scratch>, Scratch) {
         let qd = sh.heads * sh.cfg.qk_head_dim();
-        let mut q = vec![0f32; n * qd];
+        let mut q = Scratch::zeroed(n * qd);
         match (&self.q_lora, &self.wq) {
             (Some(ql), _) => {
                 let rank = ql.norm.len();
-                let mut qa = vec![0f32; n * rank]; // (n, q_lora)
+                let mut qa = Scratch::zeroed(n * rank); // (n, q_lora)
                 ql.wa.matmul(x, n, &mut qa);
                 add_bias(&mut qa, &ql.ba);
-                let mut normed = vec![0f32; n * rank];
+                let mut normed = Scratch::zeroed(n * rank);
                 for (a, o) in qa.chunks_exact(rank).zip(normed.chunks_exact_mut(rank)) {
                     rms_norm(a, &ql.norm, LORA_NORM_EPS, o);
                 }
@@ -240,18 +250,20 @@ impl MlaAttention {
         let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
         let total = qs.start + qs.sel.len();
         let kvw = h * (nope + vd);
-        let mut kvb = vec![0f32; total * kvw]; // (total, heads * (nope + v))
+        let mut kvb = Scratch::zeroed(total * kvw); // (total, heads * (nope + v))
         matmul(&self.wkv_b, kvw, l, &latent[..total * l], total, &mut kvb);
-        let mut scores = Vec::new();
-        each_query_head(sh, qs, |t, hh, q, positions| {
-            let kv_at =
-                |s: usize| &kvb[s * kvw + hh * (nope + vd)..s * kvw + (hh + 1) * (nope + vd)];
-            let score = |s: usize| {
-                (dot(&q[..nope], &kv_at(s)[..nope]) + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
-                    * c.softmax_scale
-            };
-            let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
-            softmax_pool(positions, &mut scores, score, |s| &kv_at(s)[nope..], o);
+        scratch::with_vec::<f32, _>(|scores| {
+            each_query_head(sh, qs, |t, hh, q, positions| {
+                let kv_at =
+                    |s: usize| &kvb[s * kvw + hh * (nope + vd)..s * kvw + (hh + 1) * (nope + vd)];
+                let score = |s: usize| {
+                    (dot(&q[..nope], &kv_at(s)[..nope])
+                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
+                        * c.softmax_scale
+                };
+                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+                softmax_pool(positions, scores, score, |s| &kv_at(s)[nope..], o);
+            })
         });
     }
 
@@ -268,34 +280,35 @@ impl MlaAttention {
         let c = &sh.cfg;
         let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
         let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
-        let mut q_lat = vec![0f32; l]; // (kv_lora,)
-        let mut pooled = vec![0f32; l]; // (kv_lora,)
-        let mut scores = Vec::new();
-        each_query_head(sh, qs, |t, hh, q, positions| {
-            let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
-            // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
-            q_lat.fill(0.0);
-            for (i, qi) in q[..nope].iter().enumerate() {
-                for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
-                    *a += qi * w;
+        let mut q_lat = Scratch::zeroed(l); // (kv_lora,)
+        let mut pooled = Scratch::zeroed(l); // (kv_lora,)
+        scratch::with_vec::<f32, _>(|scores| {
+            each_query_head(sh, qs, |t, hh, q, positions| {
+                let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
+                // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
+                q_lat.fill(0.0);
+                for (i, qi) in q[..nope].iter().enumerate() {
+                    for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
+                        *a += qi * w;
+                    }
                 }
-            }
-            let score = |s: usize| {
-                (dot(&q_lat, &latent[s * l..(s + 1) * l])
-                    + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
-                    * c.softmax_scale
-            };
-            softmax_pool(
-                positions,
-                &mut scores,
-                score,
-                |s| &latent[s * l..(s + 1) * l],
-                &mut pooled,
-            );
-            let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
-            for (j, ov) in o.iter_mut().enumerate() {
-                *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
-            }
+                let score = |s: usize| {
+                    (dot(&q_lat, &latent[s * l..(s + 1) * l])
+                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
+                        * c.softmax_scale
+                };
+                softmax_pool(
+                    positions,
+                    scores,
+                    score,
+                    |s| &latent[s * l..(s + 1) * l],
+                    &mut pooled,
+                );
+                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+                for (j, ov) in o.iter_mut().enumerate() {
+                    *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
+                }
+            })
         });
     }
 }
@@ -303,17 +316,28 @@ impl MlaAttention {
 /// Calls `f(t, head, q_head, positions)` for every query row and head.
 fn each_query_head(sh: &MlaShape, qs: &Queries, mut f: impl FnMut(usize, usize, &[f32], &[usize])) {
     let (h, qk) = (sh.heads, sh.cfg.qk_head_dim());
-    for (t, sel) in qs.sel.iter().enumerate() {
-        let positions = visible(sel, qs.start + t);
-        for hh in 0..h {
-            f(
-                t,
-                hh,
-                &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk],
-                &positions,
-            );
+    scratch::with_vec::<usize, _>(|all| {
+        for (t, sel) in qs.sel.iter().enumerate() {
+            // The positions a query at cache row `start + t` attends: its
+            // selection, or all of `0..=row`.
+            let positions: &[usize] = match sel {
+                Some(v) => v,
+                None => {
+                    all.clear();
+                    all.extend(0..=qs.start + t);
+                    all
+                }
+            };
+            for hh in 0..h {
+                f(
+                    t,
+                    hh,
+                    &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk],
+                    positions,
+                );
+            }
         }
-    }
+    });
 }
 
 /// `out = Σ_s softmax(score)(s) · value(s)` over `positions`, in f32.
@@ -332,14 +356,5 @@ fn softmax_pool<'a>(
         for (o, v) in out.iter_mut().zip(value(s)) {
             *o += p * v;
         }
-    }
-}
-
-/// The positions a query at cache row `row` attends: its selection, or all
-/// of `0..=row`.
-fn visible(sel: &Option<Vec<usize>>, row: usize) -> std::borrow::Cow<'_, [usize]> {
-    match sel {
-        Some(v) => std::borrow::Cow::Borrowed(v.as_slice()),
-        None => std::borrow::Cow::Owned((0..=row).collect()),
     }
 }

@@ -1,6 +1,7 @@
 //! The SwiGLU feed-forward block `down(silu(gate x) * up x)`: dense MLP
 //! layers, shared experts and every routed expert share this type.
 
+use crate::scratch::Scratch;
 use crate::tensor::Mat;
 
 /// Gate, up and down projections, row-major, each in its kept element type.
@@ -30,8 +31,8 @@ impl Mlp {
     /// Applies the block to `n` rows of `x` `(n, hidden)` into `out` `(n, hidden)`.
     pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
         let i = self.inter;
-        let mut g = vec![0f32; n * i]; // (n, inter)
-        let mut u = vec![0f32; n * i]; // (n, inter)
+        let mut g = Scratch::zeroed(n * i); // (n, inter)
+        let mut u = Scratch::zeroed(n * i); // (n, inter)
         self.gate.matmul(x, n, &mut g);
         self.up.matmul(x, n, &mut u);
         for (gv, uv) in g.iter_mut().zip(&u) {

@@ -23,6 +23,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvLayout, LayerKv};
 use crate::profile::Profile;
+use crate::scratch::Scratch;
 use crate::store::{ExpertStore, Variant};
 use crate::tensor::Mat;
 use attention::{Attention, AttentionShape};
@@ -151,11 +152,28 @@ impl Model {
         all_logits: bool,
         prof: &mut Profile,
     ) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.forward_into(tokens, kv, all_logits, prof, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] writing the logits into `logits` (resized; no
+    /// allocation once it has held them): with every expert cached, a
+    /// decode step through here allocates nothing (tested).
+    pub fn forward_into(
+        &self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        all_logits: bool,
+        prof: &mut Profile,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         let n = tokens.len();
         let hidden = self.forward_hidden(tokens, kv, prof)?; // (n, hidden), final-normed
         let h = self.cfg.hidden_size;
         let first = if all_logits { 0 } else { n - 1 };
-        Ok(self.logits(&hidden[first * h..]))
+        self.logits_into(&hidden[first * h..], logits);
+        Ok(())
     }
 
     /// [`Model::forward`] over `tokens` in chunks of at most `chunk`
@@ -191,7 +209,7 @@ impl Model {
         tokens: &[u32],
         kv: &mut KvCache,
         prof: &mut Profile,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Scratch> {
         self.check_tokens(tokens)?;
         let n = tokens.len();
         assert!(n > 0, "forward of zero tokens");
@@ -215,27 +233,37 @@ impl Model {
                 prof,
             )?;
         }
+        if let Some(sel) = selection {
+            dsa::recycle(sel);
+        }
         kv.advance(n);
         self.store.tick(n as u64);
-        let mut out = vec![0f32; n * h]; // (n, hidden)
+        let mut out = Scratch::zeroed(n * h); // (n, hidden)
         self.norm_rows(&x, &self.norm, &mut out);
         Ok(out)
     }
 
     /// `(m, vocab)` logits of `(m, hidden)` final-normed rows.
     pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
-        let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        let m = hidden.len() / h;
-        let mut logits = vec![0f32; m * v]; // (m, vocab)
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        head.matmul(hidden, m, &mut logits);
+        let mut logits = Vec::new();
+        self.logits_into(hidden, &mut logits);
         logits
     }
 
+    /// [`Model::logits`] into `logits` (resized).
+    pub fn logits_into(&self, hidden: &[f32], logits: &mut Vec<f32>) {
+        let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let m = hidden.len() / h;
+        logits.clear();
+        logits.resize(m * v, 0.0); // (m, vocab)
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        head.matmul(hidden, m, logits);
+    }
+
     /// Embedding rows of `tokens`, `(n, hidden)`.
-    fn embed_rows(&self, tokens: &[u32]) -> Vec<f32> {
+    fn embed_rows(&self, tokens: &[u32]) -> Scratch {
         let h = self.cfg.hidden_size;
-        let mut x = vec![0f32; tokens.len() * h];
+        let mut x = Scratch::zeroed(tokens.len() * h);
         for (t, &id) in tokens.iter().enumerate() {
             self.embed.row_into(id as usize, &mut x[t * h..(t + 1) * h]);
         }
@@ -256,8 +284,8 @@ impl Model {
         selection: &mut Option<Selection>,
         prof: &mut Profile,
     ) -> Result<()> {
-        let mut xn = vec![0f32; x.len()]; // (n, hidden) normed input
-        let mut y = vec![0f32; x.len()]; // (n, hidden) block output
+        let mut xn = Scratch::zeroed(x.len()); // (n, hidden) normed input
+        let mut y = Scratch::zeroed(x.len()); // (n, hidden) block output
         self.norm_rows(x, &layer.input_norm, &mut xn);
         let t0 = Instant::now();
         match &layer.attn {
@@ -300,21 +328,24 @@ impl Model {
             .lookahead
             .filter(|a| a.from == variant && self.store.schedule.prefetch_experts_max > 0);
         let depth = prefetch.map_or(1, |a| a.depth.max(1));
-        let mut xn = vec![0f32; x.len()];
-        for j in l + 1..(l + 1 + depth).min(self.layers.len()) {
-            let next = &self.layers[j];
-            let Ffn::Moe(block) = &next.ffn else {
-                continue;
-            };
-            rms_norm(x, &next.post_attn_norm, self.cfg.rms_norm_eps, &mut xn);
-            let guess = block.router.route(&xn).experts;
-            if prefetch.is_some() {
-                self.store.prefetch(j, &guess);
+        let mut xn = Scratch::zeroed(x.len());
+        LOOKAHEAD.with(|guess| {
+            let mut guess = guess.borrow_mut();
+            for j in l + 1..(l + 1 + depth).min(self.layers.len()) {
+                let next = &self.layers[j];
+                let Ffn::Moe(block) = &next.ffn else {
+                    continue;
+                };
+                rms_norm(x, &next.post_attn_norm, self.cfg.rms_norm_eps, &mut xn);
+                block.router.route_into(&xn, &mut guess);
+                if prefetch.is_some() {
+                    self.store.prefetch(j, &guess.experts);
+                }
+                if j == l + 1 {
+                    self.store.predict(j, variant, &guess.experts);
+                }
             }
-            if j == l + 1 {
-                self.store.predict(j, variant, guess);
-            }
-        }
+        });
     }
 
     fn norm_rows(&self, x: &[f32], w: &[f32], out: &mut [f32]) {
@@ -323,6 +354,11 @@ impl Model {
             rms_norm(xr, w, self.cfg.rms_norm_eps, or);
         }
     }
+}
+
+thread_local! {
+    /// The lookahead's reused routing result.
+    static LOOKAHEAD: std::cell::RefCell<router::Route> = std::cell::RefCell::new(router::Route::default());
 }
 
 fn add(x: &mut [f32], y: &[f32]) {

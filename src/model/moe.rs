@@ -5,12 +5,15 @@
 //! gated shared expert).
 
 use super::mlp::Mlp;
+use super::router::Route;
 use super::router::Router;
 use crate::error::Result;
 use crate::kernels::f32::dot;
 use crate::profile::Profile;
+use crate::scratch::Scratch;
 use crate::store::ExpertStore;
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A shared expert that every token passes through, optionally gated by
@@ -45,35 +48,63 @@ impl MoeBlock {
         prof: &mut Profile,
         out: &mut [f32],
     ) -> Result<()> {
+        // The layer's reusable lists (no allocation once grown); put back
+        // when done, so a decode step allocates nothing.
+        let mut w = WORK.with(|w| std::mem::take(&mut *w.borrow_mut()));
+        let res = self.routed(layer, store, x, n, prof, out, &mut w);
+        w.pairs.clear();
+        w.ids.clear();
+        w.cached.clear();
+        WORK.with(|slot| *slot.borrow_mut() = w);
+        res?;
+        self.add_shared(x, n, out);
+        Ok(())
+    }
+
+    /// The routed experts' part of [`MoeBlock::forward`].
+    #[allow(clippy::too_many_arguments)]
+    fn routed(
+        &self,
+        layer: usize,
+        store: &ExpertStore,
+        x: &[f32],
+        n: usize,
+        prof: &mut Profile,
+        out: &mut [f32],
+        w: &mut Work,
+    ) -> Result<()> {
         let h = x.len() / n;
-        // expert -> [(token, weight)], in expert order as transformers sums them.
-        let mut users: BTreeMap<usize, Vec<(usize, f32)>> = BTreeMap::new();
+        // (expert, token, weight), sorted by expert then token: the order
+        // transformers sums them in.
         for t in 0..n {
-            let r = self.router.route(&x[t * h..(t + 1) * h]);
-            store.record_usage(layer, &r.experts);
+            self.router.route_into(&x[t * h..(t + 1) * h], &mut w.route);
+            store.record_usage(layer, &w.route.experts);
             if n == 1 {
-                store.score_predictions(layer, &r.experts);
+                store.score_predictions(layer, &w.route.experts);
             }
-            for (e, w) in r.experts.into_iter().zip(r.weights) {
-                users.entry(e).or_default().push((t, w));
+            for (&e, &wt) in w.route.experts.iter().zip(&w.route.weights) {
+                w.pairs.push((e, t, wt));
             }
         }
-        let ids: Vec<usize> = users.keys().copied().collect();
-        let tokens: Vec<&[(usize, f32)]> = users.values().map(Vec::as_slice).collect();
-        let (cached, mut pending) = store.begin(layer, &ids)?;
-        let mut ys: Vec<Vec<f32>> = vec![Vec::new(); ids.len()]; // per expert (m, hidden)
+        w.pairs.sort_unstable_by_key(|&(e, t, _)| (e, t));
+        w.ids.extend(w.pairs.iter().map(|p| p.0));
+        w.ids.dedup();
+        let (ids, pairs) = (&w.ids, &w.pairs);
+        let mut pending = store.begin(layer, ids, &mut w.cached)?;
+        let cached = &w.cached;
+        // Row k holds the output of pair k's expert on pair k's token.
+        let mut ys = Scratch::zeroed(pairs.len() * h);
         let mut apply = |e: usize, expert: &Mlp| {
-            let i = ids
-                .binary_search(&e)
-                .expect("fetched experts were asked for");
+            let lo = pairs.partition_point(|p| p.0 < e);
+            let hi = pairs.partition_point(|p| p.0 <= e);
             let start = Instant::now();
-            ys[i] = apply_expert(expert, x, h, tokens[i]);
+            apply_expert(expert, x, h, &pairs[lo..hi], &mut ys[lo * h..hi * h]);
             prof.expert_matmul += start.elapsed();
         };
         if store.schedule.pipeline {
             // Hits compute while the misses are read; each miss computes as
             // it lands.
-            for (&e, m) in ids.iter().zip(&cached) {
+            for (&e, m) in ids.iter().zip(cached) {
                 if let Some(m) = m {
                     apply(e, m);
                 }
@@ -88,7 +119,7 @@ impl MoeBlock {
             loop {
                 let wave = pending.next_wave()?;
                 if !hits_done {
-                    for (&e, m) in ids.iter().zip(&cached) {
+                    for (&e, m) in ids.iter().zip(cached) {
                         if let Some(m) = m {
                             apply(e, m);
                         }
@@ -105,18 +136,22 @@ impl MoeBlock {
         }
         pending.finish();
         out.fill(0.0);
-        for (toks, y) in tokens.iter().zip(&ys) {
-            for (k, (t, w)) in toks.iter().enumerate() {
-                for (o, yv) in out[t * h..(t + 1) * h]
-                    .iter_mut()
-                    .zip(&y[k * h..(k + 1) * h])
-                {
-                    *o += yv * w;
-                }
+        for (k, &(_, t, wt)) in pairs.iter().enumerate() {
+            for (o, yv) in out[t * h..(t + 1) * h]
+                .iter_mut()
+                .zip(&ys[k * h..(k + 1) * h])
+            {
+                *o += yv * wt;
             }
         }
+        Ok(())
+    }
+
+    /// Adds the shared expert's output (gated or not) to `out`.
+    fn add_shared(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        let h = x.len() / n;
         if let Some(shared) = &self.shared {
-            let mut ys = vec![0f32; n * h]; // (n, hidden)
+            let mut ys = Scratch::zeroed(n * h); // (n, hidden)
             shared.mlp.forward(x, n, &mut ys);
             for t in 0..n {
                 let g = match &shared.gate {
@@ -131,18 +166,29 @@ impl MoeBlock {
                 }
             }
         }
-        Ok(())
     }
 }
 
-/// Runs `expert` on the rows of `x` listed in `toks`, `(toks.len(), hidden)`.
-fn apply_expert(expert: &Mlp, x: &[f32], h: usize, toks: &[(usize, f32)]) -> Vec<f32> {
-    let m = toks.len();
-    let mut xs = vec![0f32; m * h]; // (m, hidden) gathered rows
-    for (i, (t, _)) in toks.iter().enumerate() {
+/// The lists one MoE forward reuses.
+#[derive(Default)]
+struct Work {
+    route: Route,
+    pairs: Vec<(usize, usize, f32)>,
+    ids: Vec<usize>,
+    cached: Vec<Option<Arc<Mlp>>>,
+}
+
+thread_local! {
+    static WORK: RefCell<Work> = RefCell::new(Work::default());
+}
+
+/// Runs `expert` on the tokens of `pairs` (its rows of `x`), writing one
+/// `(hidden)` row per pair into `ys`.
+fn apply_expert(expert: &Mlp, x: &[f32], h: usize, pairs: &[(usize, usize, f32)], ys: &mut [f32]) {
+    let m = pairs.len();
+    let mut xs = Scratch::zeroed(m * h); // (m, hidden) gathered rows
+    for (i, &(_, t, _)) in pairs.iter().enumerate() {
         xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
     }
-    let mut ys = vec![0f32; m * h]; // (m, hidden)
-    expert.forward(&xs, m, &mut ys);
-    ys
+    expert.forward(&xs, m, ys);
 }

@@ -1,5 +1,7 @@
 //! RMSNorm, with the sum of squares accumulated in f64 (SPEC §3).
 
+use crate::scratch::Scratch;
+
 /// `out = w * (x / sqrt(mean(x²) + eps))`, one row of length `w.len()`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {
     assert_eq!(x.len(), w.len());
@@ -15,7 +17,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {
 pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f64) {
     let d = w.len();
     assert_eq!(x.len() % d, 0);
-    let mut tmp = vec![0f32; d];
+    let mut tmp = Scratch::zeroed(d);
     for row in x.chunks_exact_mut(d) {
         rms_norm(row, w, eps, &mut tmp);
         row.copy_from_slice(&tmp);

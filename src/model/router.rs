@@ -11,9 +11,10 @@
 use super::attention::softmax;
 use crate::config::RouterKind;
 use crate::kernels::f32::matvec;
+use crate::scratch::{self, Scratch};
 
 /// The experts chosen for one token and their weights, best first.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Route {
     pub experts: Vec<usize>,
     pub weights: Vec<f32>,
@@ -33,11 +34,22 @@ pub struct Router {
 impl Router {
     /// Routes one token's normed hidden state `x`.
     pub fn route(&self, x: &[f32]) -> Route {
-        let mut logits = vec![0f32; self.num_experts];
+        let mut r = Route {
+            experts: Vec::with_capacity(self.top_k),
+            weights: Vec::with_capacity(self.top_k),
+        };
+        self.route_into(x, &mut r);
+        r
+    }
+
+    /// [`Router::route`] into `out`, reusing its vectors (and scratch
+    /// buffers): no allocation once they have grown.
+    pub fn route_into(&self, x: &[f32], out: &mut Route) {
+        let mut logits = Scratch::zeroed(self.num_experts);
         matvec(&self.weight, self.num_experts, x.len(), x, &mut logits);
         match self.kind {
             RouterKind::SoftmaxTopK { norm_topk_prob } => {
-                self.softmax_route(logits, norm_topk_prob)
+                self.softmax_route(&mut logits, norm_topk_prob, out)
             }
             RouterKind::SigmoidGrouped {
                 n_group,
@@ -46,73 +58,104 @@ impl Router {
                 routed_scaling_factor,
             } => self.sigmoid_route(
                 &logits,
-                n_group,
-                topk_group,
+                (n_group, topk_group),
                 norm_topk_prob,
                 routed_scaling_factor,
+                out,
             ),
         }
     }
 
-    fn softmax_route(&self, mut probs: Vec<f32>, norm: bool) -> Route {
-        softmax(&mut probs);
-        let experts = top_k(&probs, self.top_k);
-        let mut weights: Vec<f32> = experts.iter().map(|&e| probs[e]).collect();
+    fn softmax_route(&self, probs: &mut [f32], norm: bool, out: &mut Route) {
+        softmax(probs);
+        top_k_into(probs, self.top_k, &mut out.experts);
+        out.weights.clear();
+        out.weights.extend(out.experts.iter().map(|&e| probs[e]));
         if norm {
-            let sum: f32 = weights.iter().sum();
-            for w in &mut weights {
+            let sum: f32 = out.weights.iter().sum();
+            for w in &mut out.weights {
                 *w /= sum;
             }
         }
-        Route { experts, weights }
     }
 
     fn sigmoid_route(
         &self,
         logits: &[f32],
-        n_group: usize,
-        topk_group: usize,
+        (n_group, topk_group): (usize, usize),
         norm: bool,
         scale: f32,
-    ) -> Route {
-        let scores: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
-        let bias = self.correction_bias.as_deref();
-        let mut choice: Vec<f32> = match bias {
-            Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
-            None => scores.clone(),
-        };
-        let per_group = self.num_experts / n_group;
-        let group_scores: Vec<f32> = choice
-            .chunks_exact(per_group)
-            .map(|g| top_k(g, 2.min(per_group)).iter().map(|&i| g[i]).sum())
-            .collect();
-        let kept = top_k(&group_scores, topk_group);
-        for (g, chunk) in choice.chunks_exact_mut(per_group).enumerate() {
-            if !kept.contains(&g) {
-                chunk.fill(f32::NEG_INFINITY);
-            }
+        out: &mut Route,
+    ) {
+        let mut scores = Scratch::zeroed(logits.len());
+        for (s, l) in scores.iter_mut().zip(logits) {
+            *s = 1.0 / (1.0 + (-l).exp());
         }
-        let experts = top_k(&choice, self.top_k);
-        let mut weights: Vec<f32> = experts.iter().map(|&e| scores[e]).collect();
+        let mut choice = Scratch::zeroed(logits.len());
+        match self.correction_bias.as_deref() {
+            Some(b) => {
+                for ((c, s), b) in choice.iter_mut().zip(scores.iter()).zip(b) {
+                    *c = s + b;
+                }
+            }
+            None => choice.copy_from_slice(&scores),
+        }
+        let per_group = self.num_experts / n_group;
+        let mut group_scores = Scratch::zeroed(n_group);
+        for (gs, g) in group_scores.iter_mut().zip(choice.chunks_exact(per_group)) {
+            *gs = top2_sum(g);
+        }
+        scratch::with_vec::<usize, _>(|kept| {
+            top_k_into(&group_scores, topk_group, kept);
+            for (g, chunk) in choice.chunks_exact_mut(per_group).enumerate() {
+                if !kept.contains(&g) {
+                    chunk.fill(f32::NEG_INFINITY);
+                }
+            }
+        });
+        top_k_into(&choice, self.top_k, &mut out.experts);
+        out.weights.clear();
+        out.weights.extend(out.experts.iter().map(|&e| scores[e]));
         if norm {
-            let denom = weights.iter().sum::<f32>() + 1e-20;
-            for w in &mut weights {
+            let denom = out.weights.iter().sum::<f32>() + 1e-20;
+            for w in &mut out.weights {
                 *w /= denom;
             }
         }
-        for w in &mut weights {
+        for w in &mut out.weights {
             *w *= scale;
         }
-        Route { experts, weights }
     }
+}
+
+/// The sum of a group's two best values, best first (one value for a group
+/// of one), as `top_k(g, 2)` would pick them.
+fn top2_sum(g: &[f32]) -> f32 {
+    let best = |skip: Option<usize>| {
+        (0..g.len())
+            .filter(|&i| Some(i) != skip)
+            .min_by(|&a, &b| g[b].total_cmp(&g[a]).then(a.cmp(&b)))
+    };
+    let first = best(None);
+    let second = first.and_then(|f| best(Some(f)));
+    [first, second].into_iter().flatten().map(|i| g[i]).sum()
 }
 
 /// Indices of the `k` largest values, largest first; ties go to the lower index.
 pub fn top_k(v: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
-    idx.truncate(k);
-    idx
+    let mut out = Vec::with_capacity(v.len());
+    top_k_into(v, k, &mut out);
+    out
+}
+
+/// [`top_k`] into `out` (cleared first; no allocation once it can hold
+/// `v.len()` indices). The order is total, so an unstable sort gives the
+/// same result as a stable one.
+pub fn top_k_into(v: &[f32], k: usize, out: &mut Vec<usize>) {
+    out.clear();
+    out.extend(0..v.len());
+    out.sort_unstable_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+    out.truncate(k);
 }
 
 #[cfg(test)]

@@ -333,6 +333,11 @@ impl<'s> Pending<'s> {
     /// Blocks until some outstanding read answers: (source, index, event),
     /// or `None` with nothing outstanding.
     fn wait(&mut self) -> Result<Option<(Source, usize, BatchEvent)>> {
+        let outstanding = self.demand.iter().any(Inflight::outstanding)
+            || self.awaited.iter().any(|a| a.read.outstanding());
+        if !outstanding {
+            return Ok(None);
+        }
         let mut sel = Select::new();
         let mut map = Vec::new();
         for (i, d) in self.demand.iter().enumerate() {

@@ -232,7 +232,9 @@ struct PrefetchTally {
 /// One layer's lookahead predictions (per variant) and their scores.
 #[derive(Clone, Debug, Default)]
 struct LayerRecall {
-    predicted: [Option<Vec<usize>>; 2],
+    /// The guess per variant, and whether it awaits scoring (the vectors
+    /// are reused, so predicting allocates nothing once grown).
+    predicted: [(bool, Vec<usize>); 2],
     /// (experts predicted and chosen, experts chosen) per variant.
     score: [(u64, u64); 2],
 }
@@ -363,22 +365,32 @@ impl ExpertStore {
     /// Looks `experts` up in the layer's cache, counting each as a hit or a
     /// miss; `None` for a miss.
     pub fn lookup(&self, layer: usize, experts: &[usize]) -> Vec<Option<Arc<Mlp>>> {
+        let mut out = Vec::with_capacity(experts.len());
+        self.lookup_into(layer, experts, &mut out);
+        out
+    }
+
+    /// [`ExpertStore::lookup`] into `out` (cleared first).
+    pub fn lookup_into(&self, layer: usize, experts: &[usize], out: &mut Vec<Option<Arc<Mlp>>>) {
+        out.clear();
         let mut cache = self.caches[layer].lock().expect("cache lock");
-        experts.iter().map(|&e| cache.get(e)).collect()
+        out.extend(experts.iter().map(|&e| cache.get(e)));
     }
 
     /// Starts a layer's fetch of the union `ids` (sorted, unique): looks
     /// them up (counting hits and misses), takes what prefetch already
     /// delivered, promotes prefetch reads of wanted experts still in
     /// flight, cancels the layer's other prefetch reads, and submits the
-    /// remaining misses as one demand batch. Returns the cached experts
-    /// (`None` for a miss) and the fetch, from which every miss arrives.
+    /// remaining misses as one demand batch. Fills `cached` with the cached
+    /// experts (`None` for a miss) and returns the fetch, from which every
+    /// miss arrives.
     pub fn begin(
         &self,
         layer: usize,
         ids: &[usize],
-    ) -> Result<(Vec<Option<Arc<Mlp>>>, Pending<'_>)> {
-        let cached = self.lookup(layer, ids);
+        cached: &mut Vec<Option<Arc<Mlp>>>,
+    ) -> Result<Pending<'_>> {
+        self.lookup_into(layer, ids, cached);
         let mut prefetched =
             std::mem::take(&mut *self.prefetched[layer].lock().expect("prefetch lock"));
         self.prefetch_live
@@ -400,7 +412,7 @@ impl ExpertStore {
         let mut awaited = Vec::new();
         let mut to_read = Vec::new();
         let mut misses = Vec::new();
-        for (&e, c) in ids.iter().zip(&cached) {
+        for (&e, c) in ids.iter().zip(cached.iter()) {
             if c.is_some() {
                 continue;
             }
@@ -429,9 +441,13 @@ impl ExpertStore {
         let survives = self.survivors(layer, &misses);
         let misses = misses.into_iter().zip(survives).collect();
         let window = self.top_k.max(1);
-        Ok((
-            cached,
-            Pending::new(self, layer, (ready, awaited), misses, to_read, window),
+        Ok(Pending::new(
+            self,
+            layer,
+            (ready, awaited),
+            misses,
+            to_read,
+            window,
         ))
     }
 
@@ -486,8 +502,12 @@ impl ExpertStore {
 
     /// Records a lookahead prediction of `layer`'s experts (scored when the
     /// layer routes its next single token).
-    pub fn predict(&self, layer: usize, variant: Variant, experts: Vec<usize>) {
-        self.recall.lock().expect("recall lock")[layer].predicted[variant as usize] = Some(experts);
+    pub fn predict(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        let mut recall = self.recall.lock().expect("recall lock");
+        let (pending, guess) = &mut recall[layer].predicted[variant as usize];
+        guess.clear();
+        guess.extend_from_slice(experts);
+        *pending = true;
     }
 
     /// Scores the pending predictions of `layer` against the experts it
@@ -496,8 +516,9 @@ impl ExpertStore {
         let mut recall = self.recall.lock().expect("recall lock");
         let r = &mut recall[layer];
         for v in Variant::ALL {
-            if let Some(p) = r.predicted[v as usize].take() {
-                let hit = chosen.iter().filter(|e| p.contains(e)).count();
+            let (pending, guess) = &mut r.predicted[v as usize];
+            if std::mem::take(pending) {
+                let hit = chosen.iter().filter(|e| guess.contains(e)).count();
                 r.score[v as usize].0 += hit as u64;
                 r.score[v as usize].1 += chosen.len() as u64;
             }
@@ -611,6 +632,9 @@ impl ExpertStore {
     /// For each of `misses` (in insertion order), whether it would stay in
     /// the layer's cache after they are all inserted.
     fn survivors(&self, layer: usize, misses: &[usize]) -> Vec<bool> {
+        if misses.is_empty() {
+            return Vec::new();
+        }
         let usage = self.usage.lock().expect("usage lock");
         let now = usage.clock();
         let cache = self.caches[layer].lock().expect("cache lock");
