@@ -25,7 +25,7 @@ MODES=${MODES:-direct buffered pread drop mmap}
 OUT=${OUT:-results/roofline}
 EXPERT_MIB=${EXPERT_MIB:-18}
 CSV=$OUT.csv
-rm -f "$CSV" "$OUT.compute.csv" "$OUT.disk.csv"
+rm -f "$CSV" "$OUT.compute.csv" "$OUT.disk.csv" "$OUT.failed" "$OUT.cgroup.log"
 export MOESTREAM_NO_HISTORY=1
 
 $BIN bench io --model "$MODEL" --modes direct --sizes-mib "$EXPERT_MIB" --depths 1,4 \
@@ -39,7 +39,7 @@ for mode in $MODES; do
       RAM_GB=$RAM_GB scripts/in_cgroup.sh $BIN bench decode --model "$MODEL" \
         --ram-gb "$RAM_GB" --io "$mode" --pipeline $pipeline --prefetch $prefetch \
         --context "$CONTEXT" --tokens "$TOKENS" --cold --csv "$CSV" 2>>"$OUT.cgroup.log" \
-        || echo "failed: $mode pipeline=$pipeline prefetch=$prefetch" >&2
+        || echo "$mode,$pipeline,$prefetch,$(tail -2 "$OUT.cgroup.log" | head -1 | cut -c1-160)" >> "$OUT.failed"
     done
   done
 done
@@ -53,10 +53,15 @@ print(f"disk O_DIRECT {disk:.2f} GB/s (best of bench io); compute {compute:.3f} 
       f"with every expert in RAM (hit rate {float(comp['hit_rate']):.3f})\n")
 print("| mode | pipeline | prefetch | s/token | MB/token | roofline s/token | ratio | overlap | prefetch used/issued | recall | peak RSS MiB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
+import os
 for r in csv.DictReader(open(out + ".csv")):
     s = float(r["decode_s_per_tok"]); mb = float(r["decode_mb_per_tok"])
     roof = max(mb / 1e3 / disk, compute)
     print(f"| {r['read_mode']} | {r['pipeline']} | {r['prefetch']} | {s:.3f} | {mb:.0f} | "
           f"{roof:.3f} | {s / roof:.2f} | {float(r['overlap']):.2f} | "
           f"{r['prefetch_used']}/{r['prefetch_issued']} | {r['recall_attn']} | {r['peak_rss_mib']} |")
+if os.path.exists(out + ".failed"):
+    for line in open(out + ".failed"):
+        mode, pipeline, prefetch, why = line.rstrip("\n").split(",", 3)
+        print(f"| {mode} | {pipeline} | {prefetch} | did not run: {why} | | | | | | | |")
 PY

@@ -115,6 +115,40 @@ fn the_cli_saves_the_history_and_the_next_run_pins_from_it() {
     assert_eq!(a["token_ids"], b["token_ids"]);
     assert_eq!(a["stats"]["expert_pinned_hit_rate"], 0.0);
     assert!(b["stats"]["expert_pinned_hit_rate"].as_f64().unwrap() > 0.0);
+    // Several requests in one process: each is answered in order, the pins
+    // are re-picked between them, and tokens match a standalone run.
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "the engine reads\n\nexperts from disk\nwhile it computes\n").unwrap();
+    let p = prompts.to_str().unwrap();
+    let many = moestream_env(
+        &[
+            "run", "--model", m, "--prompts", p, "--max-tokens", "20", "--ignore-eos", "--json",
+            "--expert-cache", "4",
+        ],
+        &[],
+    );
+    assert!(many.ok, "{}", many.stderr);
+    let rows: Vec<serde_json::Value> = many
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3, "one object per non-empty line");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["request"], i);
+        assert!(r["repins"].as_u64().is_some(), "{r}");
+        assert_eq!(r["token_ids"].as_array().unwrap().len(), 20);
+    }
+    let alone = moestream_env(
+        &[
+            "run", "--model", m, "--prompt", "experts from disk", "--max-tokens", "20",
+            "--ignore-eos", "--json", "--expert-cache", "4",
+        ],
+        &[("MOESTREAM_NO_HISTORY", "1")],
+    );
+    assert!(alone.ok, "{}", alone.stderr);
+    let alone: serde_json::Value = serde_json::from_str(&alone.stdout).unwrap();
+    assert_eq!(rows[1]["token_ids"], alone["token_ids"]);
     // A history from another geometry is ignored with a note, not an error.
     std::fs::write(
         dir.path().join(HISTORY_FILE),

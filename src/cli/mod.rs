@@ -358,13 +358,18 @@ struct RunArgs {
     /// Prompt text (tokenized with tokenizer.json).
     #[arg(
         long,
-        conflicts_with = "prompt_ids",
-        required_unless_present = "prompt_ids"
+        conflicts_with_all = ["prompt_ids", "prompts"],
+        required_unless_present_any = ["prompt_ids", "prompts"]
     )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompts")]
     prompt_ids: Option<Vec<u32>>,
+    /// A file of prompts, one per non-empty line, served one after another
+    /// by the same loaded model; between requests the pinned hot set is
+    /// re-picked from the experts' heats (with --json: one object per line).
+    #[arg(long, value_name = "FILE")]
+    prompts: Option<PathBuf>,
     #[command(flatten)]
     gen: GenArgs,
 }
@@ -549,6 +554,10 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     let model = load(&a.model)?;
     let dir = &a.model.model;
     let tok = Tokenizer::load(dir);
+    if let Some(path) = &a.prompts {
+        let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
+        return serve_prompts(&model, &tok, path, &a);
+    }
     let prompt = match (&a.prompt, &a.prompt_ids) {
         (Some(text), _) => tok
             .as_ref()
@@ -565,13 +574,42 @@ fn cmd_run(a: RunArgs) -> Result<()> {
             Ok(t) => t.decode(&g.token_ids)?,
             Err(_) => String::new(),
         };
-        print_json(&g, &text, &model)?;
+        print_json(&g, &text, &model, None)?;
         return Ok(());
     }
     let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
     let g = stream_text(&model, &tok, &prompt, &opts)?;
     save_history(&model, &a.model);
     eprintln!("{}", g.stats.line());
+    Ok(())
+}
+
+/// `run --prompts FILE`: each line a request, the pinned set re-picked
+/// between requests; the usage history is saved once at the end.
+fn serve_prompts(model: &Model, tok: &Tokenizer, path: &Path, a: &RunArgs) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading prompts from {}", path.display()))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    anyhow::ensure!(!lines.is_empty(), "{}: no prompts in it", path.display());
+    let opts = gen_options(&a.gen, &a.model.model)?;
+    for (i, line) in lines.iter().enumerate() {
+        let prompt = tok.encode(line)?;
+        let g = if a.gen.json {
+            generate(model, &prompt, &opts, |_| Ok(()))?
+        } else {
+            stream_text(model, tok, &prompt, &opts)?
+        };
+        // Between requests: move pins to experts that ran hotter.
+        let repins = model.store.repin()?;
+        if a.gen.json {
+            let text = tok.decode(&g.token_ids)?;
+            print_json(&g, &text, model, Some((i, repins)))?;
+        } else {
+            eprintln!("{}", g.stats.line());
+            eprintln!("[request {}] {repins} pinned experts swapped for hotter ones", i + 1);
+        }
+    }
+    save_history(model, &a.model);
     Ok(())
 }
 
@@ -593,14 +631,25 @@ fn stream_text(
     Ok(g)
 }
 
-fn print_json(g: &Generation, text: &str, model: &Model) -> Result<()> {
-    let v = serde_json::json!({
+/// One run's JSON object; `request` is `(index, pins swapped after it)`
+/// for `--prompts`.
+fn print_json(
+    g: &Generation,
+    text: &str,
+    model: &Model,
+    request: Option<(usize, usize)>,
+) -> Result<()> {
+    let mut v = serde_json::json!({
         "prompt_ids": g.prompt_ids,
         "token_ids": g.token_ids,
         "text": text,
         "stats": g.stats,
         "config": config_json(model),
     });
+    if let Some((i, repins)) = request {
+        v["request"] = serde_json::json!(i);
+        v["repins"] = serde_json::json!(repins);
+    }
     println!("{}", serde_json::to_string(&v)?);
     Ok(())
 }

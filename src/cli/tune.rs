@@ -41,8 +41,10 @@ pub(super) struct TuneArgs {
 
 const PROMPT: &str = "The engine reads the expert from the disk while the cores compute";
 
-/// The probed (pipeline, prefetch) pairs.
-const SCHEDULES: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+/// The probed (pipeline, lookahead depth) pairs; depth 0 is no prefetch.
+/// Deeper lookahead gives reads more lead time (on a Qwen3-30B-shaped model
+/// under 3 GB: 0.091 s/token at depth 1, 0.073 at depth 3).
+const SCHEDULES: [(bool, usize); 5] = [(false, 0), (true, 0), (false, 1), (true, 1), (true, 3)];
 
 pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     anyhow::ensure!(
@@ -139,6 +141,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         for &mode in &candidates {
             for &(pipeline, prefetch) in &SCHEDULES {
                 let p = match probe(&a, mode, pipeline, prefetch) {
+                    // (prefetch is the lookahead depth, 0 = off)
                     Ok(p) => p,
                     // A configuration that cannot fit the budget (prefetch
                     // reserves RAM) is not a candidate.
@@ -148,20 +151,21 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
                             Some(moestream::Error::Budget(_))
                         ) =>
                     {
+                        let name = if prefetch > 0 {
+                            format!("attn-{prefetch}")
+                        } else {
+                            "off".into()
+                        };
                         println!(
                             "{:<9} {:<8} {:<9} does not fit: {e}",
                             mode.name(),
                             if pipeline { "on" } else { "off" },
-                            if prefetch { "on" } else { "off" }
+                            name
                         );
                         Probe {
                             read_mode: mode.name().into(),
                             pipeline,
-                            prefetch: if prefetch {
-                                "attn-1".into()
-                            } else {
-                                "off".into()
-                            },
+                            prefetch: name,
                             decode_tok_s: 0.0,
                             mb_read_per_token: 0.0,
                             overlap: 0.0,
@@ -212,7 +216,10 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         "best: --io {} --pipeline {} --prefetch {} ({:.3} tok/s{})",
         best.read_mode,
         if best.pipeline { "on" } else { "off" },
-        if best.prefetch == "off" { "off" } else { "on" },
+        match best.prefetch.strip_prefix("attn-") {
+            Some(d) => format!("on --prefetch-depth {d}"),
+            None => "off".into(),
+        },
         best.decode_tok_s,
         if a.rounds > 1 { ", median" } else { "" }
     );
@@ -230,11 +237,13 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
 }
 
 /// One cold decode in one configuration.
-fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, prefetch: bool) -> Result<Probe> {
+fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, depth: usize) -> Result<Probe> {
     let mut m = a.model.clone();
     m.io = IoChoice::Mode(mode);
     m.pipeline = if pipeline { Toggle::On } else { Toggle::Off };
-    m.prefetch = if prefetch { Toggle::On } else { Toggle::Off };
+    m.prefetch = if depth > 0 { Toggle::On } else { Toggle::Off };
+    m.prefetch_from = super::PrefetchFrom::Attn;
+    m.prefetch_depth = depth.max(1);
     drop_page_cache(&m.model)?;
     let model = load(&m)?;
     let prompt = match Tokenizer::load(&m.model) {
