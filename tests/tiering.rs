@@ -118,12 +118,25 @@ fn the_cli_saves_the_history_and_the_next_run_pins_from_it() {
     // Several requests in one process: each is answered in order, the pins
     // are re-picked between them, and tokens match a standalone run.
     let prompts = dir.path().join("prompts.txt");
-    std::fs::write(&prompts, "the engine reads\n\nexperts from disk\nwhile it computes\n").unwrap();
+    std::fs::write(
+        &prompts,
+        "the engine reads\n\nexperts from disk\nwhile it computes\n",
+    )
+    .unwrap();
     let p = prompts.to_str().unwrap();
     let many = moestream_env(
         &[
-            "run", "--model", m, "--prompts", p, "--max-tokens", "20", "--ignore-eos", "--json",
-            "--expert-cache", "4",
+            "run",
+            "--model",
+            m,
+            "--prompts",
+            p,
+            "--max-tokens",
+            "20",
+            "--ignore-eos",
+            "--json",
+            "--expert-cache",
+            "4",
         ],
         &[],
     );
@@ -141,8 +154,17 @@ fn the_cli_saves_the_history_and_the_next_run_pins_from_it() {
     }
     let alone = moestream_env(
         &[
-            "run", "--model", m, "--prompt", "experts from disk", "--max-tokens", "20",
-            "--ignore-eos", "--json", "--expert-cache", "4",
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "experts from disk",
+            "--max-tokens",
+            "20",
+            "--ignore-eos",
+            "--json",
+            "--expert-cache",
+            "4",
         ],
         &[("MOESTREAM_NO_HISTORY", "1")],
     );

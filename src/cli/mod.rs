@@ -606,7 +606,10 @@ fn serve_prompts(model: &Model, tok: &Tokenizer, path: &Path, a: &RunArgs) -> Re
             print_json(&g, &text, model, Some((i, repins)))?;
         } else {
             eprintln!("{}", g.stats.line());
-            eprintln!("[request {}] {repins} pinned experts swapped for hotter ones", i + 1);
+            eprintln!(
+                "[request {}] {repins} pinned experts swapped for hotter ones",
+                i + 1
+            );
         }
     }
     save_history(model, &a.model);
