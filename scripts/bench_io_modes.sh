@@ -30,10 +30,10 @@ for mode in direct buffered drop mmap pread; do
     flag=""; [ "$temp" = cold ] && flag="--cold"
     if [ $use_cg = 1 ]; then
       echo 0 > "$CG/memory.max_usage_in_bytes"
-      sh -c "echo \$\$ > $CG/cgroup.procs; exec $BIN bench decode --model $MODEL --ram-gb $RAM_GB --read-mode $mode --context $CONTEXT --tokens $TOKENS $flag --csv $CSV" 2>/dev/null
+      sh -c "echo \$\$ > $CG/cgroup.procs; exec $BIN bench decode --model $MODEL --ram-gb $RAM_GB --io $mode --pipeline on --prefetch off --context $CONTEXT --tokens $TOKENS $flag --csv $CSV" 2>/dev/null
       echo "$mode,$temp,$(cat $CG/memory.max_usage_in_bytes),$(grep -c 'oom_kill [1-9]' $CG/memory.oom_control || true)" >> "$CSV.peaks"
     else
-      $BIN bench decode --model $MODEL --ram-gb $RAM_GB --read-mode $mode --context $CONTEXT --tokens $TOKENS $flag --csv $CSV 2>/dev/null
+      $BIN bench decode --model $MODEL --ram-gb $RAM_GB --io $mode --pipeline on --prefetch off --context $CONTEXT --tokens $TOKENS $flag --csv $CSV 2>/dev/null
     fi
   done
 done
