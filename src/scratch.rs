@@ -6,9 +6,10 @@
 //! else the largest one, grown); dropping it returns the allocation to the
 //! list. A decode step asks for the same sizes in the same order every
 //! time, so after the first step every request is served from the list.
-//! The list keeps at most [`POOLED_MAX`] buffers; a prefill's larger
-//! buffers stay pooled for the next prefill (the RAM plan's activation
-//! item covers one prefill chunk).
+//! The list keeps at most [`POOLED_MAX`] buffers and [`POOLED_BYTES_MAX`]
+//! bytes, and never a buffer over [`BUFFER_BYTES_MAX`] (a long prefill's
+//! attention scratch is freed, not kept): what stays pooled is within the
+//! RAM plan's activation item.
 //!
 //! [`with_vec`] lends a reusable `Vec` of any element type for the same
 //! purpose (index lists, routing pairs), one per type and thread.
@@ -20,9 +21,14 @@ use std::ops::{Deref, DerefMut};
 
 /// Buffers a thread keeps pooled.
 pub const POOLED_MAX: usize = 64;
+/// Bytes a thread keeps pooled.
+pub const POOLED_BYTES_MAX: usize = 64 << 20;
+/// The largest buffer that is pooled rather than freed.
+pub const BUFFER_BYTES_MAX: usize = 16 << 20;
 
 thread_local! {
     static POOL: RefCell<Vec<Vec<f32>>> = RefCell::new(Vec::with_capacity(POOLED_MAX));
+    static POOLED_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static VECS: RefCell<HashMap<TypeId, Vec<Box<dyn Any>>>> = RefCell::new(HashMap::new());
 }
 
@@ -49,7 +55,11 @@ impl Scratch {
                         .max_by_key(|(_, b)| b.capacity())
                         .map(|(i, _)| i)
                 });
-                pick.map(|i| p.swap_remove(i))
+                pick.map(|i| {
+                    let b = p.swap_remove(i);
+                    POOLED_BYTES.with(|n| n.set(n.get() - bytes_of(&b)));
+                    b
+                })
             })
             .ok()
             .flatten()
@@ -86,17 +96,24 @@ impl<'a> IntoIterator for &'a Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.buf);
-        if buf.capacity() == 0 {
+        let bytes = bytes_of(&buf);
+        if bytes == 0 || bytes > BUFFER_BYTES_MAX {
             return;
         }
         // During thread teardown the pool may be gone: the buffer is freed.
         let _ = POOL.try_with(|p| {
             let mut p = p.borrow_mut();
-            if p.len() < POOLED_MAX {
+            let pooled = POOLED_BYTES.with(|n| n.get());
+            if p.len() < POOLED_MAX && pooled + bytes <= POOLED_BYTES_MAX {
+                POOLED_BYTES.with(|n| n.set(pooled + bytes));
                 p.push(buf);
             }
         });
     }
+}
+
+fn bytes_of(b: &Vec<f32>) -> usize {
+    b.capacity() * std::mem::size_of::<f32>()
 }
 
 /// Runs `f` with an empty `Vec<T>` whose allocation is reused by the next
@@ -146,6 +163,18 @@ mod tests {
         let c = Scratch::zeroed(2000);
         assert_eq!(c.len(), 2000);
         assert_ne!(c.as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn huge_buffers_are_freed_not_pooled() {
+        drop(Scratch::zeroed(BUFFER_BYTES_MAX / 4 + 1));
+        assert!(POOL.with(|p| p.borrow().iter().all(|b| bytes_of(b) <= BUFFER_BYTES_MAX)));
+        for _ in 0..2 * POOLED_MAX {
+            drop(Scratch::zeroed(BUFFER_BYTES_MAX / 8));
+        }
+        let pooled: usize = POOL.with(|p| p.borrow().iter().map(bytes_of).sum());
+        assert_eq!(pooled, POOLED_BYTES.with(|n| n.get()));
+        assert!(pooled <= POOLED_BYTES_MAX);
     }
 
     #[test]
