@@ -149,7 +149,8 @@ struct ModelArgs {
     #[arg(long, default_value_t = 16)]
     expert_cache: usize,
     /// How expert bytes are read: auto (what `moestream tune` measured
-    /// fastest for this disk and model; buffered without a profile),
+    /// fastest for this disk and model; without a profile, direct under
+    /// --ram-gb and buffered otherwise),
     /// direct (O_DIRECT), buffered (page cache), drop (page cache, then
     /// dropped), mmap, pread (synchronous baseline).
     #[arg(long = "io", visible_alias = "read-mode", default_value = "auto", value_parser = parse_io)]
@@ -254,8 +255,17 @@ fn parse_io(s: &str) -> std::result::Result<IoChoice, String> {
         .map_err(|_| format!("`{s}`: expected auto, direct, buffered, drop, mmap or pread"))
 }
 
-/// What `auto` settles to without a tuned profile.
-const DEFAULT_READ_MODE: ReadMode = ReadMode::Buffered;
+/// What `auto` settles to without a tuned profile: O_DIRECT under a RAM
+/// budget (the page cache gets no room there: direct led every mode in
+/// results/io-modes.md and results/roofline.md), the page cache otherwise
+/// (a free second-level cache when RAM is plentiful).
+fn default_read_mode(m: &ModelArgs) -> ReadMode {
+    if m.ram_gb.is_some() {
+        ReadMode::Direct
+    } else {
+        ReadMode::Buffered
+    }
+}
 const DEFAULT_PIPELINE: bool = true;
 const DEFAULT_PREFETCH: Option<Lookahead> = None;
 
@@ -267,11 +277,11 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
         m.io == IoChoice::Auto || m.pipeline == Toggle::Auto || m.prefetch == Toggle::Auto;
     let mut note = None;
     let (mut mode, mut pipeline, mut prefetch) =
-        (DEFAULT_READ_MODE, DEFAULT_PIPELINE, DEFAULT_PREFETCH);
+        (default_read_mode(m), DEFAULT_PIPELINE, DEFAULT_PREFETCH);
     if any_auto {
         match moestream::tune::load(&m.model) {
             Ok(Some((path, p))) => {
-                mode = p.read_mode.parse().unwrap_or(DEFAULT_READ_MODE);
+                mode = p.read_mode.parse().unwrap_or(mode);
                 pipeline = p.pipeline;
                 prefetch = parse_lookahead(&p.prefetch);
                 note = Some(format!(
