@@ -22,8 +22,11 @@ pub(super) struct TuneArgs {
     /// Tokens each decode probe generates (greedy, EOS ignored).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
-    /// Read modes (best by the disk sweep) that get decode probes.
-    #[arg(long, default_value_t = 2)]
+    /// Read modes (best by the disk sweep first) that get decode probes.
+    /// All by default: the sweep cannot see that page-cache modes leave
+    /// fewer cache slots under a budget (on a Qwen3-30B shape under 3 GB it
+    /// ranked buffered and pread above direct, which decoded 1.7x faster).
+    #[arg(long, default_value_t = 5)]
     modes_probed: usize,
     /// Rounds of probes (alternating); the median decides.
     #[arg(long, default_value_t = 1)]
@@ -43,8 +46,16 @@ const PROMPT: &str = "The engine reads the expert from the disk while the cores 
 
 /// The probed (pipeline, lookahead depth) pairs; depth 0 is no prefetch.
 /// Deeper lookahead gives reads more lead time (on a Qwen3-30B-shaped model
-/// under 3 GB: 0.091 s/token at depth 1, 0.073 at depth 3).
-const SCHEDULES: [(bool, usize); 5] = [(false, 0), (true, 0), (false, 1), (true, 1), (true, 3)];
+/// under 3 GB, medians of 3: 0.083 s/token at depth 1, 0.073 at 2, 0.064
+/// at 4, 0.078 at 6; results/roofline.md).
+const SCHEDULES: [(bool, usize); 6] = [
+    (false, 0),
+    (true, 0),
+    (false, 1),
+    (true, 1),
+    (true, 2),
+    (true, 4),
+];
 
 pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     anyhow::ensure!(
