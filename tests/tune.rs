@@ -47,6 +47,8 @@ fn tune_saves_a_profile_that_auto_runs_use() {
             "1,2",
             "--cell-seconds",
             "0.02",
+            "--modes-probed",
+            "2",
         ],
     );
     assert!(out.ok, "{}\n{}", out.stdout, out.stderr);
