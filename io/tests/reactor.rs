@@ -294,6 +294,12 @@ fn in_flight_bytes_stay_under_their_bound() {
     assert!(r.peak_kernel_bytes() > 0);
 }
 
+/// The fixture file opened for buffered reads, with its bytes.
+fn fixture_file(dir: &Path) -> (Arc<OpenFile>, Vec<u8>) {
+    let (path, data) = fixture(dir);
+    (Arc::new(OpenFile::open(&path, false).unwrap()), data)
+}
+
 /// Drives the reactor until idle, returning the tags in completion order
 /// (checking each slab's bytes).
 fn drain(r: &mut Reactor, reqs: &[ReadReq], data: &[u8]) -> Vec<u64> {
@@ -324,8 +330,7 @@ fn demand_reads_pass_parked_prefetch_reads() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (path, data) = fixture(dir.path());
-    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let (file, data) = fixture_file(dir.path());
     let reqs = requests(&file, 12);
     let mut done = Vec::new();
     for q in &reqs[..8] {
@@ -358,8 +363,7 @@ fn promote_and_cancel_parked_prefetch_reads() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (path, data) = fixture(dir.path());
-    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let (file, data) = fixture_file(dir.path());
     let reqs = requests(&file, 8);
     let mut done = Vec::new();
     for q in &reqs {
@@ -387,8 +391,7 @@ fn service_cancel_answers_every_request_once() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (path, data) = fixture(dir.path());
-    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let (file, data) = fixture_file(dir.path());
     let service = moestream_io::ReactorService::spawn(r).unwrap();
     let reqs = requests(&file, 30);
     let batch = service.submit_at(reqs.clone(), Priority::Prefetch);
@@ -438,8 +441,7 @@ fn a_stream_keeps_depth_outstanding_and_hands_over_every_result() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (path, data) = fixture(dir.path());
-    let file = Arc::new(OpenFile::open(&path, false).unwrap());
+    let (file, data) = fixture_file(dir.path());
     let mut reqs = requests(&file, 30);
     reqs[7].offset = FILE_BYTES as u64 - 10;
     reqs[7].len = 11;
