@@ -142,6 +142,7 @@ fn pipeline_and_prefetch_change_no_token_in_any_mode() {
                             pipeline,
                             lookahead,
                             prefetch_experts_max: 0,
+                            recall: pipeline,
                         },
                         ..LoadOptions::default()
                     };
@@ -164,9 +165,16 @@ fn pipeline_and_prefetch_change_no_token_in_any_mode() {
                     } else {
                         assert_eq!(c.prefetch_issued, 0, "{what}");
                     }
-                    for r in model.store.recall().iter().flatten().flatten() {
+                    let recall = model.store.recall();
+                    for r in recall.iter().flatten().flatten() {
                         assert!((0.0..=1.0).contains(r), "{what}: recall {r}");
                     }
+                    // Scored: both variants with `recall`, the prefetching
+                    // one with lookahead, none otherwise.
+                    let scored = |v: usize| recall.iter().any(|l| l[v].is_some());
+                    let want = |v: Variant| pipeline || lookahead.is_some_and(|a| a.from == v);
+                    assert_eq!(scored(0), want(Variant::Attn), "{what}");
+                    assert_eq!(scored(1), want(Variant::Output), "{what}");
                 }
             }
         }

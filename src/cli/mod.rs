@@ -192,6 +192,11 @@ struct ModelArgs {
     /// Prefetch reads alive at once (default depth x top-k).
     #[arg(long)]
     prefetch_experts: Option<usize>,
+    /// Score the lookahead's guess of the next layer's experts from both
+    /// states (attn and output) even without prefetch: recall per layer in
+    /// the stats, at the cost of two extra router products per layer.
+    #[arg(long)]
+    recall: bool,
     /// Quantize a float or FP8 checkpoint while loading: routed experts at
     /// BITS, the rest by the converter's default policy (identical bytes to
     /// `convert --expert-bits BITS`).
@@ -320,6 +325,7 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
         pipeline,
         lookahead: prefetch,
         prefetch_experts_max: m.prefetch_experts.unwrap_or(0),
+        recall: m.recall,
     };
     (mode, schedule, note)
 }

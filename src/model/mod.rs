@@ -316,17 +316,20 @@ impl Model {
         Ok(())
     }
 
-    /// Router lookahead from layer `l`'s residual `x` (one token): applies
-    /// the next MoE layer's router (after that layer's own norm) to it and
-    /// records the guess for the recall stats; when lookahead prefetch is
-    /// on from this variant, also for the `depth` next layers, and starts
-    /// reading the guessed experts.
+    /// Router lookahead from layer `l`'s residual `x` (one token). When
+    /// lookahead prefetch is on from this variant, applies each of the
+    /// `depth` next MoE layers' routers (after that layer's own norm) to
+    /// it and starts reading the guessed experts; the next layer's guess is
+    /// kept for the recall stats. With `schedule.recall`, the next layer is
+    /// guessed (and scored) from both variants even without prefetch.
     fn look_ahead(&self, l: usize, x: &[f32], variant: Variant) {
-        let prefetch = self
-            .store
-            .schedule
+        let schedule = self.store.schedule;
+        let prefetch = schedule
             .lookahead
-            .filter(|a| a.from == variant && self.store.schedule.prefetch_experts_max > 0);
+            .filter(|a| a.from == variant && schedule.prefetch_experts_max > 0);
+        if prefetch.is_none() && !schedule.recall {
+            return;
+        }
         let depth = prefetch.map_or(1, |a| a.depth.max(1));
         let mut xn = Scratch::zeroed(x.len());
         LOOKAHEAD.with(|guess| {

@@ -178,6 +178,12 @@ pub struct Schedule {
     pub lookahead: Option<Lookahead>,
     /// Prefetch reads alive at once (0 disables prefetch).
     pub prefetch_experts_max: usize,
+    /// Score the next layer's guess from both states (`attn` and
+    /// `output`) at every single-token layer, prefetching or not: two
+    /// router products per layer that decode does not otherwise need
+    /// (f32 routers: ~1 GB per token on GLM-5). Without it only the
+    /// variant prefetch uses is scored.
+    pub recall: bool,
 }
 
 impl Default for Schedule {
@@ -186,6 +192,7 @@ impl Default for Schedule {
             pipeline: true,
             lookahead: None,
             prefetch_experts_max: 0,
+            recall: false,
         }
     }
 }
