@@ -45,7 +45,7 @@ pub use file::{DirectSpan, OpenFile};
 pub use mode::ReadMode;
 pub use plot::{Figure, Panel, Series};
 pub use reactor::{FaultInjector, Priority, Reactor, ReactorConfig, ReadDone, ReadReq};
-pub use service::{Batch, BatchEvent, ReactorService, ServiceCounters};
+pub use service::{Batch, BatchEvent, ReactorService, ReadCounters, ServiceCounters};
 pub use slab::{Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};
 pub use sweep::{

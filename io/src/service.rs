@@ -57,13 +57,48 @@ enum Msg {
     Cancel(u64),
 }
 
-/// Counters the service thread keeps.
+/// The live counters of a read service (shared atomics, updated by its
+/// thread, read by anyone): also used by read services outside this crate
+/// that speak the same protocol.
 #[derive(Default, Debug)]
-struct Counters {
+pub struct ReadCounters {
     busy_ns: AtomicU64,
     demand_bytes: AtomicU64,
     prefetch_bytes: AtomicU64,
     cancelled_bytes: AtomicU64,
+}
+
+impl ReadCounters {
+    /// Adds time with reads in flight.
+    pub fn add_busy(&self, d: Duration) {
+        self.busy_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Adds a completed read of `bytes` at `priority`.
+    pub fn add_done(&self, priority: Priority, bytes: usize) {
+        let c = match priority {
+            Priority::Demand => &self.demand_bytes,
+            Priority::Prefetch => &self.prefetch_bytes,
+        };
+        c.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Adds a prefetch read of `bytes` cancelled before any I/O.
+    pub fn add_cancelled(&self, bytes: usize) {
+        self.cancelled_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> ServiceCounters {
+        ServiceCounters {
+            busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
+            demand_bytes: self.demand_bytes.load(Ordering::Relaxed),
+            prefetch_bytes: self.prefetch_bytes.load(Ordering::Relaxed),
+            cancelled_bytes: self.cancelled_bytes.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// A snapshot of the service's counters.
@@ -84,7 +119,7 @@ pub struct ReactorService {
     tx: Option<Sender<Msg>>,
     thread: Option<JoinHandle<()>>,
     next_id: AtomicU64,
-    counters: Arc<Counters>,
+    counters: Arc<ReadCounters>,
 }
 
 /// A read of a batch, as the thread tracks it.
@@ -104,7 +139,7 @@ struct Served {
     batches: HashMap<u64, (Sender<BatchEvent>, usize)>,
     next_tag: u64,
     done: Vec<ReadDone>,
-    counters: Arc<Counters>,
+    counters: Arc<ReadCounters>,
 }
 
 impl Served {
@@ -153,9 +188,7 @@ impl Served {
                     .reactor
                     .cancel(|t| routes.get(&t).is_some_and(|r| r.batch == id));
                 for (tag, len) in dropped {
-                    self.counters
-                        .cancelled_bytes
-                        .fetch_add(len as u64, Ordering::Relaxed);
+                    self.counters.add_cancelled(len);
                     if let Some(route) = self.routes.remove(&tag) {
                         self.answer(route.batch, BatchEvent::Cancelled(route.tag));
                     }
@@ -172,11 +205,7 @@ impl Served {
                 continue;
             };
             if result.is_ok() {
-                let counter = match route.priority {
-                    Priority::Demand => &self.counters.demand_bytes,
-                    Priority::Prefetch => &self.counters.prefetch_bytes,
-                };
-                counter.fetch_add(route.len as u64, Ordering::Relaxed);
+                self.counters.add_done(route.priority, route.len);
             }
             self.answer(route.batch, BatchEvent::Done((route.tag, result)));
         }
@@ -228,9 +257,7 @@ impl Served {
             }
             let start = Instant::now();
             let res = self.reactor.step(&mut self.done);
-            self.counters
-                .busy_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.counters.add_busy(start.elapsed());
             self.deliver();
             if let Err(e) = res {
                 self.fail_all(&e);
@@ -256,7 +283,7 @@ impl ReactorService {
     /// Moves `reactor` onto a new thread named `moestream-io`.
     pub fn spawn(reactor: Reactor) -> Result<ReactorService, IoError> {
         let (tx, rx) = channel::unbounded::<Msg>();
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(ReadCounters::default());
         let served = Served {
             reactor,
             routes: HashMap::with_capacity(256),
@@ -319,13 +346,7 @@ impl ReactorService {
 
     /// The counters so far.
     pub fn counters(&self) -> ServiceCounters {
-        let c = &self.counters;
-        ServiceCounters {
-            busy: Duration::from_nanos(c.busy_ns.load(Ordering::Relaxed)),
-            demand_bytes: c.demand_bytes.load(Ordering::Relaxed),
-            prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
-            cancelled_bytes: c.cancelled_bytes.load(Ordering::Relaxed),
-        }
+        self.counters.snapshot()
     }
 
     fn sender(&self) -> &Sender<Msg> {

@@ -11,13 +11,13 @@
 use crate::weights::WeightIndex;
 use crossbeam::channel::{self, Receiver, Sender, TryRecvError};
 use moestream_io::{
-    Batch, BatchEvent, OpenFile, Priority, ReactorService, ReadReq, ServiceCounters,
+    Batch, BatchEvent, OpenFile, Priority, ReactorService, ReadCounters, ReadReq, ServiceCounters,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// One span to read: bytes `[offset, offset + len)` of shard `shard`.
 #[derive(Clone, Copy, Debug)]
@@ -103,28 +103,20 @@ enum Msg {
 /// One queued read of the sync thread: (batch id, reply, span).
 type Queued = (u64, Sender<BatchEvent>, SpanReq);
 
-#[derive(Default)]
-struct Counters {
-    busy_ns: AtomicU64,
-    demand_bytes: AtomicU64,
-    prefetch_bytes: AtomicU64,
-    cancelled_bytes: AtomicU64,
-}
-
 /// A thread that reads spans synchronously through the shards' readers,
 /// demand reads first.
 pub(crate) struct SyncReader {
     tx: Option<Sender<Msg>>,
     thread: Option<JoinHandle<()>>,
     next_id: AtomicU64,
-    counters: Arc<Counters>,
+    counters: Arc<ReadCounters>,
 }
 
 impl SyncReader {
     /// Starts the reader thread over `index`'s shards.
     pub fn spawn(index: Arc<WeightIndex>) -> std::io::Result<SyncReader> {
         let (tx, rx) = channel::unbounded::<Msg>();
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(ReadCounters::default());
         let c = counters.clone();
         let thread = std::thread::Builder::new()
             .name("moestream-read".into())
@@ -165,13 +157,7 @@ impl SyncReader {
     }
 
     fn counters(&self) -> ServiceCounters {
-        let c = &self.counters;
-        ServiceCounters {
-            busy: Duration::from_nanos(c.busy_ns.load(Ordering::Relaxed)),
-            demand_bytes: c.demand_bytes.load(Ordering::Relaxed),
-            prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
-            cancelled_bytes: c.cancelled_bytes.load(Ordering::Relaxed),
-        }
+        self.counters.snapshot()
     }
 }
 
@@ -186,7 +172,7 @@ impl Drop for SyncReader {
 
 /// The reader thread: takes every waiting message, then reads one span
 /// (demand first); blocks only with nothing queued.
-fn serve(index: &WeightIndex, rx: &Receiver<Msg>, counters: &Counters) {
+fn serve(index: &WeightIndex, rx: &Receiver<Msg>, counters: &ReadCounters) {
     let mut demand: VecDeque<Queued> = VecDeque::new();
     let mut prefetch: VecDeque<Queued> = VecDeque::new();
     let mut open = true;
@@ -220,15 +206,9 @@ fn serve(index: &WeightIndex, rx: &Receiver<Msg>, counters: &Counters) {
         let (_, reply, span) = read;
         let start = Instant::now();
         let result = index.shards[span.shard].reader.read(span.offset, span.len);
-        counters
-            .busy_ns
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        counters.add_busy(start.elapsed());
         if result.is_ok() {
-            let c = match priority {
-                Priority::Demand => &counters.demand_bytes,
-                Priority::Prefetch => &counters.prefetch_bytes,
-            };
-            c.fetch_add(span.len as u64, Ordering::Relaxed);
+            counters.add_done(priority, span.len);
         }
         // A caller that stopped listening only loses the result.
         let _ = reply.send(BatchEvent::Done((span.tag, result)));
@@ -239,7 +219,7 @@ fn take(
     msg: Msg,
     demand: &mut VecDeque<Queued>,
     prefetch: &mut VecDeque<Queued>,
-    counters: &Counters,
+    counters: &ReadCounters,
 ) {
     match msg {
         Msg::Submit {
@@ -265,9 +245,7 @@ fn take(
                 prefetch.drain(..).partition(|q| q.0 == id);
             *prefetch = keep;
             for (_, reply, span) in hit {
-                counters
-                    .cancelled_bytes
-                    .fetch_add(span.len as u64, Ordering::Relaxed);
+                counters.add_cancelled(span.len);
                 let _ = reply.send(BatchEvent::Cancelled(span.tag));
             }
         }
