@@ -37,7 +37,7 @@ mod slab;
 mod source;
 mod sweep;
 
-pub use aligned::{align_up, AlignedBuf, ALIGN};
+pub use aligned::{align_up, alloc_stats, AlignedBuf, ALIGN, MAP_BYTES_MIN};
 pub use bench::{bench_random_reads, BenchConfig, BenchReport};
 pub use coalesce::{coalesce, ByteRange, CoalesceLimits, MergedRead};
 pub use error::IoError;
@@ -46,7 +46,7 @@ pub use mode::ReadMode;
 pub use plot::{Figure, Panel, Series};
 pub use reactor::{FaultInjector, Priority, Reactor, ReactorConfig, ReadDone, ReadReq};
 pub use service::{Batch, BatchEvent, ReactorService, ReadCounters, ServiceCounters};
-pub use slab::{Slab, SlabPool};
+pub use slab::{PoolStats, Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};
 pub use sweep::{
     device_read_bytes, drop_page_cache, size_label, sweep, sweep_svg, write_csv, Engine,

@@ -10,7 +10,7 @@
 //! - `drop`: buffered, then `posix_fadvise(DONTNEED)` on the range, so the
 //!   read does not grow the page cache.
 //! - `mmap`: map the file once and copy the range out.
-//! - `pread`: the simplest baseline, pread into a fresh `Vec`.
+//! - `pread`: the plain baseline: buffered, without the read-ahead hint.
 
 use std::fmt;
 use std::str::FromStr;

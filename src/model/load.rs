@@ -184,6 +184,7 @@ impl Model {
             model.plan = Some(plan);
             model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));
         }
+        model.store.warm_buffers();
         let history = dir.join(HISTORY_FILE);
         if opts.pin_history && history.exists() {
             model.history = Some(match model.store.pin_from_history(&history) {
