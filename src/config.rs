@@ -284,11 +284,88 @@ impl Fields<'_> {
     }
 
     fn positive(&self, names: &[&str]) -> Result<usize> {
+        self.positive_max(names, SIZE_MAX)
+    }
+
+    /// A required integer in `1..=max`.
+    fn positive_max(&self, names: &[&str], max: usize) -> Result<usize> {
         let n = self.usize(names)?;
         if n == 0 {
             return Err(self.err(names[0], "must be > 0"));
         }
+        if n > max {
+            return Err(self.err(names[0], format!("{n} is over the supported {max}")));
+        }
         Ok(n)
+    }
+
+    /// An optional float that must be finite and in `(lo, hi]`, else
+    /// `default`.
+    fn f64_in(&self, names: &[&str], default: f64, (lo, hi): (f64, f64)) -> Result<f64> {
+        let x = self.f64_opt(names)?.unwrap_or(default);
+        check_in(self, names[0], x, (lo, hi))
+    }
+}
+
+/// The most bytes any JSON side file (config, tokenizer, generation config,
+/// manifests, usage history, tuned profiles) may hold: the largest real
+/// tokenizer.json files are tens of MiB.
+pub const JSON_FILE_BYTES_MAX: u64 = 256 << 20;
+
+/// Reads a JSON side file as text, refusing what is not a regular file (a
+/// FIFO would block, a device such as /dev/zero never ends) and anything
+/// over [`JSON_FILE_BYTES_MAX`].
+pub fn read_capped(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let md = std::fs::metadata(path).map_err(|e| Error::file(path, e))?;
+    if !md.is_file() {
+        return Err(Error::config(
+            path,
+            "(file)",
+            "not a regular file".to_string(),
+        ));
+    }
+    if md.len() > JSON_FILE_BYTES_MAX {
+        return Err(Error::config(
+            path,
+            "(file)",
+            format!(
+                "{} bytes, over the {JSON_FILE_BYTES_MAX}-byte limit",
+                md.len()
+            ),
+        ));
+    }
+    let f = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    let mut text = String::new();
+    f.take(JSON_FILE_BYTES_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::file(path, e))?;
+    if text.len() as u64 > JSON_FILE_BYTES_MAX {
+        return Err(Error::config(
+            path,
+            "(file)",
+            format!("grew past the {JSON_FILE_BYTES_MAX}-byte limit while read"),
+        ));
+    }
+    Ok(text)
+}
+
+/// The largest size any config field may give (dimensions, vocabulary,
+/// layers): far above every real model, far below what overflows a plan.
+const SIZE_MAX: usize = 1 << 24;
+
+/// The most routed experts a layer may have.
+pub const EXPERTS_MAX: usize = 1 << 16;
+
+/// The widest rotary slice the RoPE kernels handle.
+pub const ROTARY_DIM_MAX: usize = 1024;
+
+/// Refuses `x` unless it is finite and in `(lo, hi]`.
+fn check_in(f: &Fields, name: &str, x: f64, (lo, hi): (f64, f64)) -> Result<f64> {
+    if x.is_finite() && x > lo && x <= hi {
+        Ok(x)
+    } else {
+        Err(f.err(name, format!("{x} is outside ({lo}, {hi}]")))
     }
 }
 
@@ -296,7 +373,7 @@ impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn load(dir: &Path) -> Result<ModelConfig> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::file(&path, e))?;
+        let text = read_capped(&path)?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
         ModelConfig::from_json(&path, &v)
@@ -317,7 +394,10 @@ impl ModelConfig {
         let hidden_size = f.positive(&["hidden_size"])?;
         let (num_heads, num_kv_heads, head_dim) = heads(&f, family, hidden_size)?;
         let num_layers = f.positive(&["num_hidden_layers"])?;
-        let num_experts = f.positive(&["num_experts", "num_local_experts", "n_routed_experts"])?;
+        let num_experts = f.positive_max(
+            &["num_experts", "num_local_experts", "n_routed_experts"],
+            EXPERTS_MAX,
+        )?;
         let top_k = f.positive(&["num_experts_per_tok"])?;
         if top_k > num_experts {
             return Err(f.err(
@@ -334,7 +414,10 @@ impl ModelConfig {
         let sparse_layers = sparse_layers(&f, family, num_layers)?;
         let shared_experts = shared_experts(&f, family, moe_intermediate_size)?;
         let (qkv_bias, o_bias, qk_norm) = attention_flags(&f, family)?;
-        let clip_qkv = f.f64_opt(&["clip_qkv"])?.map(|c| c as f32);
+        let clip_qkv = match f.f64_opt(&["clip_qkv"])? {
+            Some(c) => Some(check_in(&f, "clip_qkv", c, (0.0, 1e9))? as f32),
+            None => None,
+        };
         let sliding_window = sliding_windows(&f, family, num_layers)?;
         let mla = if family.is_mla() {
             Some(mla_config(&f)?)
@@ -373,7 +456,7 @@ impl ModelConfig {
             router,
             sparse_layers,
             shared_experts,
-            rms_norm_eps: f.f64_opt(&["rms_norm_eps"])?.unwrap_or(1e-6),
+            rms_norm_eps: f.f64_in(&["rms_norm_eps"], 1e-6, (0.0, 1.0))?,
             rope,
             qkv_bias,
             o_bias,
@@ -494,9 +577,8 @@ fn router_kind(f: &Fields, family: Family, num_experts: usize, top_k: usize) -> 
         n_group,
         topk_group,
         norm_topk_prob: f.bool_or(&["norm_topk_prob"], true)?,
-        routed_scaling_factor: f
-            .f64_opt(&["routed_scaling_factor"])?
-            .unwrap_or(scale_default) as f32,
+        routed_scaling_factor: f.f64_in(&["routed_scaling_factor"], scale_default, (0.0, 1e4))?
+            as f32,
     })
 }
 
@@ -718,18 +800,20 @@ fn rope_config(f: &Fields, head_dim: usize, interleaved: bool) -> Result<RopeCon
         Some(t) => t,
         None => f.f64_opt(&["rope_theta"])?.unwrap_or(10000.0),
     };
+    check_in(f, "rope_theta", theta, (0.0, 1e15))?;
     let max_pos = f.usize_opt(&["max_position_embeddings"])?.unwrap_or(4096);
     let rope_type = pick("rope_type")
         .or_else(|| pick("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
     let need = |name: &str| -> Result<f64> {
-        num(name)?.ok_or_else(|| {
+        let x = num(name)?.ok_or_else(|| {
             f.err(
                 &format!("rope_parameters.{name}"),
                 format!("required by rope_type {rope_type}"),
             )
-        })
+        })?;
+        check_in(f, &format!("rope_parameters.{name}"), x, (0.0, 1e9))
     };
     let scaling = match rope_type {
         "default" => RopeScaling::Default,
@@ -765,10 +849,16 @@ fn rope_config(f: &Fields, head_dim: usize, interleaved: bool) -> Result<RopeCon
         None => f.f64_opt(&["partial_rotary_factor"])?.unwrap_or(1.0),
     };
     let rotary_dim = (head_dim as f64 * partial) as usize;
-    if !rotary_dim.is_multiple_of(2) || rotary_dim == 0 || rotary_dim > head_dim {
+    if !rotary_dim.is_multiple_of(2)
+        || rotary_dim == 0
+        || rotary_dim > head_dim
+        || rotary_dim > ROTARY_DIM_MAX
+    {
         return Err(f.err(
             "partial_rotary_factor",
-            format!("gives rotary dim {rotary_dim} for head_dim {head_dim}"),
+            format!(
+                "gives rotary dim {rotary_dim} for head_dim {head_dim} (at most {ROTARY_DIM_MAX})"
+            ),
         ));
     }
     Ok(RopeConfig {

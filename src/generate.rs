@@ -136,6 +136,7 @@ pub fn generate(
     if prompt.is_empty() {
         return Err(Error::Request("the prompt is empty".into()));
     }
+    opts.sampling.validate().map_err(Error::Request)?;
     model.check_tokens(prompt)?;
     let context_max = model.cfg.rope.max_position_embeddings;
     if prompt.len() > context_max {

@@ -22,6 +22,29 @@ impl Default for SamplingParams {
     }
 }
 
+/// The highest temperature accepted (beyond it every distribution is flat
+/// to f32 precision).
+pub const TEMPERATURE_MAX: f32 = 1e3;
+
+impl SamplingParams {
+    /// Refuses settings that would make sampling meaningless: a temperature
+    /// that is not finite or outside `[0, TEMPERATURE_MAX]`, a `top_p`
+    /// outside `(0, 1]` or not finite. The message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        let t = self.temperature;
+        if !(t.is_finite() && (0.0..=TEMPERATURE_MAX).contains(&t)) {
+            return Err(format!(
+                "temperature {t} is outside [0, {TEMPERATURE_MAX}] (0 is greedy)"
+            ));
+        }
+        let p = self.top_p;
+        if !(p.is_finite() && p > 0.0 && p <= 1.0) {
+            return Err(format!("top_p {p} is outside (0, 1]"));
+        }
+        Ok(())
+    }
+}
+
 /// splitmix64: a small, well-mixed, seedable generator.
 pub struct Rng(u64);
 
@@ -151,6 +174,28 @@ mod tests {
             top[..3].iter().all(|t| a.contains(&(*t as u32))),
             "all of top-3 drawn in 100 samples"
         );
+    }
+
+    #[test]
+    fn out_of_range_settings_are_named() {
+        let ok = SamplingParams::default();
+        assert!(ok.validate().is_ok());
+        for (t, p, needle) in [
+            (f32::NAN, 1.0, "temperature"),
+            (-0.5, 1.0, "temperature"),
+            (f32::INFINITY, 1.0, "temperature"),
+            (1.0, 0.0, "top_p"),
+            (1.0, 2.0, "top_p"),
+            (1.0, f32::NAN, "top_p"),
+        ] {
+            let bad = SamplingParams {
+                temperature: t,
+                top_p: p,
+                ..ok
+            };
+            let e = bad.validate().unwrap_err();
+            assert!(e.contains(needle), "{t} {p}: {e}");
+        }
     }
 
     #[test]

@@ -21,9 +21,10 @@ impl Tokenizer {
                 reason: "file not found".into(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
+        let text = crate::config::read_capped(&path)?;
+        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| Error::Tokenizer {
             path: path.clone(),
-            reason: e.to_string(),
+            reason: format!("{e}"),
         })?;
         Ok(Tokenizer { inner, path })
     }
@@ -52,9 +53,10 @@ impl Tokenizer {
 pub fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
     for file in ["generation_config.json", "config.json"] {
         let path = dir.join(file);
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        if !path.exists() {
             continue;
-        };
+        }
+        let text = crate::config::read_capped(&path)?;
         let v: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
         let ids = match v.get("eos_token_id") {

@@ -81,7 +81,7 @@ pub fn model_key(dir: &Path) -> Result<u64> {
     let mut h = Fnv::default();
     h.update(canon.as_os_str().as_encoded_bytes());
     let config = dir.join("config.json");
-    h.update(&std::fs::read(&config).map_err(|e| Error::file(&config, e))?);
+    h.update(crate::config::read_capped(&config)?.as_bytes());
     let mut shards: Vec<(String, u64)> = std::fs::read_dir(dir)
         .map_err(|e| Error::file(dir, e))?
         .filter_map(|e| e.ok())
@@ -156,12 +156,11 @@ pub fn load(dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
 /// [`load`] under the cache directory `cache`.
 pub fn load_in(cache: &Path, dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
     let path = profile_path_in(cache, dir)?;
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::file(&path, e)),
-    };
-    let p: Profile = serde_json::from_slice(&bytes)
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = crate::config::read_capped(&path)?;
+    let p: Profile = serde_json::from_str(&text)
         .map_err(|e| Error::Request(format!("tuned profile {}: {e}", path.display())))?;
     if p.version != PROFILE_VERSION {
         return Err(Error::Request(format!(

@@ -22,6 +22,7 @@ fn convert_to(src: &Path, out: &Path, policy: &Policy) -> convert::ConvertReport
         output: out.to_path_buf(),
         policy: policy.clone(),
         resume: false,
+        force: false,
         progress: false,
     })
     .expect("convert")

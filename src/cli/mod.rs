@@ -135,6 +135,10 @@ struct ConvertArgs {
     /// Continue an interrupted conversion into --output.
     #[arg(long)]
     resume: bool,
+    /// Replace an --output that already holds a model or a conversion: the
+    /// new container is built beside it and swapped in once complete.
+    #[arg(long)]
+    force: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -487,8 +491,24 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The most kernel or reader threads accepted: 8 per core (more only
+/// costs start-up time and memory; 20,000 took minutes to start).
+fn threads_max() -> usize {
+    8 * std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Refuses a thread count of 0 or over [`threads_max`].
+fn check_threads(t: usize) -> Result<usize> {
+    let max = threads_max();
+    if t == 0 || t > max {
+        anyhow::bail!("--threads {t} is outside 1..={max} (8 per core)");
+    }
+    Ok(t)
+}
+
 fn load(m: &ModelArgs) -> Result<Model> {
     if let Some(t) = m.threads {
+        check_threads(t)?;
         rayon::ThreadPoolBuilder::new()
             .num_threads(t)
             .build_global()
@@ -807,6 +827,7 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
         output: a.output.clone(),
         policy,
         resume: a.resume,
+        force: a.force,
         progress: !a.quiet,
     };
     let report = convert::convert(&opts)?;
@@ -823,9 +844,21 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
 }
 
 fn cmd_bench_mem(a: MemArgs) -> Result<()> {
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = match a.threads {
+        Some(t) => check_threads(t)?,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    if a.reps == 0 {
+        anyhow::bail!("--reps must be at least 1");
+    }
+    let ram_mib = moestream::profile::mem_total_bytes().unwrap_or(u64::MAX) >> 20;
+    if a.mib == 0 || a.mib as u64 > ram_mib / 2 {
+        anyhow::bail!(
+            "--mib {} is outside 1..={} (half of this machine's RAM)",
+            a.mib,
+            ram_mib / 2
+        );
+    }
     let r = moestream::bench::mem::read_bandwidth(a.mib << 20, threads, a.reps);
     if a.json {
         println!(

@@ -11,10 +11,19 @@
 //! from a 4096-byte boundary, in the file of the shard that held the first
 //! of them, so one O_DIRECT read fetches the expert.
 //!
-//! Resumable: `moestream-convert.json` in the output records each finished
-//! file (its length and checksum); a rerun with `resume` skips those (after
-//! checking their header and length) and redoes everything else, including
-//! a file whose write was cut short.
+//! Resumable: `moestream-convert.json` in the output records the input's
+//! fingerprint (config.json's checksum, and each shard's size and header
+//! checksum) and each finished file (its length and data checksum); a rerun
+//! with `resume` refuses a different input, skips finished files only after
+//! re-reading and re-checking them, and redoes everything else, including a
+//! file whose write was cut short. Until the last step the manifest has no
+//! census, which marks the directory unfinished: the runtime refuses to load
+//! it ([`check_finished`]).
+//!
+//! Never destructive: the output may not be the input, and an output that
+//! already holds a model is refused unless `force`, which builds the new
+//! container in a temporary sibling directory and swaps it in only once it
+//! is complete.
 
 pub mod writer;
 
@@ -47,6 +56,10 @@ pub struct ConvertOptions {
     pub policy: Policy,
     /// Continue an interrupted conversion into `output`.
     pub resume: bool,
+    /// Replace an output directory that already holds a model (or a
+    /// conversion): the new container is built beside it and swapped in
+    /// when complete.
+    pub force: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
 }
@@ -117,9 +130,127 @@ pub struct FileRecord {
 pub struct Manifest {
     pub format: String,
     pub input: PathBuf,
+    /// What the conversion was made from (absent in manifests of older
+    /// versions, which cannot be resumed).
+    #[serde(default)]
+    pub input_fingerprint: Option<InputFingerprint>,
     pub policy: String,
     pub files: BTreeMap<String, FileRecord>,
+    /// Present once the conversion finished.
     pub census: Option<Census>,
+}
+
+/// What identifies a conversion's input without reading its weights:
+/// config.json's checksum and each shard's name, size and header checksum
+/// (the header fixes every tensor's name, type, shape and offset).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InputFingerprint {
+    pub config_checksum: String,
+    pub shards: Vec<ShardPrint>,
+}
+
+/// One input shard in an [`InputFingerprint`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ShardPrint {
+    pub name: String,
+    pub bytes: u64,
+    pub header_checksum: String,
+}
+
+impl InputFingerprint {
+    /// The fingerprint of the checkpoint `index` was opened from.
+    fn of(input: &Path, index: &WeightIndex) -> Result<InputFingerprint> {
+        let config = input.join("config.json");
+        let text = crate::config::read_capped(&config)?;
+        let mut shards = Vec::with_capacity(index.shards.len());
+        for shard in &index.shards {
+            let (bytes, header) = header_bytes(&shard.path)?;
+            shards.push(ShardPrint {
+                name: file_name(&shard.path),
+                bytes,
+                header_checksum: checksum_hex(&header),
+            });
+        }
+        Ok(InputFingerprint {
+            config_checksum: checksum_hex(text.as_bytes()),
+            shards,
+        })
+    }
+
+    /// Why `self` (the recorded input) is not `now`, if it is not.
+    fn difference(&self, now: &InputFingerprint) -> Option<String> {
+        if self.config_checksum != now.config_checksum {
+            return Some("config.json differs".into());
+        }
+        if self.shards.len() != now.shards.len() {
+            return Some(format!(
+                "it had {} shards, the input has {}",
+                self.shards.len(),
+                now.shards.len()
+            ));
+        }
+        self.shards
+            .iter()
+            .zip(&now.shards)
+            .find(|(a, b)| a != b)
+            .map(|(a, b)| {
+                format!(
+                    "shard {} ({} bytes then) differs from {} ({} bytes now)",
+                    a.name, a.bytes, b.name, b.bytes
+                )
+            })
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().to_string())
+}
+
+fn checksum_hex(bytes: &[u8]) -> String {
+    let mut c = Checksum::default();
+    c.update(bytes);
+    format!("{:016x}", c.finish())
+}
+
+/// A safetensors file's size and its header bytes (length prefix included).
+fn header_bytes(path: &Path) -> Result<(u64, Vec<u8>)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    let size = f.metadata().map_err(|e| Error::file(path, e))?.len();
+    let mut n8 = [0u8; 8];
+    f.read_exact(&mut n8).map_err(|e| Error::file(path, e))?;
+    let n = u64::from_le_bytes(n8).min(size.saturating_sub(8));
+    let mut header = n8.to_vec();
+    f.take(n)
+        .read_to_end(&mut header)
+        .map_err(|e| Error::file(path, e))?;
+    Ok((size, header))
+}
+
+/// Refuses a directory holding a conversion that has not finished (its
+/// manifest has no census yet): some of its files may still be the
+/// source's, others converted.
+pub fn check_finished(dir: &Path) -> Result<()> {
+    let path = dir.join(MANIFEST);
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = crate::config::read_capped(&path)?;
+    let m: Manifest = serde_json::from_str(&text)
+        .map_err(|e| Error::config(&path, "(file)", format!("not a conversion manifest: {e}")))?;
+    if m.census.is_none() {
+        return Err(Error::config(
+            &path,
+            "census",
+            format!(
+                "{} holds an unfinished conversion (from {}); finish it with convert's resume, or convert again",
+                dir.display(),
+                m.input.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What a conversion did.
@@ -403,11 +534,99 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
             opts.input.display()
         )));
     }
-    let layers = cfg.num_layers;
-    let plan = plan(&index, layers, &opts.policy)?;
-    std::fs::create_dir_all(&opts.output).map_err(|e| Error::file(&opts.output, e))?;
-    let mpath = opts.output.join(MANIFEST);
-    let mut manifest = load_manifest(&mpath, opts)?;
+    refuse_input_as_output(&opts.input, &opts.output)?;
+    let plan = plan(&index, cfg.num_layers, &opts.policy)?;
+    let fingerprint = InputFingerprint::of(&opts.input, &index)?;
+    let occupied = holds_anything(&opts.output)?;
+    if !occupied || (opts.resume && !opts.force) {
+        return convert_into(opts, &opts.output, &index, plan, fingerprint);
+    }
+    if !opts.force {
+        let what = if opts.output.join(MANIFEST).exists() {
+            format!("a conversion ({MANIFEST}); resume (--resume) continues it")
+        } else {
+            "files (a model?)".to_string()
+        };
+        return Err(Error::Request(format!(
+            "the output {} already holds {what}; refusing to overwrite it (force, --force, replaces it once the new container is complete), or choose an empty directory",
+            opts.output.display()
+        )));
+    }
+    let staging = sibling(&opts.output, "convert")?;
+    let _ = std::fs::remove_dir_all(&staging);
+    let report = convert_into(opts, &staging, &index, plan, fingerprint)?;
+    swap_in(&staging, &opts.output)?;
+    Ok(report)
+}
+
+/// The converter never writes into its input.
+fn refuse_input_as_output(input: &Path, output: &Path) -> Result<()> {
+    let input = input.canonicalize().map_err(|e| Error::file(input, e))?;
+    if let Ok(out) = output.canonicalize() {
+        if out == input {
+            return Err(Error::Request(format!(
+                "the output {} is the input directory; the converter never writes into its input",
+                output.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` exists and holds any entry.
+fn holds_anything(dir: &Path) -> Result<bool> {
+    match std::fs::read_dir(dir) {
+        Ok(mut rd) => Ok(rd.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::file(dir, e)),
+    }
+}
+
+/// A hidden sibling of `dir` unique to this process: `.NAME.WHAT-PID`.
+fn sibling(dir: &Path, what: &str) -> Result<PathBuf> {
+    let name = dir
+        .file_name()
+        .ok_or_else(|| Error::Request(format!("the output {} has no name", dir.display())))?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Ok(parent.join(format!(
+        ".{}.{what}-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+/// Replaces `dir` by the complete `staging`: `dir` is renamed aside, the
+/// new one renamed in, the old one removed. Every step is a rename, so a
+/// crash leaves either the old directory or the new one at `dir` (and the
+/// other under a hidden sibling name).
+fn swap_in(staging: &Path, dir: &Path) -> Result<()> {
+    let old = sibling(dir, "replaced")?;
+    std::fs::rename(dir, &old).map_err(|e| Error::file(dir, e))?;
+    if let Err(e) = std::fs::rename(staging, dir) {
+        let _ = std::fs::rename(&old, dir);
+        return Err(Error::file(dir, e));
+    }
+    std::fs::remove_dir_all(&old).map_err(|e| Error::file(&old, e))
+}
+
+/// The conversion proper, into `out`.
+fn convert_into(
+    opts: &ConvertOptions,
+    out: &Path,
+    index: &WeightIndex,
+    plan: Plan,
+    fingerprint: InputFingerprint,
+) -> Result<ConvertReport> {
+    std::fs::create_dir_all(out).map_err(|e| Error::file(out, e))?;
+    let mpath = out.join(MANIFEST);
+    let mut manifest = load_manifest(&mpath, opts, &fingerprint)?;
+    // Unfinished from here until the census is written.
+    manifest.census = None;
+    manifest.input_fingerprint = Some(fingerprint);
+    save_manifest(&mpath, &manifest)?;
     let total_in: u64 = plan
         .files
         .iter()
@@ -421,7 +640,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         census: plan.census.clone(),
     };
     for (fname, layout, order) in &plan.files {
-        let path = opts.output.join(fname);
+        let path = out.join(fname);
         let _ = std::fs::remove_file(writer::tmp_path(&path));
         if let Some(rec) = manifest.files.get(fname) {
             if finished(&path, layout, rec) {
@@ -435,7 +654,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         for s in order {
             while w.write_padding()? {}
             let outs = s.outputs();
-            for ((name, ..), bytes) in outs.iter().zip(encode(&index, s)?) {
+            for ((name, ..), bytes) in outs.iter().zip(encode(index, s)?) {
                 w.write(name, &bytes)?;
             }
             bar.inc(s.input_bytes());
@@ -454,8 +673,8 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         report.written.push(fname.clone());
     }
     bar.finish_and_clear();
-    write_index_json(&opts.output, &plan)?;
-    copy_side_files(&opts.input, &opts.output)?;
+    write_index_json(out, &plan)?;
+    copy_side_files(&opts.input, out)?;
     manifest.census = Some(plan.census);
     save_manifest(&mpath, &manifest)?;
     Ok(report)
@@ -478,16 +697,21 @@ fn progress_bar(on: bool, total: u64) -> indicatif::ProgressBar {
 
 /// The manifest to continue from: empty for a fresh output; the existing
 /// one with `resume` when it was made from the same input and policy.
-fn load_manifest(path: &Path, opts: &ConvertOptions) -> Result<Manifest> {
+fn load_manifest(
+    path: &Path,
+    opts: &ConvertOptions,
+    fingerprint: &InputFingerprint,
+) -> Result<Manifest> {
     let fresh = Manifest {
         format: FORMAT_VERSION.into(),
         input: opts.input.clone(),
         policy: opts.policy.summary(),
         ..Manifest::default()
     };
-    let Ok(text) = std::fs::read_to_string(path) else {
+    if !path.exists() {
         return Ok(fresh);
-    };
+    }
+    let text = crate::config::read_capped(path)?;
     if !opts.resume {
         return Err(Error::Request(format!(
             "{} already holds a conversion ({MANIFEST}); pass --resume to continue it, or choose an empty directory",
@@ -506,6 +730,20 @@ fn load_manifest(path: &Path, opts: &ConvertOptions) -> Result<Manifest> {
             ),
         ));
     }
+    let why = match &m.input_fingerprint {
+        None => Some("the manifest does not record its input (an older version)".to_string()),
+        Some(recorded) => recorded.difference(fingerprint),
+    };
+    if let Some(why) = why {
+        return Err(Error::config(
+            path,
+            "input_fingerprint",
+            format!(
+                "the conversion was made from {}, not from this input: {why}; use a new output directory",
+                m.input.display()
+            ),
+        ));
+    }
     Ok(m)
 }
 
@@ -515,12 +753,16 @@ fn save_manifest(path: &Path, m: &Manifest) -> Result<()> {
 }
 
 /// Whether `path` is the finished file the manifest records: its length and
-/// header agree with the plan.
+/// header agree with the plan, and its data with the recorded checksum (a
+/// file damaged after it was finished is redone).
 fn finished(path: &Path, layout: &Layout, rec: &FileRecord) -> bool {
     let Ok(md) = std::fs::metadata(path) else {
         return false;
     };
-    md.len() == rec.bytes && md.len() == layout.file_len() && header_matches(path, layout).is_ok()
+    let Ok(sum) = u64::from_str_radix(&rec.checksum, 16) else {
+        return false;
+    };
+    md.len() == rec.bytes && md.len() == layout.file_len() && verify(path, layout, sum).is_ok()
 }
 
 fn header_matches(path: &Path, layout: &Layout) -> Result<()> {

@@ -113,8 +113,8 @@ impl UsageTable {
     /// Loads a saved table into this one; the saved geometry must match.
     /// Returns the tokens of history loaded.
     pub fn load(&mut self, path: &Path) -> Result<u64> {
-        let text = std::fs::read(path).map_err(|e| Error::file(path, e))?;
-        let saved: Saved = serde_json::from_slice(&text)
+        let text = crate::config::read_capped(path)?;
+        let saved: Saved = serde_json::from_str(&text)
             .map_err(|e| Error::config(path, "(file)", format!("not a usage history: {e}")))?;
         let shape: Vec<usize> = saved.layers.iter().map(Vec::len).collect();
         let want: Vec<usize> = self.table.iter().map(Vec::len).collect();

@@ -129,6 +129,7 @@ pub struct WeightIndex {
 impl WeightIndex {
     /// Indexes every `*.safetensors` file in `dir`, opening readers in `mode`.
     pub fn open(dir: &Path, mode: ReadMode) -> Result<WeightIndex> {
+        crate::convert::check_finished(dir)?;
         let paths = shard_paths(dir)?;
         let mut shards = Vec::with_capacity(paths.len());
         let mut tensors = HashMap::new();
@@ -482,9 +483,10 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
 /// (a missing shard is reported by name rather than as a missing tensor).
 fn check_index_json(dir: &Path, paths: &[PathBuf]) -> Result<()> {
     let ipath = dir.join("model.safetensors.index.json");
-    let Ok(text) = std::fs::read_to_string(&ipath) else {
+    if !ipath.exists() {
         return Ok(());
-    };
+    }
+    let text = crate::config::read_capped(&ipath)?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::config(&ipath, "(file)", format!("not valid JSON: {e}")))?;
     let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {

@@ -155,3 +155,19 @@ pub fn eval_json(dir: &Path, extra: &[&str]) -> serde_json::Value {
     assert!(out.ok, "{}: {}", dir.display(), out.stderr);
     serde_json::from_str(&out.stdout).expect("one JSON object")
 }
+
+/// `run --model DIR --prompt-ids 1,2,3 --max-tokens 2 --json` plus `extra`.
+pub fn run_json(dir: &Path, extra: &[&str]) -> Out {
+    let mut args = vec![
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+        "--json",
+    ];
+    args.extend(extra);
+    moestream(&args)
+}

@@ -1,0 +1,108 @@
+//! Checked limits on every number (the hardening issue's defects 4, 5 and
+//! 7): config values that would make NaN or abort, sampling settings out of
+//! range, and absurd flags each get a clean error naming the setting, or
+//! are clamped where a larger value only means "all" (the expert cache).
+//! Each case is named after the fault.
+
+mod common;
+
+use common::{assert_clean_failure, fixture, moestream};
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// A copy of `family`'s fixture with `edit` applied to its config.json.
+fn with_config(family: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture(family)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let cpath = tmp.path().join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cpath).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&cpath, v.to_string()).unwrap();
+    tmp
+}
+
+fn run(dir: &Path, extra: &[&str]) -> common::Out {
+    common::run_json(dir, extra)
+}
+
+#[test]
+fn config_values_that_make_nan_or_abort_are_refused_by_name() {
+    let cases: [(&str, &str, Value); 8] = [
+        ("qwen3_moe", "rms_norm_eps", json!(-1e-6)),
+        ("qwen3_moe", "rope_theta", json!(0.0)),
+        (
+            "qwen3_moe",
+            "rope_parameters",
+            json!({"rope_type": "linear", "factor": 0.0, "rope_theta": 1e6}),
+        ),
+        ("deepseek_v3", "routed_scaling_factor", json!(1e300)),
+        ("olmoe", "clip_qkv", json!(-1.0)),
+        ("qwen3_moe", "num_experts", json!(1_000_000_000u64)),
+        ("qwen3_moe", "head_dim", json!(2048)),
+        ("qwen3_moe", "hidden_size", json!(1u64 << 40)),
+    ];
+    for (family, field, value) in cases {
+        let dir = with_config(family, |v| {
+            if field == "rope_theta" {
+                v["rope_parameters"][field] = value.clone();
+            } else {
+                v[field] = value.clone();
+            }
+        });
+        let out = run(dir.path(), &[]);
+        let name = if field == "rope_parameters" {
+            "factor"
+        } else if field == "head_dim" {
+            "rotary"
+        } else {
+            field
+        };
+        assert_clean_failure(&out, &["config.json", name]);
+    }
+}
+
+#[test]
+fn sampling_settings_out_of_range_are_refused_by_name() {
+    let dir = fixture("qwen3_moe");
+    for (flag, value, name) in [
+        ("--temperature", "NaN", "temperature"),
+        ("--temperature", "-1", "temperature"),
+        ("--top-p", "0", "top_p"),
+        ("--top-p", "2", "top_p"),
+        ("--top-p", "NaN", "top_p"),
+    ] {
+        let arg = format!("{flag}={value}");
+        let out = run(&dir, &[arg.as_str()]);
+        assert_clean_failure(&out, &[name]);
+    }
+}
+
+#[test]
+fn a_huge_expert_cache_means_every_expert() {
+    let dir = fixture("qwen3_moe");
+    let plain = run(&dir, &[]);
+    assert!(plain.ok, "{}", plain.stderr);
+    let tokens = |o: &common::Out| -> Value {
+        serde_json::from_str::<Value>(o.stdout.trim()).unwrap()["token_ids"].clone()
+    };
+    for n in ["1000000000000", "18446744073709551615"] {
+        let out = run(&dir, &["--expert-cache", n]);
+        assert!(out.ok, "--expert-cache {n}: {}", out.stderr);
+        assert_eq!(tokens(&out), tokens(&plain));
+    }
+}
+
+#[test]
+fn absurd_bench_and_thread_flags_are_refused() {
+    let out = moestream(&["bench", "mem", "--reps", "0"]);
+    assert_clean_failure(&out, &["--reps"]);
+    let out = moestream(&["bench", "mem", "--mib", "100000000000"]);
+    assert_clean_failure(&out, &["--mib"]);
+    let start = std::time::Instant::now();
+    let out = run(&fixture("qwen3_moe"), &["--threads", "20000"]);
+    assert_clean_failure(&out, &["--threads"]);
+    assert!(start.elapsed().as_secs() < 60);
+}
