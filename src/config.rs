@@ -801,7 +801,10 @@ fn rope_config(f: &Fields, head_dim: usize, interleaved: bool) -> Result<RopeCon
         None => f.f64_opt(&["rope_theta"])?.unwrap_or(10000.0),
     };
     check_in(f, "rope_theta", theta, (0.0, 1e15))?;
-    let max_pos = f.usize_opt(&["max_position_embeddings"])?.unwrap_or(4096);
+    let max_pos = match f.get(&["max_position_embeddings"]) {
+        None => 4096,
+        Some(_) => f.positive(&["max_position_embeddings"])?,
+    };
     let rope_type = pick("rope_type")
         .or_else(|| pick("type"))
         .and_then(Value::as_str)

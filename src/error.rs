@@ -22,6 +22,16 @@ pub enum Error {
     /// A read through the I/O layer failed (carries op, path, offset, length).
     #[error(transparent)]
     Io(#[from] moestream_io::IoError),
+    /// A weight is NaN or infinite (checked at load for resident weights and
+    /// at convert for every tensor).
+    #[error(
+        "tensor `{name}`: element {index} is not finite (NaN or Inf); the checkpoint is corrupt"
+    )]
+    NonFiniteWeight { name: String, index: usize },
+    /// An activation or logit became NaN or infinite during a forward:
+    /// refused rather than turned into a token.
+    #[error("non-finite values in {what} (a weight or an activation overflowed); no token is chosen from them")]
+    NonFinite { what: String },
     /// config.json (or another JSON file) is missing a field or holds a bad value.
     #[error("{path}: field `{field}`: {reason}")]
     Config {

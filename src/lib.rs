@@ -25,6 +25,7 @@ pub mod quality;
 pub mod quant;
 pub mod sampler;
 pub mod scratch;
+pub mod state;
 pub mod store;
 pub mod synth;
 pub mod tensor;

@@ -29,6 +29,21 @@ pub struct Mat {
 }
 
 impl Mat {
+    /// The flat index of the first NaN or infinite element (for packed
+    /// matrices: the first row whose scale is not finite), if any.
+    pub fn first_non_finite(&self) -> Option<usize> {
+        match &self.data {
+            MatData::F32(v) => v.iter().position(|x| !x.is_finite()),
+            // BF16 NaN and Inf have every exponent bit set.
+            MatData::Bf16(v) => v.iter().position(|b| b & 0x7f80 == 0x7f80),
+            MatData::Q(q) => q
+                .scales
+                .iter()
+                .position(|x| !x.is_finite())
+                .map(|row| row * self.cols),
+        }
+    }
+
     /// An f32 matrix.
     pub fn f32(rows: usize, cols: usize, data: Vec<f32>) -> Mat {
         assert_eq!(

@@ -9,8 +9,8 @@ use common::{assert_clean_failure, moestream, moestream_env, tiny_model};
 use moestream::generate::{generate, GenOptions};
 use moestream::model::{LoadOptions, Model};
 use moestream::sampler::SamplingParams;
+use moestream::state::history_path;
 use moestream::store::policy::EvictPolicy;
-use moestream::store::usage::HISTORY_FILE;
 use std::path::Path;
 
 fn gen(model: &Model, n: usize) -> Vec<u32> {
@@ -55,7 +55,7 @@ fn policies_and_pins_change_hit_rates_never_tokens() {
     assert_eq!(gen(&lfru, 16), want);
     // Save a history, then a fresh process pins from it.
     lfru.store
-        .save_history(&dir.path().join(HISTORY_FILE))
+        .save_history(&history_path(dir.path()).unwrap())
         .unwrap();
     let pinned = load(
         dir.path(),
@@ -100,7 +100,7 @@ fn the_cli_saves_the_history_and_the_next_run_pins_from_it() {
     ];
     let first = moestream_env(&args, &[]);
     assert!(first.ok, "{}", first.stderr);
-    assert!(dir.path().join(HISTORY_FILE).exists());
+    assert!(history_path(dir.path()).unwrap().exists());
     let second = moestream_env(&args, &[]);
     assert!(second.ok, "{}", second.stderr);
     assert!(
@@ -173,7 +173,7 @@ fn the_cli_saves_the_history_and_the_next_run_pins_from_it() {
     assert_eq!(rows[1]["token_ids"], alone["token_ids"]);
     // A history from another geometry is ignored with a note, not an error.
     std::fs::write(
-        dir.path().join(HISTORY_FILE),
+        history_path(dir.path()).unwrap(),
         br#"{"version":1,"clock":3,"layers":[[]]}"#,
     )
     .unwrap();
@@ -407,7 +407,7 @@ fn bench_decode_prints_a_line_and_appends_csv() {
     assert!(rows[0].starts_with("model,read_mode"));
     assert!(rows[1].contains(",true,") && rows[2].contains(",false,"));
     assert!(
-        !dir.path().join(HISTORY_FILE).exists(),
+        !history_path(dir.path()).unwrap().exists(),
         "bench leaves no history"
     );
 }

@@ -222,8 +222,8 @@ struct ModelArgs {
     /// Context positions the --ram-gb plan reserves KV cache for.
     #[arg(long, default_value_t = 4096)]
     context: usize,
-    /// Do not pin experts from the usage history (moestream-usage.json in
-    /// the model directory), and do not update it.
+    /// Do not pin experts from the usage history (kept per model under the
+    /// cache directory, see README), and do not update it.
     #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     no_history: bool,
@@ -555,14 +555,15 @@ fn load(m: &ModelArgs) -> Result<Model> {
     Ok(model)
 }
 
-/// Saves the usage history into the model directory (a read-only
-/// directory only costs a warning).
+/// Merges this run's expert usage into the model's history under the cache
+/// directory (a failure only costs a warning).
 fn save_history(model: &Model, m: &ModelArgs) {
     if m.no_history {
         return;
     }
-    let path = m.model.join(moestream::store::usage::HISTORY_FILE);
-    if let Err(e) = model.store.save_history(&path) {
+    let saved =
+        moestream::state::history_path(&m.model).and_then(|path| model.store.save_history(&path));
+    if let Err(e) = saved {
         eprintln!("warning: usage history not saved: {e}");
     }
 }
@@ -621,34 +622,75 @@ fn cmd_run(a: RunArgs) -> Result<()> {
 }
 
 /// `run --prompts FILE`: each line a request, the pinned set re-picked
-/// between requests; the usage history is saved once at the end.
+/// between requests; the usage history is saved once at the end. A request
+/// that fails is reported with its line number (on stderr, and with
+/// `--json` as an object with `request`, `line` and `error`), and the rest
+/// are still served; the run then fails, naming every failed line.
 fn serve_prompts(model: &Model, tok: &Tokenizer, path: &Path, a: &RunArgs) -> Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading prompts from {}", path.display()))?;
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<(usize, &str)> = (1..)
+        .zip(text.lines())
+        .filter(|(_, l)| !l.trim().is_empty())
+        .collect();
     anyhow::ensure!(!lines.is_empty(), "{}: no prompts in it", path.display());
     let opts = gen_options(&a.gen, &a.model.model)?;
-    for (i, line) in lines.iter().enumerate() {
-        let prompt = tok.encode(line)?;
-        let g = if a.gen.json {
-            generate(model, &prompt, &opts, |_| Ok(()))?
-        } else {
-            stream_text(model, tok, &prompt, &opts)?
-        };
-        // Between requests: move pins to experts that ran hotter.
-        let repins = model.store.repin()?;
-        if a.gen.json {
-            let text = tok.decode(&g.token_ids)?;
-            print_json(&g, &text, model, Some((i, repins)))?;
-        } else {
-            eprintln!("{}", g.stats.line());
-            eprintln!(
-                "[request {}] {repins} pinned experts swapped for hotter ones",
-                i + 1
-            );
+    let mut failed = Vec::new();
+    for (i, &(line_no, line)) in lines.iter().enumerate() {
+        if let Err(e) = serve_one(model, tok, line, &opts, a.gen.json, i) {
+            eprintln!("error: {}, line {line_no}: {e:#}", path.display());
+            if a.gen.json {
+                let row =
+                    serde_json::json!({"request": i, "line": line_no, "error": format!("{e:#}")});
+                println!("{row}");
+            }
+            failed.push(line_no);
         }
     }
     save_history(model, &a.model);
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} requests in {} failed (lines {})",
+            failed.len(),
+            lines.len(),
+            path.display(),
+            failed
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// One request of `--prompts`: generate, re-pin, report.
+fn serve_one(
+    model: &Model,
+    tok: &Tokenizer,
+    line: &str,
+    opts: &GenOptions,
+    json: bool,
+    i: usize,
+) -> Result<()> {
+    let prompt = tok.encode(line)?;
+    let g = if json {
+        generate(model, &prompt, opts, |_| Ok(()))?
+    } else {
+        stream_text(model, tok, &prompt, opts)?
+    };
+    // Between requests: move pins to experts that ran hotter.
+    let repins = model.store.repin()?;
+    if json {
+        let text = tok.decode(&g.token_ids)?;
+        print_json(&g, &text, model, Some((i, repins)))?;
+    } else {
+        eprintln!("{}", g.stats.line());
+        eprintln!(
+            "[request {}] {repins} pinned experts swapped for hotter ones",
+            i + 1
+        );
+    }
     Ok(())
 }
 

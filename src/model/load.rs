@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::quant::policy::Policy;
 use crate::store::budget::{self, BudgetInput};
 use crate::store::policy::EvictPolicy;
-use crate::store::usage::HISTORY_FILE;
 use crate::store::{ExpertLocation, ExpertStore, Schedule};
 use crate::weights::index::AtLoad;
 use crate::weights::WeightIndex;
@@ -185,8 +184,8 @@ impl Model {
             model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));
         }
         model.store.warm_buffers();
-        let history = dir.join(HISTORY_FILE);
-        if opts.pin_history && history.exists() {
+        let history = crate::state::history_path(dir);
+        if let Some(history) = history.ok().filter(|h| opts.pin_history && h.exists()) {
             model.history = Some(match model.store.pin_from_history(&history) {
                 Ok((tokens, pinned)) => format!(
                     "usage history: {tokens} tokens, {pinned} experts pinned ({})",
@@ -224,8 +223,9 @@ impl Model {
             moe_layers: self.store.moe_layers(),
             experts_per_layer: cfg.num_experts,
             top_k: cfg.top_k,
-            kv: (kv_per_token * context) as u64,
-            activations: (per_position * context.min(super::PREFILL_CHUNK) * 4) as u64,
+            kv: (kv_per_token as u64).saturating_mul(context as u64),
+            activations: (per_position as u64)
+                .saturating_mul(context.min(super::PREFILL_CHUNK) as u64 * 4),
             page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
             prefetch_experts: self.store.schedule.prefetch_experts_max,
         }

@@ -173,6 +173,11 @@ impl Model {
         let h = self.cfg.hidden_size;
         let first = if all_logits { 0 } else { n - 1 };
         self.logits_into(&hidden[first * h..], logits);
+        if logits.iter().any(|x| !x.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "the logits (lm_head)".into(),
+            });
+        }
         Ok(())
     }
 
@@ -232,6 +237,11 @@ impl Model {
                 &mut selection,
                 prof,
             )?;
+            if x.iter().any(|v| !v.is_finite()) {
+                return Err(Error::NonFinite {
+                    what: format!("the residual stream after layer {l}"),
+                });
+            }
         }
         if let Some(sel) = selection {
             dsa::recycle(sel);

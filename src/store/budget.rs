@@ -70,27 +70,44 @@ fn page_cache_reserve(budget: u64) -> u64 {
 }
 
 /// Plans the budget, or explains (with the numbers) why it cannot fit.
+/// All arithmetic is checked: an item whose bytes overflow is refused by
+/// name, never wrapped into a small number.
 pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
+    let copies = if i.expert_zero_copy { 1 } else { 2 };
+    let in_flight = i
+        .expert_ram
+        .checked_mul(copies)
+        .and_then(|ram| ram.checked_add(i.expert_disk))
+        .and_then(|per| per.checked_mul(i.top_k as u64));
     let mut reserves = vec![
         // A layer's misses (at most top-k read at once): read into slabs
         // and decoded (a packed expert is decoded in place, zero copy),
         // while the experts they evict are still in use by the layer.
-        (
-            "in-flight experts",
-            i.top_k as u64
-                * (i.expert_disk + if i.expert_zero_copy { 1 } else { 2 } * i.expert_ram),
-        ),
-        ("KV pool", i.kv),
-        ("activations", i.activations),
-        ("runtime", runtime_reserve(i.budget)),
+        ("in-flight experts", in_flight),
+        ("KV pool", Some(i.kv)),
+        ("activations", Some(i.activations)),
+        ("runtime", Some(runtime_reserve(i.budget))),
     ];
     if i.prefetch_experts > 0 {
-        reserves.push(("prefetch", i.prefetch_experts as u64 * i.expert_disk));
+        let bytes = (i.prefetch_experts as u64).checked_mul(i.expert_disk);
+        reserves.push(("prefetch", bytes));
     }
     if i.page_cache {
-        reserves.push(("page-cache reserve", page_cache_reserve(i.budget)));
+        reserves.push(("page-cache reserve", Some(page_cache_reserve(i.budget))));
     }
-    let fixed = i.resident + reserves.iter().map(|r| r.1).sum::<u64>();
+    let reserves = reserves
+        .into_iter()
+        .map(|(name, bytes)| {
+            bytes
+                .filter(|&b| b < u64::MAX)
+                .map(|b| (name, b))
+                .ok_or_else(|| format!("the {name} item of the RAM plan overflows 64 bits"))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let fixed = reserves
+        .iter()
+        .try_fold(i.resident, |sum, r| sum.checked_add(r.1))
+        .ok_or("the RAM plan's fixed items overflow 64 bits")?;
     if fixed > i.budget {
         return Err(format!(
             "--ram-gb {} is too small: resident weights {} + slack {} = {} before any expert is cached",
@@ -100,7 +117,7 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
             human(fixed)
         ));
     }
-    let per_slot_row = i.expert_ram * i.moe_layers as u64;
+    let per_slot_row = i.expert_ram.saturating_mul(i.moe_layers as u64);
     let slots = (i.budget - fixed)
         .checked_div(per_slot_row)
         .map_or(i.experts_per_layer, |s| {
@@ -114,7 +131,7 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         slots_per_layer: slots,
         experts_per_layer: i.experts_per_layer,
         moe_layers: i.moe_layers,
-        projected_peak: fixed + slots as u64 * per_slot_row,
+        projected_peak: fixed + slots as u64 * per_slot_row, // <= budget
     })
 }
 
@@ -217,6 +234,22 @@ mod tests {
             (512 * MIB - fixed - 8 * MIB) / (10 * MIB)
         );
         assert!(with.projected_peak <= with.budget);
+    }
+
+    #[test]
+    fn items_that_overflow_are_refused_by_name() {
+        let mut i = input(512 * MIB);
+        i.prefetch_experts = 18_014_398_509_481_984;
+        assert!(plan(&i).unwrap_err().contains("prefetch"));
+        let mut i = input(512 * MIB);
+        i.kv = u64::MAX;
+        assert!(plan(&i).unwrap_err().contains("KV pool"));
+        let mut i = input(512 * MIB);
+        i.kv = u64::MAX - 1;
+        assert!(plan(&i).unwrap_err().contains("overflow"));
+        let mut i = input(512 * MIB);
+        i.top_k = usize::MAX;
+        assert!(plan(&i).unwrap_err().contains("in-flight"));
     }
 
     #[test]

@@ -3,15 +3,19 @@
 //! clock of its last use. Every router selection updates them; heats halve
 //! every `decay_interval` clock ticks (one tick per forwarded token).
 //!
-//! The table persists in the model directory ([`HISTORY_FILE`], JSON,
-//! written to a temp file and renamed) so the next process can pin the
-//! experts this model actually uses.
+//! The table persists as JSON in the model's state directory under the
+//! cache directory (`crate::state`, never the model directory, which may be
+//! read-only or shared) so the next process can pin the experts this model
+//! actually uses. Processes sharing a model merge rather than overwrite:
+//! [`UsageTable::save`] takes an advisory lock, adds this run's selections
+//! (what it recorded since it loaded the history) to whatever the file
+//! holds now, and writes through a temp file unique to the process.
 
 use crate::error::{Error, Result};
 use std::path::Path;
 
-/// The usage history's file name in the model directory.
-pub const HISTORY_FILE: &str = "moestream-usage.json";
+/// The usage history's file name in a model's state directory.
+pub const HISTORY_FILE: &str = "usage.json";
 
 /// Usage of one expert.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,6 +43,9 @@ pub struct UsageTable {
     table: Vec<Vec<Usage>>,
     clock: u64,
     decay_interval: u64,
+    /// The table and clock as loaded (zeros if nothing was), so a save adds
+    /// only what this process recorded.
+    baseline: (Vec<Vec<Usage>>, u64),
 }
 
 impl UsageTable {
@@ -46,8 +53,10 @@ impl UsageTable {
     /// `decay_interval` ticks (> 0).
     pub fn new(experts: &[usize], decay_interval: u64) -> UsageTable {
         assert!(decay_interval > 0, "decay interval must be positive");
+        let table: Vec<Vec<Usage>> = experts.iter().map(|&n| vec![Usage::default(); n]).collect();
         UsageTable {
-            table: experts.iter().map(|&n| vec![Usage::default(); n]).collect(),
+            baseline: (table.clone(), 0),
+            table,
             clock: 0,
             decay_interval,
         }
@@ -91,8 +100,49 @@ impl UsageTable {
         &self.table[layer]
     }
 
-    /// Writes the table to `path` (temp file + rename).
-    pub fn save(&self, path: &Path) -> Result<()> {
+    /// Merges this process's selections into the history at `path`:
+    /// under an exclusive advisory lock (`path` + `.lock`), what the file
+    /// holds now (if it has this geometry) plus what this table recorded
+    /// since its baseline, written through a unique temp file and a rename.
+    /// Counts and the clock add up exactly; heats add this run's gain;
+    /// a last use moves to this run's if it used the expert.
+    pub fn save(&mut self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
+        }
+        let _lock = Lock::exclusive(&lock_path(path))?;
+        let mut merged = UsageTable::new(
+            &self.table.iter().map(Vec::len).collect::<Vec<_>>(),
+            self.decay_interval,
+        );
+        if path.exists() && merged.load(path).is_err() {
+            // Another geometry or a damaged file: this run's table replaces it.
+            merged = UsageTable::new(
+                &self.table.iter().map(Vec::len).collect::<Vec<_>>(),
+                self.decay_interval,
+            );
+        }
+        let now = merged.clock;
+        let (base, base_clock) = &self.baseline;
+        for ((dst, ours), base) in merged.table.iter_mut().zip(&self.table).zip(base) {
+            for ((d, o), b) in dst.iter_mut().zip(ours).zip(base) {
+                let used = o.count.saturating_sub(b.count);
+                d.count = d.count.saturating_add(used);
+                d.heat = d.heat.saturating_add(o.heat.saturating_sub(b.heat));
+                if used > 0 {
+                    d.last_use = now + o.last_use.saturating_sub(*base_clock);
+                }
+            }
+        }
+        merged.clock = now.saturating_add(self.clock.saturating_sub(*base_clock));
+        merged.write(path)?;
+        // What is on disk now is this table's new baseline.
+        self.baseline = (self.table.clone(), self.clock);
+        Ok(())
+    }
+
+    /// Writes the table to `path` (unique temp file + rename).
+    fn write(&self, path: &Path) -> Result<()> {
         let saved = Saved {
             version: 1,
             clock: self.clock,
@@ -135,7 +185,44 @@ impl UsageTable {
             }
         }
         self.clock = saved.clock;
+        self.baseline = (self.table.clone(), self.clock);
         Ok(saved.clock)
+    }
+}
+
+fn lock_path(path: &Path) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".lock");
+    s.into()
+}
+
+/// An exclusive `flock` on a file, released when dropped (or when the
+/// process dies, so a crash never leaves it held).
+struct Lock {
+    /// Held only to keep the descriptor (and so the lock) open.
+    _file: std::fs::File,
+}
+
+impl Lock {
+    fn exclusive(path: &Path) -> Result<Lock> {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::file(path, e))?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(Lock { _file: f });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::file(path, e));
+            }
+        }
     }
 }
 
@@ -187,6 +274,43 @@ mod tests {
         assert!(other.load(&p).unwrap_err().to_string().contains("geometry"));
         std::fs::write(&p, b"{").unwrap();
         assert!(back.load(&p).is_err());
+    }
+
+    #[test]
+    fn concurrent_saves_merge_every_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state").join(HISTORY_FILE);
+        let runs = 12;
+        std::thread::scope(|s| {
+            for r in 0..runs {
+                let p = p.clone();
+                s.spawn(move || {
+                    let mut t = UsageTable::new(&[2, 3], 4);
+                    for _ in 0..=r {
+                        t.record(1, &[r % 3]);
+                    }
+                    t.tick(10);
+                    t.save(&p).unwrap();
+                });
+            }
+        });
+        let mut back = UsageTable::new(&[2, 3], 4);
+        assert_eq!(back.load(&p).unwrap(), 10 * runs as u64);
+        let total: u64 = (0..3).map(|e| back.get(1, e).count).sum();
+        assert_eq!(total, (1..=runs as u64).sum::<u64>());
+        // A loaded table saves only what it recorded since.
+        back.record(0, &[1]);
+        back.save(&p).unwrap();
+        back.save(&p).unwrap();
+        let mut again = UsageTable::new(&[2, 3], 4);
+        again.load(&p).unwrap();
+        assert_eq!(again.get(0, 1).count, 1);
+        let leftovers: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.contains("tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
     #[test]

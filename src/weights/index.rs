@@ -405,6 +405,9 @@ impl WeightIndex {
     /// (see [`WeightIndex::decode_mat`]).
     pub fn read_mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
         let m = self.read_mat_uncounted(name, rows, cols)?;
+        if let Some(index) = m.first_non_finite() {
+            return Err(non_finite(name, index));
+        }
         self.count(m.bytes());
         Ok(m)
     }
@@ -436,6 +439,9 @@ impl WeightIndex {
         let r = self.expect_shape(name, shape)?;
         if shape.len() == 2 {
             let v = self.read_mat_uncounted(name, shape[0], shape[1])?.to_f32();
+            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+                return Err(non_finite(name, index));
+            }
             self.count(v.len() * 4);
             return Ok(v);
         }
@@ -445,8 +451,18 @@ impl WeightIndex {
         let mut out = vec![0f32; r.entry.numel()];
         let (data, _) = self.read_resolved(&r)?;
         dtype::to_f32(dt, data.bytes(), &mut out);
+        if let Some(index) = out.iter().position(|x| !x.is_finite()) {
+            return Err(non_finite(name, index));
+        }
         self.count(out.len() * 4);
         Ok(out)
+    }
+}
+
+fn non_finite(name: &str, index: usize) -> Error {
+    Error::NonFiniteWeight {
+        name: name.to_string(),
+        index,
     }
 }
 
