@@ -232,16 +232,23 @@ impl Fields<'_> {
         Error::config(self.path, field, reason)
     }
 
+    /// An optional integer; every integer field is a size or a count, so
+    /// anything over [`SIZE_MAX`] is refused (no product of two of them
+    /// can overflow).
     fn usize_opt(&self, names: &[&str]) -> Result<Option<usize>> {
-        match self.get(names) {
-            None => Ok(None),
-            Some(x) => x.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                self.err(
-                    names[0],
-                    format!("expected a non-negative integer, got {x}"),
-                )
-            }),
+        let Some(x) = self.get(names) else {
+            return Ok(None);
+        };
+        let n = x.as_u64().ok_or_else(|| {
+            self.err(
+                names[0],
+                format!("expected a non-negative integer, got {x}"),
+            )
+        })?;
+        if n > SIZE_MAX as u64 {
+            return Err(self.err(names[0], format!("{n} is over the supported {SIZE_MAX}")));
         }
+        Ok(Some(n as usize))
     }
 
     fn usize(&self, names: &[&str]) -> Result<usize> {
@@ -275,6 +282,7 @@ impl Fields<'_> {
                 .iter()
                 .map(|x| {
                     x.as_u64()
+                        .filter(|&n| n <= SIZE_MAX as u64)
                         .map(|n| n as usize)
                         .ok_or_else(|| self.err(name, format!("expected integers, got {x}")))
                 })

@@ -283,6 +283,13 @@ pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
     if ids.is_empty() {
         return Err(Error::Request("no token ids to evaluate".into()));
     }
+    let context_max = model.cfg.rope.max_position_embeddings;
+    if ids.len() > context_max {
+        return Err(Error::Request(format!(
+            "{} token ids to evaluate; the model's context is {context_max} (max_position_embeddings)",
+            ids.len()
+        )));
+    }
     let mut kv = model.new_kv(ids.len());
     let mut prof = Profile::default();
     let logits = model.forward_chunked(ids, &mut kv, true, &mut prof, PREFILL_CHUNK)?;

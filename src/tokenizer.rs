@@ -57,23 +57,30 @@ pub fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
             continue;
         }
         let text = crate::config::read_capped(&path)?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
-        let ids = match v.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]),
-            Some(serde_json::Value::Array(a)) => Some(
-                a.iter()
-                    .filter_map(|x| x.as_u64())
-                    .map(|x| x as u32)
-                    .collect(),
-            ),
-            _ => None,
-        };
-        if let Some(ids) = ids {
+        if let Some(ids) = eos_ids_of(&path, &text)? {
             return Ok(ids);
         }
     }
     Ok(Vec::new())
+}
+
+/// The `eos_token_id` (an id or a list of ids) of a generation or model
+/// config's text; `None` if it names none. Ids must fit in u32. `path`
+/// only names errors. The entry point of the `generation_config` fuzz
+/// target.
+pub fn eos_ids_of(path: &Path, text: &str) -> Result<Option<Vec<u32>>> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::config(path, "(file)", format!("not valid JSON: {e}")))?;
+    let id = |x: &serde_json::Value| -> Result<u32> {
+        x.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| Error::config(path, "eos_token_id", format!("{x} is not a token id")))
+    };
+    match v.get("eos_token_id") {
+        Some(n @ serde_json::Value::Number(_)) => Ok(Some(vec![id(n)?])),
+        Some(serde_json::Value::Array(a)) => Ok(Some(a.iter().map(id).collect::<Result<_>>()?)),
+        _ => Ok(None),
+    }
 }
 
 /// Incremental detokenizer: yields the new text each time a token arrives.

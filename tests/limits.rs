@@ -12,11 +12,7 @@ use std::path::Path;
 
 /// A copy of `family`'s fixture with `edit` applied to its config.json.
 fn with_config(family: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture(family)).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
-    }
+    let tmp = common::copy_fixture(family);
     let cpath = tmp.path().join("config.json");
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cpath).unwrap()).unwrap();
     edit(&mut v);

@@ -13,11 +13,7 @@ use std::path::Path;
 /// A copy of the qwen3_moe fixture with element 0 of each of `tensors`
 /// (F32 in this fixture) set to `value`.
 fn poisoned(tensors: &[String], value: f32) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture("qwen3_moe")).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
-    }
+    let tmp = common::copy_fixture("qwen3_moe");
     for name in tensors {
         let shard = shard_of(tmp.path(), name);
         let (header, mut data) = read_shard(&shard);

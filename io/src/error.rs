@@ -45,6 +45,19 @@ pub enum IoError {
         align: usize,
     },
 
+    /// A memory-mapped file shrank while served: its mapping no longer
+    /// covers the range (touching it would kill the process with SIGBUS).
+    #[error(
+        "{}: the file shrank to {now} bytes while mapped (read of {len} bytes at offset {offset}); the model changed during the run",
+        path.display()
+    )]
+    FileShrank {
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        now: u64,
+    },
+
     /// An aligned buffer could not be allocated.
     #[error("allocation of an aligned buffer of {bytes} bytes failed")]
     Alloc { bytes: usize },

@@ -197,3 +197,33 @@ proptest! {
         }
     }
 }
+
+/// A file that shrinks while served (another process truncated it) gives
+/// every mode an error naming the file for the lost range, never a SIGBUS
+/// (mmap checks the file's size before each copy).
+#[test]
+fn a_shard_that_shrinks_mid_run_is_a_named_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "shrinks.bin", &pattern(FILE_BYTES));
+    let readers = readers(&path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    for r in &readers {
+        let err = r.read(65_536, 8192).unwrap_err();
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{}: {err}",
+            r.effective_mode()
+        );
+        if r.effective_mode() == ReadMode::Mmap {
+            assert!(
+                matches!(err, IoError::FileShrank { now: 4096, .. }),
+                "{err}"
+            );
+        }
+    }
+}

@@ -290,14 +290,34 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
     if any_auto {
         match moestream::tune::load(&m.model) {
             Ok(Some((path, p))) => {
-                mode = p.read_mode.parse().unwrap_or(mode);
+                let mut replaced = Vec::new();
+                match p.read_mode.parse() {
+                    Ok(m) => mode = m,
+                    Err(_) => replaced.push(format!("read_mode `{}`", p.read_mode)),
+                }
                 pipeline = p.pipeline;
-                prefetch = parse_lookahead(&p.prefetch);
+                prefetch = match (p.prefetch.as_str(), parse_lookahead(&p.prefetch)) {
+                    ("off", _) => None,
+                    (_, Some(l)) => Some(l),
+                    (bad, None) => {
+                        replaced.push(format!("prefetch `{bad}`"));
+                        DEFAULT_PREFETCH
+                    }
+                };
+                let replaced = if replaced.is_empty() {
+                    String::new()
+                } else {
+                    format!("; not understood, defaults used: {}", replaced.join(", "))
+                };
                 note = Some(format!(
-                    "tuned profile: --io {} --pipeline {} --prefetch {} ({})",
+                    "tuned profile: --io {} --pipeline {} --prefetch {} ({}{replaced})",
                     mode,
                     if pipeline { "on" } else { "off" },
-                    p.prefetch,
+                    prefetch.map_or("off".to_string(), |l| format!(
+                        "{}-{}",
+                        l.from.name(),
+                        l.depth
+                    )),
                     path.display()
                 ));
             }
@@ -525,9 +545,6 @@ fn load(m: &ModelArgs) -> Result<Model> {
         }
     };
     let (read_mode, schedule, note) = schedule(m);
-    if let Some(note) = note {
-        eprintln!("{note}");
-    }
     let opts = LoadOptions {
         expert_cache: m.expert_cache,
         read_mode,
@@ -546,6 +563,11 @@ fn load(m: &ModelArgs) -> Result<Model> {
         context: m.context,
     };
     let model = Model::load(&m.model, &opts)?;
+    // Only once the model loaded: a profile that could not be read because
+    // the model directory is bad would only precede the real error.
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     if let Some(plan) = &model.plan {
         eprintln!("{plan}");
     }
@@ -609,7 +631,10 @@ fn cmd_run(a: RunArgs) -> Result<()> {
         save_history(&model, &a.model);
         let text = match &tok {
             Ok(t) => t.decode(&g.token_ids)?,
-            Err(_) => String::new(),
+            Err(e) => {
+                eprintln!("warning: {e}; `text` is empty (token_ids are exact)");
+                String::new()
+            }
         };
         print_json(&g, &text, &model, None)?;
         return Ok(());

@@ -553,6 +553,12 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         )));
     }
     let staging = sibling(&opts.output, "convert")?;
+    if let (Some(parent), Some(name)) = (staging.parent(), opts.output.file_name()) {
+        for what in ["convert", "replaced"] {
+            let prefix = format!(".{}.{what}-", name.to_string_lossy());
+            crate::state::remove_stale(parent, &prefix);
+        }
+    }
     let _ = std::fs::remove_dir_all(&staging);
     let report = convert_into(opts, &staging, &index, plan, fingerprint)?;
     swap_in(&staging, &opts.output)?;

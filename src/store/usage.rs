@@ -111,6 +111,9 @@ impl UsageTable {
             std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
         }
         let _lock = Lock::exclusive(&lock_path(path))?;
+        if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+            crate::state::remove_stale(dir, &format!("{}.tmp-", name.to_string_lossy()));
+        }
         let mut merged = UsageTable::new(
             &self.table.iter().map(Vec::len).collect::<Vec<_>>(),
             self.decay_interval,

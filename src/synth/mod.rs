@@ -51,6 +51,49 @@ impl Default for SynthSpec {
     }
 }
 
+impl SynthSpec {
+    /// Refuses a geometry no model can have (the config loader would
+    /// refuse the result): a zero size, top-k of 0 or above the experts,
+    /// heads that do not divide, or sizes past the config limits.
+    pub fn validate(&self) -> Result<()> {
+        let sizes = [
+            ("hidden", self.hidden),
+            ("layers", self.layers),
+            ("experts", self.experts),
+            ("top_k", self.top_k),
+            ("moe_inter", self.moe_inter),
+            ("dense_inter", self.dense_inter),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab", self.vocab),
+        ];
+        for (name, n) in sizes {
+            if n == 0 || n > 1 << 20 {
+                return Err(Error::Request(format!(
+                    "synthetic model: {name} {n} is outside 1..={}",
+                    1 << 20
+                )));
+            }
+        }
+        if self.top_k > self.experts || self.experts > crate::config::EXPERTS_MAX {
+            return Err(Error::Request(format!(
+                "synthetic model: top_k {} must be at most experts {} (at most {})",
+                self.top_k,
+                self.experts,
+                crate::config::EXPERTS_MAX
+            )));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) || !self.head_dim.is_multiple_of(2) {
+            return Err(Error::Request(format!(
+                "synthetic model: heads {} must be a multiple of kv_heads {}, head_dim {} even",
+                self.heads, self.kv_heads, self.head_dim
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Where `demo` keeps its model: `$MOESTREAM_CACHE`, else
 /// `$XDG_CACHE_HOME/moestream`, else `~/.cache/moestream`.
 pub fn cache_dir() -> PathBuf {
@@ -70,18 +113,20 @@ pub fn ensure(dir: &Path, spec: &SynthSpec) -> Result<bool> {
     if dir.join("config.json").exists() {
         return Ok(false);
     }
+    spec.validate()?;
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
-    let tmp = parent.join(format!(
-        ".{}.tmp-{}",
-        dir.file_name().and_then(|n| n.to_str()).unwrap_or("model"),
-        std::process::id()
-    ));
+    let tmp = parent.join(format!(".{}.tmp-{}", file_name(dir), std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
+    crate::state::remove_stale(parent, &format!(".{}.tmp-", file_name(dir)));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::file(&tmp, e))?;
     write(&tmp, spec)?;
     std::fs::rename(&tmp, dir).map_err(|e| Error::file(dir, e))?;
     Ok(true)
+}
+
+fn file_name(dir: &Path) -> &str {
+    dir.file_name().and_then(|n| n.to_str()).unwrap_or("model")
 }
 
 /// Writes every file of the synthetic model into `dir`.

@@ -531,6 +531,11 @@ pub(crate) fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
         path: path.to_path_buf(),
         reason,
     };
+    // A FIFO or device would block or never end; refuse before opening.
+    let md = std::fs::metadata(path).map_err(|e| Error::file(path, e))?;
+    if !md.is_file() {
+        return Err(shard_err("not a regular file".into()));
+    }
     let mut file = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
     let file_len = file.metadata().map_err(|e| Error::file(path, e))?.len();
     let mut n8 = [0u8; 8];
@@ -539,26 +544,52 @@ pub(crate) fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
             "truncated: {file_len} bytes, too short for a safetensors header"
         ))
     })?;
-    let n = u64::from_le_bytes(n8);
-    if n > HEADER_BYTES_MAX || 8 + n > file_len {
-        return Err(shard_err(format!(
-            "header length {n} does not fit in the file ({file_len} bytes): truncated or not safetensors"
-        )));
-    }
-    let mut header = vec![0u8; n as usize];
+    let n = header_len(path, n8, file_len)?;
+    let mut header = vec![0u8; n];
     file.read_exact(&mut header)
         .map_err(|e| Error::file(path, e))?;
-    let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header)
+    parse_header(path, &header, file_len)
+}
+
+/// The header length a shard's first 8 bytes give, checked against the
+/// file's length and [`HEADER_BYTES_MAX`].
+fn header_len(path: &Path, n8: [u8; 8], file_len: u64) -> Result<usize> {
+    let n = u64::from_le_bytes(n8);
+    if n > HEADER_BYTES_MAX || n.saturating_add(8) > file_len {
+        return Err(Error::Shard {
+            path: path.to_path_buf(),
+            reason: format!(
+                "header length {n} does not fit in the file ({file_len} bytes): truncated or not safetensors"
+            ),
+        });
+    }
+    Ok(n as usize)
+}
+
+/// Parses a shard's JSON header (the bytes after its 8-byte length) for a
+/// file of `file_len` bytes: every tensor must lie inside the file, with
+/// its begin at or before its end; `path` only names errors. The entry
+/// point of the `safetensors_header` fuzz target.
+pub fn parse_header(
+    path: &Path,
+    header: &[u8],
+    file_len: u64,
+) -> Result<Vec<(String, TensorEntry)>> {
+    let shard_err = |reason: String| Error::Shard {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let meta: safetensors::tensor::Metadata = serde_json::from_slice(header)
         .map_err(|e| shard_err(format!("bad safetensors header: {e}")))?;
-    let data_start = 8 + n;
+    let data_start = 8 + header.len() as u64;
     let quant = quant_metadata(&meta).map_err(shard_err)?;
     let mut out = Vec::new();
     for (name, info) in meta.tensors() {
         let (begin, end) = info.data_offsets;
-        let abs_end = data_start + end as u64;
-        if abs_end > file_len {
+        let abs_end = data_start.saturating_add(end as u64);
+        if begin > end || abs_end > file_len {
             return Err(shard_err(format!(
-                "tensor `{name}` ends at byte {abs_end} but the file has {file_len} bytes (truncated, or the header lies)"
+                "tensor `{name}` spans bytes {begin}..{end} of the data, past the file's {file_len} bytes or reversed (truncated, or the header lies)"
             )));
         }
         let q = quant.get(&name).copied();

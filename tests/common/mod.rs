@@ -171,3 +171,13 @@ pub fn run_json(dir: &Path, extra: &[&str]) -> Out {
     args.extend(extra);
     moestream(&args)
 }
+
+/// A copy of `family`'s fixture in a fresh temp dir (to break on purpose).
+pub fn copy_fixture(family: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(fixture(family)).expect("fixture dir") {
+        let p = e.expect("fixture entry").path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).expect("copy fixture file");
+    }
+    tmp
+}

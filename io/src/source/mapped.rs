@@ -3,12 +3,18 @@
 //! the mapping.
 //!
 //! Caveat (the reason `Mmap::map` is unsafe): if another process truncates
-//! the file while it is mapped, touching the lost pages raises SIGBUS. Model
-//! files are treated as immutable while they are served.
+//! the file while it is mapped, touching the lost pages raises SIGBUS. So
+//! each read first checks the file's size (one fstat) and refuses a range
+//! the file no longer holds with a named error; and a process-wide SIGBUS
+//! handler, installed with the first mapping, turns the remaining race (a
+//! truncation between the check and the copy, or a disk error under the
+//! mapping) into a message naming the file being copied and a failure exit,
+//! never a silent death.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
 
 use memmap2::Mmap;
 
@@ -21,7 +27,12 @@ use crate::source::RangeReader;
 pub(crate) struct MmapReader {
     /// `None` for an empty file (a zero-length mapping is not allowed).
     map: Option<Mmap>,
+    /// Kept open to check the file's current size before each copy.
+    file: File,
     path: PathBuf,
+    /// The path as bytes with a newline, leaked so the SIGBUS handler can
+    /// print it at any time.
+    path_line: &'static [u8],
     pool: Arc<SlabPool>,
 }
 
@@ -42,11 +53,34 @@ impl MmapReader {
                 .map_err(|e| IoError::os("mmap", path, 0, len as usize, e))?;
             Some(map)
         };
+        install_sigbus_handler();
+        let mut line = path.as_os_str().as_encoded_bytes().to_vec();
+        line.push(b'\n');
         Ok(MmapReader {
             map,
+            file,
             path: path.to_owned(),
+            path_line: Box::leak(line.into_boxed_slice()),
             pool,
         })
+    }
+
+    /// Refuses a range the file no longer holds (it shrank since mapped).
+    fn check_still_holds(&self, offset: u64, len: usize, end: u64) -> Result<(), IoError> {
+        let now = self
+            .file
+            .metadata()
+            .map_err(|e| IoError::os("stat", &self.path, offset, len, e))?
+            .len();
+        if now < end {
+            return Err(IoError::FileShrank {
+                path: self.path.clone(),
+                offset,
+                len,
+                now,
+            });
+        }
+        Ok(())
     }
 
     fn mapped(&self) -> &[u8] {
@@ -90,7 +124,10 @@ impl RangeReader for MmapReader {
                 at += n;
             }
         }
+        self.check_still_holds(offset, len, end)?;
         let mut buf = self.pool.take(len)?;
+        COPYING.store(self.path_line.as_ptr().cast_mut(), Ordering::Relaxed);
+        COPYING_LEN.store(self.path_line.len(), Ordering::Relaxed);
         buf.as_mut_slice()
             .copy_from_slice(&mapped[offset as usize..end as usize]);
         if let Some(map) = &self.map {
@@ -130,5 +167,42 @@ impl RangeReader for MmapReader {
         if let Some(map) = &self.map {
             let _ = map.advise(memmap2::Advice::Random);
         }
+    }
+}
+
+/// The path (with a newline) of the mapped file most recently copied from,
+/// for the SIGBUS handler (a leaked, never-freed byte string, or null).
+static COPYING: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static COPYING_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Installs [`on_sigbus`] once per process.
+fn install_sigbus_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction is valid; the handler only makes
+        // async-signal-safe calls (write, _exit).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+    });
+}
+
+/// Prints which mapped file faulted and exits with status 135 (128 +
+/// SIGBUS, what a shell reports for the signal).
+extern "C" fn on_sigbus(_signal: libc::c_int) {
+    const HEAD: &[u8] = b"moestream: SIGBUS while copying from a memory-mapped model file (it was truncated or its disk failed during the run; --io direct or buffered reads report this as an error): ";
+    let ptr = COPYING.load(Ordering::Relaxed);
+    let len = COPYING_LEN.load(Ordering::Relaxed);
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; `ptr` is null or
+    // a leaked byte string of `len` bytes that is never freed.
+    unsafe {
+        libc::write(2, HEAD.as_ptr().cast(), HEAD.len());
+        if !ptr.is_null() {
+            libc::write(2, ptr.cast(), len);
+        }
+        libc::_exit(135);
     }
 }

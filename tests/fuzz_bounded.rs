@@ -1,0 +1,201 @@
+//! The fuzz targets of fuzz/ (cargo-fuzz, nightly), bounded so CI runs
+//! them: each entry point gets mutants of real inputs (every fixture's
+//! shard headers, config.json and generation_config.json) from a seeded
+//! generator for a fixed number of rounds: bit flips, interesting bytes,
+//! truncations, spliced spans, and JSON-aware swaps of values for extreme
+//! ones. Any panic fails the test with the input that caused it; so does
+//! any single call slower than a second (a hang, bounded).
+
+mod common;
+
+use moestream::config::ModelConfig;
+use moestream::model::rope::Rope;
+use moestream::sampler::Rng;
+use serde_json::Value;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Mutants per seed input and target.
+const ROUNDS: usize = 3000;
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    v.sort();
+    v
+}
+
+fn below(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n.max(1) as u64) as usize
+}
+
+/// One byte-level mutation of `input`.
+fn mutate_bytes(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+    let mut v = input.to_vec();
+    for _ in 0..1 + below(rng, 4) {
+        let at = below(rng, v.len());
+        match below(rng, 6) {
+            0 if !v.is_empty() => v[at] ^= 1 << below(rng, 8),
+            1 if !v.is_empty() => v[at] = [0, 0xff, b'"', b'{', b'-', b'9'][below(rng, 6)],
+            2 => v.truncate(at),
+            3 => {
+                let end = (at + below(rng, 64)).min(v.len());
+                let span = v[at..end].to_vec();
+                let to = below(rng, v.len());
+                v.splice(to..to, span);
+            }
+            4 if !v.is_empty() => {
+                v.remove(at);
+            }
+            _ => v.insert(at.min(v.len()), b'0' + below(rng, 10) as u8),
+        }
+    }
+    v
+}
+
+/// Values that break naive arithmetic.
+fn extreme(rng: &mut Rng) -> Value {
+    let picks = [
+        serde_json::json!(0),
+        serde_json::json!(-1),
+        serde_json::json!(1e308),
+        serde_json::json!(-1e308),
+        serde_json::json!(5e-324),
+        serde_json::json!(u64::MAX),
+        serde_json::json!(1u64 << 40),
+        serde_json::json!(2048),
+        serde_json::json!(null),
+        serde_json::json!("x"),
+        serde_json::json!([]),
+        serde_json::json!({}),
+        serde_json::json!(true),
+    ];
+    picks[below(rng, picks.len())].clone()
+}
+
+/// One JSON-aware mutation: some value anywhere replaced by an extreme
+/// one, or some key removed.
+fn mutate_json(rng: &mut Rng, v: &Value) -> Value {
+    let mut v = v.clone();
+    mutate_in(rng, &mut v, 4);
+    v
+}
+
+fn mutate_in(rng: &mut Rng, v: &mut Value, depth: usize) {
+    if depth == 0 || below(rng, 3) == 0 {
+        *v = extreme(rng);
+        return;
+    }
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            let k = m.keys().nth(below(rng, m.len())).unwrap().clone();
+            if below(rng, 4) == 0 {
+                m.remove(&k);
+            } else {
+                mutate_in(rng, m.get_mut(&k).unwrap(), depth - 1);
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            let i = below(rng, a.len());
+            mutate_in(rng, &mut a[i], depth - 1);
+        }
+        _ => *v = extreme(rng),
+    }
+}
+
+/// Runs `f` on `input`, failing on a panic or on a call over a second.
+fn check(target: &str, input: &[u8], f: impl FnOnce()) {
+    let start = Instant::now();
+    let r = catch_unwind(AssertUnwindSafe(f));
+    let shown = String::from_utf8_lossy(&input[..input.len().min(600)]).into_owned();
+    assert!(r.is_ok(), "{target} panicked on: {shown}");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{target} took {:?} on: {shown}",
+        start.elapsed()
+    );
+}
+
+fn header_of(shard: &Path) -> Vec<u8> {
+    let bytes = std::fs::read(shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[8..8 + n].to_vec()
+}
+
+fn parse_header(data: &[u8]) {
+    for extra in [0u64, 1, 4096, u32::MAX as u64] {
+        let file_len = 8 + data.len() as u64 + extra;
+        let _ = moestream::weights::index::parse_header(Path::new("fuzz"), data, file_len);
+    }
+}
+
+fn parse_config(v: &Value) {
+    if let Ok(cfg) = ModelConfig::from_json(Path::new("config.json"), v) {
+        let _ = Rope::new(&cfg.rope);
+    }
+}
+
+#[test]
+fn safetensors_headers_never_panic() {
+    let mut rng = Rng::new(0x5afe);
+    for dir in fixtures() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_none_or(|x| x != "safetensors") {
+                continue;
+            }
+            let header = header_of(&p);
+            let json: Value = serde_json::from_slice(&header).unwrap();
+            for _ in 0..ROUNDS / 4 {
+                let m = mutate_bytes(&mut rng, &header);
+                check("safetensors_header", &m, || parse_header(&m));
+                let m = serde_json::to_vec(&mutate_json(&mut rng, &json)).unwrap();
+                check("safetensors_header", &m, || parse_header(&m));
+            }
+        }
+    }
+}
+
+#[test]
+fn config_json_never_panics() {
+    let mut rng = Rng::new(0xc0f1);
+    for dir in fixtures() {
+        let text = std::fs::read(dir.join("config.json")).unwrap();
+        let json: Value = serde_json::from_slice(&text).unwrap();
+        for _ in 0..ROUNDS {
+            let m = mutate_bytes(&mut rng, &text);
+            check("config_json", &m, || {
+                if let Ok(v) = serde_json::from_slice::<Value>(&m) {
+                    parse_config(&v);
+                }
+            });
+            let v = mutate_json(&mut rng, &json);
+            let shown = serde_json::to_vec(&v).unwrap();
+            check("config_json", &shown, || parse_config(&v));
+        }
+    }
+}
+
+#[test]
+fn generation_config_never_panics() {
+    let mut rng = Rng::new(0x9e4c);
+    for dir in fixtures() {
+        let path = dir.join("generation_config.json");
+        let Ok(text) = std::fs::read(&path) else {
+            continue;
+        };
+        let json: Value = serde_json::from_slice(&text).unwrap();
+        for _ in 0..ROUNDS {
+            let m = serde_json::to_vec(&mutate_json(&mut rng, &json)).unwrap();
+            check("generation_config", &m, || {
+                let text = String::from_utf8_lossy(&m);
+                let _ = moestream::tokenizer::eos_ids_of(&path, &text);
+            });
+        }
+    }
+}
