@@ -22,11 +22,25 @@ impl Tokenizer {
             });
         }
         let text = crate::config::read_capped(&path)?;
-        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| Error::Tokenizer {
-            path: path.clone(),
-            reason: format!("{e}"),
-        })?;
-        Ok(Tokenizer { inner, path })
+        Tokenizer::from_json(&path, &text)
+    }
+
+    /// Parses a tokenizer.json's text (`path` names errors). The
+    /// `tokenizers` crate's parser is not ours: a panic inside it is caught
+    /// and reported as a bad file, never a crash. The entry point of the
+    /// `tokenizer_json` fuzz target.
+    pub fn from_json(path: &Path, text: &str) -> Result<Tokenizer> {
+        let bad = |reason: String| Error::Tokenizer {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
+            .map_err(|_| bad("the tokenizers crate panicked parsing it".into()))?;
+        let inner = parsed.map_err(|e| bad(format!("{e}")))?;
+        Ok(Tokenizer {
+            inner,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Encodes `text` (with the tokenizer's own special-token rules).

@@ -199,3 +199,25 @@ fn generation_config_never_panics() {
         }
     }
 }
+
+#[test]
+fn tokenizer_json_never_panics() {
+    let mut rng = Rng::new(0x70c3);
+    let path = fixtures()[0].join("tokenizer.json");
+    let text = std::fs::read(&path).unwrap();
+    let json: Value = serde_json::from_slice(&text).unwrap();
+    for _ in 0..ROUNDS / 10 {
+        let m = mutate_bytes(&mut rng, &text);
+        check("tokenizer_json", &m, || {
+            let _ = moestream::tokenizer::Tokenizer::from_json(&path, &String::from_utf8_lossy(&m));
+        });
+        let m = serde_json::to_vec(&mutate_json(&mut rng, &json)).unwrap();
+        check("tokenizer_json", &m, || {
+            let t = moestream::tokenizer::Tokenizer::from_json(&path, &String::from_utf8_lossy(&m));
+            if let Ok(t) = t {
+                let _ = t.encode("the engine reads experts");
+                let _ = t.decode(&[0, 1, 2, 3, 4, 5]);
+            }
+        });
+    }
+}
