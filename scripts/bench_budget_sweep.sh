@@ -7,7 +7,9 @@
 #   MODEL=/work/q30u ROUNDS=2 scripts/bench_budget_sweep.sh > results/budget-sweep.csv
 #
 # Needs root (drop_caches, cgroup). BINS lists the binaries to compare,
-# alternating run by run (default: target/release/moestream); BUDGETS and
+# alternating run by run, in reverse order on even rounds (on a VM, memory
+# the previous run freed is cheaper to fault in again, which favours
+# whichever runs second) (default: target/release/moestream); BUDGETS and
 # MODES override the grid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,9 @@ echo "bin,round,mode,ram_gb,slots,tok_per_s,decode_s,prefill_s,mb_per_token,hit_
 for round in $(seq 1 "$ROUNDS"); do
   for mode in $MODES; do
     for gb in $BUDGETS; do
-     for BIN in $BINS; do
+     order=$BINS
+     if [ $((round % 2)) -eq 0 ]; then order=$(echo $BINS | tr ' ' '\n' | tac | tr '\n' ' '); fi
+     for BIN in $order; do
       sync; echo 3 > /proc/sys/vm/drop_caches
       out=$(RAM_GB=$gb scripts/in_cgroup.sh "$BIN" run --model "$MODEL" \
         --prompt-ids 101,102,103,104,105,106,107,108 --max-tokens "$TOKENS" \

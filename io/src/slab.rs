@@ -171,6 +171,8 @@ pub struct PoolStats {
 struct FreeList {
     bufs: Vec<AlignedBuf>,
     bytes: usize,
+    /// Of `bufs`, those of the size class.
+    class_bufs: usize,
 }
 
 impl SlabPool {
@@ -214,7 +216,19 @@ impl SlabPool {
             return;
         }
         free.bytes += buf.capacity();
+        free.class_bufs += usize::from(self.is_class(&buf));
         free.bufs.push(buf);
+    }
+
+    /// Idle buffers of the size class (each one a read that needs no fresh
+    /// memory).
+    pub fn idle_class_buffers(&self) -> usize {
+        self.lock().class_bufs
+    }
+
+    /// Whether a size class is set ([`SlabPool::warm`] was called).
+    pub fn has_class(&self) -> bool {
+        self.class_len.load(Ordering::Relaxed) > 0
     }
 
     /// Makes `len` the size class of fresh allocations and faults in
@@ -233,6 +247,9 @@ impl SlabPool {
             });
         if self.class_len.swap(len, Ordering::Relaxed) != len {
             self.class_live.store(0, Ordering::Relaxed);
+            let mut free = self.lock();
+            let class = crate::aligned::align_up(len);
+            free.class_bufs = free.bufs.iter().filter(|b| b.capacity() == class).count();
         }
         let pool: Weak<SlabPool> = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
@@ -299,17 +316,28 @@ impl SlabPool {
         drop(buf);
     }
 
+    /// The smallest idle buffer that fits `len`: a class buffer when `len`
+    /// fits the class (found from the end in O(1) when, as usual, the idle
+    /// buffers are all of the class), else the smallest that fits.
     fn take_pooled(&self, len: usize) -> Option<AlignedBuf> {
+        let class = crate::aligned::align_up(self.class_len.load(Ordering::Relaxed));
         let mut free = self.lock();
-        let best = free
-            .bufs
-            .iter()
-            .enumerate()
-            .filter(|(_, buf)| buf.capacity() >= len)
-            .min_by_key(|(_, buf)| buf.capacity())
-            .map(|(i, _)| i)?;
+        let pick = if len <= class && free.class_bufs > 0 {
+            free.bufs.iter().rposition(|b| b.capacity() == class)
+        } else {
+            None
+        };
+        let best = pick.or_else(|| {
+            free.bufs
+                .iter()
+                .enumerate()
+                .filter(|(_, buf)| buf.capacity() >= len)
+                .min_by_key(|(_, buf)| buf.capacity())
+                .map(|(i, _)| i)
+        })?;
         let buf = free.bufs.swap_remove(best);
         free.bytes -= buf.capacity();
+        free.class_bufs -= usize::from(buf.capacity() == class && class > 0);
         Some(buf)
     }
 
@@ -422,6 +450,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(pool.stats().warmed, 5, "warming stops at the live target");
+        assert_eq!(pool.idle_class_buffers(), 5);
         assert_eq!(pool.live_bytes(), 5 * 4 * 4096);
         assert_eq!(pool.pooled_bytes_max(), 5 * 4 * 4096);
         let bufs: Vec<_> = (0..5).map(|i| pool.take(len - i).unwrap()).collect();

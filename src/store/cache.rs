@@ -5,6 +5,12 @@
 //!
 //! Slots are few (tens to a few hundred), so a flat vector with linear
 //! scans beats any map here and keeps the order of entries deterministic.
+//!
+//! Of its `capacity` slots, only `limit` are usable now: the store raises
+//! the limit as memory for more experts becomes available without page
+//! faults (see `ExpertStore::begin`), so the cache grows no faster than its
+//! buffers can be faulted in off the read path. A cache that is not gated
+//! has `limit == capacity` from the start.
 
 /// A cached value with its bookkeeping.
 struct Entry<V> {
@@ -29,16 +35,25 @@ pub struct CacheCounters {
 /// A bounded cache of experts keyed by expert index.
 pub struct SlotCache<V> {
     capacity: usize,
+    /// Slots usable now, `entries.len() <= limit <= capacity`; only grows.
+    limit: usize,
     entries: Vec<Entry<V>>,
     tick: u64,
     pub counters: CacheCounters,
 }
 
 impl<V: Clone> SlotCache<V> {
-    /// An empty cache of `capacity` slots.
+    /// An empty cache of `capacity` slots, all usable.
     pub fn new(capacity: usize) -> SlotCache<V> {
+        Self::gated(capacity, capacity)
+    }
+
+    /// An empty cache of `capacity` slots of which `limit` are usable
+    /// until [`SlotCache::grow`] raises it.
+    pub fn gated(capacity: usize, limit: usize) -> SlotCache<V> {
         SlotCache {
             capacity,
+            limit: limit.min(capacity),
             entries: Vec::with_capacity(capacity),
             tick: 0,
             counters: CacheCounters::default(),
@@ -80,11 +95,11 @@ impl<V: Clone> SlotCache<V> {
             e.last = self.tick;
             return None;
         }
-        if self.capacity == 0 {
+        if self.limit == 0 {
             return None;
         }
         let mut evicted = None;
-        if self.entries.len() == self.capacity {
+        if self.entries.len() == self.limit {
             let victim = self
                 .entries
                 .iter()
@@ -102,8 +117,18 @@ impl<V: Clone> SlotCache<V> {
             last: self.tick,
             pinned: false,
         });
-        assert!(self.entries.len() <= self.capacity, "cache over capacity");
+        assert!(self.entries.len() <= self.limit, "cache over its limit");
         evicted
+    }
+
+    /// Makes `n` more slots usable (up to the capacity).
+    pub fn grow(&mut self, n: usize) {
+        self.limit = self.limit.saturating_add(n).min(self.capacity);
+    }
+
+    /// Slots usable now.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Pins `key` if cached; pinned entries are never evicted. At most half
@@ -148,6 +173,7 @@ impl<V: Clone> SlotCache<V> {
     pub fn survivors(&self, keys: &[usize], score: impl Fn(usize, u64) -> u64) -> Vec<bool> {
         let mut shadow: SlotCache<()> = SlotCache {
             capacity: self.capacity,
+            limit: self.limit,
             entries: self
                 .entries
                 .iter()
@@ -291,6 +317,24 @@ mod tests {
         let mut z = SlotCache::new(0);
         assert_eq!(z.insert(1, (), lru), None);
         assert!(z.is_empty() && z.get(1).is_none());
+    }
+
+    #[test]
+    fn a_gated_cache_uses_only_its_limit_and_grows_to_its_capacity() {
+        let mut c = SlotCache::gated(4, 1);
+        c.insert(1, (), lru);
+        assert_eq!(c.insert(2, (), lru), Some(1));
+        assert_eq!(c.survivors(&[3, 4], lru), [false, true]);
+        c.grow(2);
+        assert_eq!(c.survivors(&[3, 4], lru), [true, true]);
+        assert_eq!(c.insert(3, (), lru), None);
+        assert_eq!(c.insert(4, (), lru), None);
+        assert_eq!(c.insert(5, (), lru), Some(2));
+        c.grow(100);
+        assert_eq!((c.limit(), c.capacity()), (4, 4));
+        let mut z: SlotCache<()> = SlotCache::gated(3, 0);
+        assert_eq!(z.insert(1, (), lru), None);
+        assert!(z.is_empty());
     }
 
     #[test]

@@ -166,6 +166,9 @@ pub struct ExpertStore {
     /// Stands in, during a cache replay, for an expert that is evicted
     /// again before the replay ends (never computed with).
     placeholder: Arc<Mlp>,
+    /// The caches grow only into read buffers already faulted in (see
+    /// [`ExpertStore::warm_buffers`]).
+    gated: std::sync::atomic::AtomicBool,
 }
 
 /// How the MoE layers use the store.
@@ -343,6 +346,7 @@ impl ExpertStore {
                 hidden: 0,
                 inter: 0,
             }),
+            gated: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -445,6 +449,7 @@ impl ExpertStore {
                 self.reads.cancel(p.read.batch.id);
             }
         }
+        self.grow_into_spare_buffers(layer, misses.len());
         let survives = self.survivors(layer, &misses);
         let misses = misses.into_iter().zip(survives).collect();
         let window = self.top_k.max(1);
@@ -456,6 +461,22 @@ impl ExpertStore {
             to_read,
             window,
         ))
+    }
+
+    /// A gated cache (see [`ExpertStore::warm_buffers`]) grows by at most
+    /// `misses` slots, and only into idle pooled buffers beyond the plan's
+    /// in-flight item (2 x top-k): this layer's reads then take buffers
+    /// already faulted in, and the experts they evict give theirs back.
+    fn grow_into_spare_buffers(&self, layer: usize, misses: usize) {
+        if misses == 0 || !self.gated.load(Ordering::Relaxed) {
+            return;
+        }
+        let idle = moestream_io::shared_pool().idle_class_buffers();
+        let spare = idle.saturating_sub(2 * self.top_k);
+        self.caches[layer]
+            .lock()
+            .expect("cache lock")
+            .grow(spare.min(misses));
     }
 
     /// Counts a prefetched expert a layer asked for; `late` when it was
@@ -713,6 +734,11 @@ impl ExpertStore {
         for &e in &missing {
             got.push((e, Some(Arc::new(self.read(layer, e)?))));
         }
+        // Pinned experts get slots of their own, gated or not.
+        self.caches[layer]
+            .lock()
+            .expect("cache lock")
+            .grow(missing.len());
         self.insert(layer, got.into_iter());
         let mut cache = self.caches[layer].lock().expect("cache lock");
         Ok(experts.iter().filter(|&&e| cache.pin(e)).count())
@@ -766,7 +792,10 @@ impl ExpertStore {
     }
 
     /// Starts faulting in, on idle CPU, the read buffers the cache will
-    /// hold once full: slots x MoE layers, plus the plan's in-flight item
+    /// hold once full, and gates the caches: each grows only into idle
+    /// buffers warming has provided (they start empty, at limit 0, and
+    /// reach their slots as fast as memory can be faulted in off the read
+    /// path). Called at load, before anything is cached. Buffers to warm: slots x MoE layers, plus the plan's in-flight item
     /// (2 x top-k: reads landing while the experts they evict are in use)
     /// and the prefetch reads, in one size that fits any of
     /// this model's expert reads. Only for zero-copy experts, whose read
@@ -790,6 +819,12 @@ impl ExpertStore {
             .saturating_add(2 * self.top_k)
             .saturating_add(self.schedule.prefetch_experts_max);
         moestream_io::shared_pool().warm(class, held);
+        // From now on a cache grows only into buffers warming provided.
+        for cache in &self.caches {
+            let mut c = cache.lock().expect("cache lock");
+            *c = SlotCache::gated(c.capacity(), 0);
+        }
+        self.gated.store(true, Ordering::Relaxed);
     }
 
     /// Number of layers with routed experts.
