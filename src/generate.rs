@@ -2,10 +2,11 @@
 //! prefill the prompt in one batched forward, then decode one token per
 //! forward until EOS or the token limit, and the statistics of the run.
 
+use crate::engine::{Engine, Session};
 use crate::error::{Error, Result};
 use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::{device_read_bytes, peak_rss_bytes, Profile};
-use crate::sampler::{argmax, Sampler, SamplingParams};
+use crate::sampler::{argmax, SamplingParams};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -133,54 +134,27 @@ pub fn generate(
     opts: &GenOptions,
     mut on_token: impl FnMut(u32) -> Result<()>,
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(Error::Request("the prompt is empty".into()));
-    }
-    opts.sampling.validate().map_err(Error::Request)?;
-    model.check_tokens(prompt)?;
-    let context_max = model.cfg.rope.max_position_embeddings;
-    if prompt.len() > context_max {
-        return Err(Error::Request(format!(
-            "the prompt has {} tokens; the model's context is {context_max} (max_position_embeddings)",
-            prompt.len()
-        )));
-    }
-    // The KV cache is sized once, for the whole request, and never past the
-    // model's context: generation stops when the context is full.
-    let max_tokens = opts.max_tokens.min(context_max - prompt.len());
-    if let Some(budgeted) = model.context_budget {
-        if prompt.len() + max_tokens > budgeted {
-            return Err(Error::Request(format!(
-                "the request needs {} positions; the RAM plan reserved KV cache for {budgeted} (raise --context)",
-                prompt.len() + max_tokens
-            )));
-        }
-    }
+    let mut session = Session::new(model, prompt, opts)?;
+    let engine = Engine::new(model);
     let start = Instant::now();
     let before = model.store.counters();
     let recall_before = model.store.recall_totals();
     let device_before = device_read_bytes();
     let mut prof = Profile::default();
-    let mut kv = model.new_kv(prompt.len() + max_tokens);
-    let mut sampler = Sampler::new(opts.sampling);
-    let mut out = Vec::with_capacity(max_tokens);
     let mut prefill_seconds = 0.0;
     let mut at_decode = before;
-    if max_tokens > 0 {
-        let mut logits = model.forward_chunked(prompt, &mut kv, false, &mut prof, PREFILL_CHUNK)?;
-        prefill_seconds = start.elapsed().as_secs_f64();
-        at_decode = model.store.counters();
-        loop {
-            let id = sampler.sample(&logits);
-            out.push(id);
-            on_token(id)?;
-            let stop = !opts.ignore_eos && opts.eos_ids.contains(&id);
-            if stop || out.len() == max_tokens {
-                break;
-            }
-            model.forward_into(&[id], &mut kv, false, &mut prof, &mut logits)?;
+    while !session.is_done() {
+        let prefill = session.in_prefill();
+        let Some(id) = engine.step(&mut [&mut session], &mut prof)?[0] else {
+            continue;
+        };
+        if prefill {
+            prefill_seconds = start.elapsed().as_secs_f64();
+            at_decode = model.store.counters();
         }
+        on_token(id)?;
     }
+    let out = session.tokens().to_vec();
     let seconds = start.elapsed().as_secs_f64();
     let after = model.store.counters();
     let pinned = after.pinned_hits - before.pinned_hits;

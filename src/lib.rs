@@ -15,6 +15,7 @@
 pub mod bench;
 pub mod config;
 pub mod convert;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kernels;

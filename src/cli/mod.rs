@@ -156,7 +156,7 @@ struct ModelArgs {
     /// fastest for this disk and model; without a profile, direct under
     /// --ram-gb and buffered otherwise),
     /// direct (O_DIRECT), buffered (page cache), drop (page cache, then
-    /// dropped), mmap, pread (synchronous baseline).
+    /// dropped), mmap, pread (the same reads as buffered; kept as a name).
     #[arg(long = "io", visible_alias = "read-mode", default_value = "auto", value_parser = parse_io)]
     io: IoChoice,
     /// Worker threads for the kernels (default: all cores).

@@ -87,6 +87,37 @@ pub struct Model {
     pub history: Option<String>,
 }
 
+/// One sequence of a forward: its new tokens, its KV cache, and its DSA
+/// selection (shared across the layers of one forward).
+struct Seq<'a> {
+    tokens: &'a [u32],
+    kv: &'a mut KvCache,
+    selection: Option<Selection>,
+}
+
+impl Seq<'_> {
+    /// This sequence's part of layer `l`.
+    fn seg(&mut self, l: usize) -> Seg<'_> {
+        Seg {
+            rows: Rows {
+                n: self.tokens.len(),
+                start: self.kv.len(),
+                rope_offset: 0,
+            },
+            kv: &mut self.kv.layers[l],
+            selection: &mut self.selection,
+        }
+    }
+}
+
+/// One sequence's part of one layer: where its rows sit, that layer's KV,
+/// and its DSA selection.
+pub(crate) struct Seg<'a> {
+    rows: Rows,
+    kv: &'a mut LayerKv,
+    selection: &'a mut Option<Selection>,
+}
+
 /// Where a chunk of rows sits: cache rows `start..`, RoPE positions
 /// `rope_offset + start..`.
 #[derive(Clone, Copy, Debug)]
@@ -215,38 +246,68 @@ impl Model {
         kv: &mut KvCache,
         prof: &mut Profile,
     ) -> Result<Scratch> {
-        self.check_tokens(tokens)?;
-        let n = tokens.len();
-        assert!(n > 0, "forward of zero tokens");
-        kv.reserve(n)?;
+        let mut seqs = [Seq {
+            tokens,
+            kv,
+            selection: None,
+        }];
+        self.forward_hidden_seqs(&mut seqs, prof)
+    }
+
+    /// One forward over several sequences at once (a batched step): each
+    /// attends over its own KV cache at its own positions; norms, routers,
+    /// MLPs and experts run over all their rows together, so each MoE
+    /// layer fetches the union of every row's experts once. Returns the
+    /// final-normed hidden states of every row, sequence after sequence.
+    /// Per-row arithmetic does not depend on the other rows, so each
+    /// sequence gets exactly what it would get alone.
+    pub fn forward_hidden_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        prof: &mut Profile,
+    ) -> Result<Scratch> {
+        let mut seqs: Vec<Seq> = batch
+            .iter_mut()
+            .map(|(tokens, kv)| Seq {
+                tokens,
+                kv,
+                selection: None,
+            })
+            .collect();
+        self.forward_hidden_seqs(&mut seqs, prof)
+    }
+
+    fn forward_hidden_seqs(&self, seqs: &mut [Seq], prof: &mut Profile) -> Result<Scratch> {
         let h = self.cfg.hidden_size;
-        let rows = Rows {
-            n,
-            start: kv.len(),
-            rope_offset: 0,
-        };
-        let mut x = self.embed_rows(tokens); // (n, hidden) residual stream
-        let mut selection: Option<Selection> = None; // DSA top-k, shared across layers
+        let mut n = 0;
+        for s in seqs.iter_mut() {
+            self.check_tokens(s.tokens)?;
+            assert!(!s.tokens.is_empty(), "forward of zero tokens");
+            s.kv.reserve(s.tokens.len())?;
+            n += s.tokens.len();
+        }
+        let ids = seqs.iter().flat_map(|s| s.tokens.iter());
+        let mut x = self.embed_ids(ids, n); // (n, hidden) residual stream
         for (l, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(
-                l,
-                layer,
-                &mut x,
-                rows,
-                &mut kv.layers[l],
-                &mut selection,
-                prof,
-            )?;
+            if let [one] = seqs {
+                // One sequence: no list to allocate (decode allocates nothing).
+                self.layer_forward(l, layer, &mut x, &mut [one.seg(l)], prof)?;
+            } else {
+                let mut segs: Vec<Seg> = seqs.iter_mut().map(|s| s.seg(l)).collect();
+                self.layer_forward(l, layer, &mut x, &mut segs, prof)?;
+            }
             if x.iter().any(|v| !v.is_finite()) {
                 return Err(Error::NonFinite {
                     what: format!("the residual stream after layer {l}"),
                 });
             }
         }
-        if let Some(sel) = selection {
-            dsa::recycle(sel);
+        for s in seqs.iter_mut() {
+            if let Some(sel) = s.selection.take() {
+                dsa::recycle(sel);
+            }
+            s.kv.advance(s.tokens.len());
         }
-        kv.advance(n);
         self.store.tick(n as u64);
         let mut out = Scratch::zeroed(n * h); // (n, hidden)
         self.norm_rows(&x, &self.norm, &mut out);
@@ -271,56 +332,74 @@ impl Model {
     }
 
     /// Embedding rows of `tokens`, `(n, hidden)`.
-    fn embed_rows(&self, tokens: &[u32]) -> Scratch {
+    /// The embedding rows of `n` token ids, in order.
+    fn embed_ids<'t>(&self, ids: impl Iterator<Item = &'t u32>, n: usize) -> Scratch {
         let h = self.cfg.hidden_size;
-        let mut x = Scratch::zeroed(tokens.len() * h);
-        for (t, &id) in tokens.iter().enumerate() {
-            self.embed.row_into(id as usize, &mut x[t * h..(t + 1) * h]);
+        let mut x = Scratch::zeroed(n * h);
+        for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+            self.embed.row_into(id as usize, row);
         }
         x
     }
 
-    /// One decoder layer over `x` `(n, hidden)` in place:
-    /// rmsnorm → attention → residual → rmsnorm → (MoE | dense MLP) → residual.
+    fn embed_rows(&self, tokens: &[u32]) -> Scratch {
+        self.embed_ids(tokens.iter(), tokens.len())
+    }
+
+    /// One decoder layer over `x` `(n, hidden)` in place, `x` holding the
+    /// rows of `segs` one sequence after another:
+    /// rmsnorm → attention (per sequence) → residual → rmsnorm →
+    /// (MoE | dense MLP, all rows) → residual.
     /// `l` is the layer's index in the expert store.
-    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         l: usize,
         layer: &Layer,
         x: &mut [f32],
-        rows: Rows,
-        kv: &mut LayerKv,
-        selection: &mut Option<Selection>,
+        segs: &mut [Seg],
         prof: &mut Profile,
     ) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let n = x.len() / h;
         let mut xn = Scratch::zeroed(x.len()); // (n, hidden) normed input
         let mut y = Scratch::zeroed(x.len()); // (n, hidden) block output
         self.norm_rows(x, &layer.input_norm, &mut xn);
         let t0 = Instant::now();
-        match &layer.attn {
-            AttnBlock::Gqa(a) => a.forward(&self.shapes.gqa, &xn, rows, kv, &mut y),
-            AttnBlock::Mla(a) => {
-                let sh = self
-                    .shapes
-                    .mla
-                    .as_ref()
-                    .expect("MLA layers come with an MLA shape");
-                a.forward(sh, &xn, rows, kv, selection, &mut y)
+        let mut at = 0;
+        for s in segs.iter_mut() {
+            let rows = s.rows;
+            let span = at * h..(at + rows.n) * h;
+            match &layer.attn {
+                AttnBlock::Gqa(a) => a.forward(
+                    &self.shapes.gqa,
+                    &xn[span.clone()],
+                    rows,
+                    s.kv,
+                    &mut y[span],
+                ),
+                AttnBlock::Mla(a) => {
+                    let sh = self
+                        .shapes
+                        .mla
+                        .as_ref()
+                        .expect("MLA layers come with an MLA shape");
+                    a.forward(sh, &xn[span.clone()], rows, s.kv, s.selection, &mut y[span])
+                }
             }
+            at += rows.n;
         }
         prof.attention += t0.elapsed();
         add(x, &y);
         self.norm_rows(x, &layer.post_attn_norm, &mut xn);
-        if rows.n == 1 {
+        if n == 1 {
             self.look_ahead(l, x, Variant::Attn);
         }
         match &layer.ffn {
-            Ffn::Dense(mlp) => mlp.forward(&xn, rows.n, &mut y),
-            Ffn::Moe(block) => block.forward(l, &self.store, &xn, rows.n, prof, &mut y)?,
+            Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
+            Ffn::Moe(block) => block.forward(l, &self.store, &xn, n, prof, &mut y)?,
         }
         add(x, &y);
-        if rows.n == 1 {
+        if n == 1 {
             self.look_ahead(l, x, Variant::Output);
         }
         Ok(())

@@ -86,15 +86,12 @@ impl Model {
             rope_offset: 1,
         };
         let mut selection = None;
-        self.layer_forward(
-            mtp.store_layer,
-            &mtp.block,
-            &mut x,
+        let mut segs = [super::Seg {
             rows,
-            &mut st.kv.layers[0],
-            &mut selection,
-            prof,
-        )?;
+            kv: &mut st.kv.layers[0],
+            selection: &mut selection,
+        }];
+        self.layer_forward(mtp.store_layer, &mtp.block, &mut x, &mut segs, prof)?;
         st.kv.advance(m);
         let mut normed = vec![0f32; m * h];
         self.norm_rows(&x, &mtp.norm, &mut normed);

@@ -256,6 +256,9 @@ impl<'s> Pending<'s> {
             return;
         }
         self.outstanding += experts.len();
+        self.store
+            .demand_reads
+            .fetch_add(experts.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let batch = Inflight::submit(self.store, self.layer, experts, Priority::Demand);
         self.demand.push(batch);
     }

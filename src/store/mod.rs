@@ -101,6 +101,11 @@ pub struct StoreCounters {
     pub prefetch_late: u64,
     /// Bytes prefetch read (or is reading) for experts no layer asked for.
     pub prefetch_wasted_bytes: u64,
+    /// Layer fetches begun: one per MoE layer per forward, whatever the
+    /// number of rows or sequences in it (each fetches its rows' union).
+    pub layer_fetches: u64,
+    /// Experts submitted as demand reads.
+    pub demand_reads: u64,
 }
 
 impl StoreCounters {
@@ -169,6 +174,10 @@ pub struct ExpertStore {
     /// The caches grow only into read buffers already faulted in (see
     /// [`ExpertStore::warm_buffers`]).
     gated: std::sync::atomic::AtomicBool,
+    /// See [`StoreCounters::layer_fetches`] and
+    /// [`StoreCounters::demand_reads`].
+    layer_fetches: std::sync::atomic::AtomicU64,
+    pub(crate) demand_reads: std::sync::atomic::AtomicU64,
 }
 
 /// How the MoE layers use the store.
@@ -347,6 +356,8 @@ impl ExpertStore {
                 inter: 0,
             }),
             gated: std::sync::atomic::AtomicBool::new(false),
+            layer_fetches: Default::default(),
+            demand_reads: Default::default(),
         })
     }
 
@@ -401,6 +412,11 @@ impl ExpertStore {
         ids: &[usize],
         cached: &mut Vec<Option<Arc<Mlp>>>,
     ) -> Result<Pending<'_>> {
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "a layer fetches a sorted union of distinct experts"
+        );
+        self.layer_fetches.fetch_add(1, Ordering::Relaxed);
         self.lookup_into(layer, ids, cached);
         let mut prefetched =
             std::mem::take(&mut *self.prefetched[layer].lock().expect("prefetch lock"));
@@ -465,14 +481,16 @@ impl ExpertStore {
 
     /// A gated cache (see [`ExpertStore::warm_buffers`]) grows by at most
     /// `misses` slots, and only into idle pooled buffers beyond the plan's
-    /// in-flight item (2 x top-k): this layer's reads then take buffers
-    /// already faulted in, and the experts they evict give theirs back.
+    /// in-flight and prefetch items (2 x top-k, plus the prefetch reads):
+    /// this layer's reads then take buffers already faulted in, and the
+    /// experts they evict give theirs back.
     fn grow_into_spare_buffers(&self, layer: usize, misses: usize) {
         if misses == 0 || !self.gated.load(Ordering::Relaxed) {
             return;
         }
         let idle = moestream_io::shared_pool().idle_class_buffers();
-        let spare = idle.saturating_sub(2 * self.top_k);
+        let reserve = 2 * self.top_k + self.schedule.prefetch_experts_max;
+        let spare = idle.saturating_sub(reserve);
         self.caches[layer]
             .lock()
             .expect("cache lock")
@@ -906,6 +924,8 @@ impl ExpertStore {
         c.prefetch_issued_bytes = t.issued_bytes;
         c.prefetch_used = t.used;
         c.prefetch_late = t.late;
+        c.layer_fetches = self.layer_fetches.load(Ordering::Relaxed);
+        c.demand_reads = self.demand_reads.load(Ordering::Relaxed);
         // Issued and never asked for, less what was cancelled unread (a
         // wrong guess still in flight counts: it will be read).
         c.prefetch_wasted_bytes = t

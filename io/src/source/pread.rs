@@ -1,13 +1,14 @@
 //! The page-cache modes: `buffered`, `drop` and `pread`, all one `pread`
 //! loop into pooled aligned buffers. `drop` then tells the kernel to evict
-//! the range. `buffered` and `drop` set `POSIX_FADV_RANDOM` (at open and on
-//! `expect_random`): no read-ahead on expert ranges (8 MiB per read on a
-//! virtio disk with read_ahead_kb = 8192). `pread`, the plain baseline,
-//! gives the kernel no hint and keeps its default read-ahead.
+//! the range. `expect_random` sets `POSIX_FADV_RANDOM`: no read-ahead on
+//! expert ranges (8 MiB per read on a virtio disk with read_ahead_kb =
+//! 8192).
 //!
-//! Every mode reads into a pooled buffer: a fresh buffer per read (as
-//! `pread` once used) pays the kernel's page faults and zeroing inside every
-//! read, which made it 5x slower with a large expert cache.
+//! Every mode reads into a pooled buffer. `pread` once read into a fresh
+//! `Vec` per read, the simplest baseline; that paid the kernel's page faults
+//! and zeroing inside every read, made it 5x slower with a large expert
+//! cache, and is gone: `pread` now reads exactly as `buffered` does, and
+//! stays a name so profiles and scripts that use it keep working.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -38,9 +39,7 @@ impl PreadReader {
         // the device's read-ahead window (8 MiB on a virtio disk with
         // read_ahead_kb = 8192) into the page cache. Advisory: a file system
         // that ignores it only costs the read-ahead back.
-        if mode != ReadMode::Pread {
-            let _ = posix_fadvise(file.fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_RANDOM);
-        }
+        let _ = posix_fadvise(file.fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_RANDOM);
         PreadReader {
             file: Arc::new(file),
             mode,
@@ -72,9 +71,6 @@ impl PreadReader {
 
 impl RangeReader for PreadReader {
     fn expect_random(&self) {
-        if self.mode == ReadMode::Pread {
-            return;
-        }
         let _ = posix_fadvise(self.file.fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_RANDOM);
     }
 

@@ -1,0 +1,196 @@
+//! The engine core: one loaded [`Model`] stepping many [`Session`]s.
+//!
+//! A [`Session`] is one sequence: its prompt, KV cache, position, sampler,
+//! and the tokens it has produced. [`Engine::step`] runs one forward for a
+//! batch of sessions, each contributing its next positions: a chunk of its
+//! prompt (prefill, at most [`PREFILL_CHUNK`] positions) or its last token
+//! (decode). Their rows go through the layers together
+//! ([`Model::forward_hidden_batch`]), so each MoE layer reads the union of
+//! the whole batch's experts once. Sessions come and go while the engine
+//! lives, and a session's tokens never depend on which others shared its
+//! steps: per-row arithmetic is the same alone or batched.
+//!
+//! The generation loop, top-down:
+//!
+//! ```text
+//! session = Session::new(model, prompt, opts)     // validate, size KV
+//! while !session.is_done():
+//!     engine.step([session])                      // prefill chunk or decode
+//!         rows   = next positions of each session
+//!         hidden = model.forward_hidden_batch(rows)
+//!         for each session whose prompt is in: sample from its last row
+//! ```
+
+use crate::error::{Error, Result};
+use crate::generate::GenOptions;
+use crate::kv::KvCache;
+use crate::model::{Model, PREFILL_CHUNK};
+use crate::profile::Profile;
+use crate::sampler::Sampler;
+
+/// One sequence being generated.
+pub struct Session {
+    prompt: Vec<u32>,
+    /// Prompt tokens already in the KV cache.
+    fed: usize,
+    kv: KvCache,
+    sampler: Sampler,
+    /// New tokens to produce at most (clamped to the context).
+    max_tokens: usize,
+    ignore_eos: bool,
+    eos_ids: Vec<u32>,
+    out: Vec<u32>,
+    done: bool,
+    /// The last row's logits (reused between steps).
+    logits: Vec<f32>,
+}
+
+impl Session {
+    /// A session generating from `prompt` by `opts`. Refuses an empty
+    /// prompt, ids outside the vocabulary, sampling settings out of range,
+    /// a prompt longer than the context, and a request longer than the KV
+    /// the RAM plan reserved. Its KV cache holds the whole request.
+    pub fn new(model: &Model, prompt: &[u32], opts: &GenOptions) -> Result<Session> {
+        if prompt.is_empty() {
+            return Err(Error::Request("the prompt is empty".into()));
+        }
+        opts.sampling.validate().map_err(Error::Request)?;
+        model.check_tokens(prompt)?;
+        let context_max = model.cfg.rope.max_position_embeddings;
+        if prompt.len() > context_max {
+            return Err(Error::Request(format!(
+                "the prompt has {} tokens; the model's context is {context_max} (max_position_embeddings)",
+                prompt.len()
+            )));
+        }
+        // Generation stops when the context is full.
+        let max_tokens = opts.max_tokens.min(context_max - prompt.len());
+        if let Some(budgeted) = model.context_budget {
+            if prompt.len() + max_tokens > budgeted {
+                return Err(Error::Request(format!(
+                    "the request needs {} positions; the RAM plan reserved KV cache for {budgeted} (raise --context)",
+                    prompt.len() + max_tokens
+                )));
+            }
+        }
+        Ok(Session {
+            prompt: prompt.to_vec(),
+            fed: 0,
+            kv: model.new_kv(prompt.len() + max_tokens),
+            sampler: Sampler::new(opts.sampling),
+            max_tokens,
+            ignore_eos: opts.ignore_eos,
+            eos_ids: opts.eos_ids.clone(),
+            out: Vec::with_capacity(max_tokens),
+            done: max_tokens == 0,
+            logits: Vec::new(),
+        })
+    }
+
+    /// Whether the session has produced all it will.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Whether some of the prompt is not in the KV cache yet.
+    pub fn in_prefill(&self) -> bool {
+        self.fed < self.prompt.len()
+    }
+
+    /// The prompt.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The tokens produced so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.out
+    }
+
+    /// Takes in a step that fed `fed` positions: once the prompt is all in,
+    /// turns its last row's hidden state into logits and samples the next
+    /// token (returned).
+    fn advance(&mut self, fed: usize, model: &Model, last_row: &[f32]) -> Result<Option<u32>> {
+        if self.in_prefill() {
+            self.fed += fed;
+            if self.in_prefill() {
+                return Ok(None);
+            }
+        }
+        model.logits_into(last_row, &mut self.logits);
+        if self.logits.iter().any(|x| !x.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "the logits (lm_head)".into(),
+            });
+        }
+        let id = self.sampler.sample(&self.logits);
+        self.out.push(id);
+        let eos = !self.ignore_eos && self.eos_ids.contains(&id);
+        self.done = eos || self.out.len() == self.max_tokens;
+        Ok(Some(id))
+    }
+}
+
+/// One loaded model serving sessions.
+pub struct Engine<'m> {
+    model: &'m Model,
+}
+
+impl<'m> Engine<'m> {
+    /// An engine over a loaded model.
+    pub fn new(model: &'m Model) -> Engine<'m> {
+        Engine { model }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// One forward for every session of `sessions` that is not done (each
+    /// contributing a prompt chunk or its last token), then one sampled
+    /// token for each whose prompt is now in. Returns, per session, the
+    /// token it produced this step, if any. Time spent is added to `prof`.
+    pub fn step(
+        &self,
+        sessions: &mut [&mut Session],
+        prof: &mut Profile,
+    ) -> Result<Vec<Option<u32>>> {
+        let mut produced = vec![None; sessions.len()];
+        let active: Vec<usize> = (0..sessions.len())
+            .filter(|&i| !sessions[i].is_done())
+            .collect();
+        if active.is_empty() {
+            return Ok(produced);
+        }
+        let mut fed = Vec::with_capacity(active.len());
+        let hidden = {
+            let mut batch: Vec<(&[u32], &mut KvCache)> = Vec::with_capacity(active.len());
+            for s in sessions.iter_mut().filter(|s| !s.done) {
+                let Session {
+                    prompt,
+                    fed: at,
+                    out,
+                    kv,
+                    ..
+                } = &mut **s;
+                let input: &[u32] = if *at < prompt.len() {
+                    &prompt[*at..(*at + PREFILL_CHUNK).min(prompt.len())]
+                } else {
+                    &out[out.len() - 1..]
+                };
+                fed.push(input.len());
+                batch.push((input, kv));
+            }
+            self.model.forward_hidden_batch(&mut batch, prof)?
+        };
+        let h = self.model.cfg.hidden_size;
+        let mut row = 0;
+        for (&i, &n) in active.iter().zip(&fed) {
+            row += n;
+            let last = &hidden[(row - 1) * h..row * h];
+            produced[i] = sessions[i].advance(n, self.model, last)?;
+        }
+        Ok(produced)
+    }
+}
