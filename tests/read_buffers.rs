@@ -18,7 +18,7 @@ use moestream::profile::Profile;
 use moestream::quant::policy::Policy;
 use moestream::sampler::argmax;
 use moestream_io::{shared_pool, AlignedBuf, MAP_BYTES_MIN};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Minor page faults taken by the calling thread so far.
 fn thread_minor_faults() -> i64 {
@@ -63,19 +63,9 @@ fn decode(model: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, u64) {
     (tokens, shared_pool().stats().fresh_takes - before)
 }
 
-/// Waits until the pool's warming thread is done (its live bytes stop
-/// growing), at most 30 s.
+/// Waits until the pool's warming thread is done.
 fn wait_for_warming() {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = usize::MAX;
-    while Instant::now() < deadline {
-        let live = shared_pool().live_bytes();
-        if live == last {
-            return;
-        }
-        last = live;
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(shared_pool().wait_warmed(Duration::from_secs(30)));
 }
 
 fn reads_recycle_warmed_buffers_whatever_the_cache_size() {

@@ -145,6 +145,8 @@ pub struct SlabPool {
     /// buffer fits every expert read (0: exact sizes).
     class_len: AtomicUsize,
     counters: PoolCounters,
+    /// Warming threads running now.
+    warming: AtomicUsize,
     free: Mutex<FreeList>,
 }
 
@@ -184,6 +186,7 @@ impl SlabPool {
             class_live: AtomicUsize::new(0),
             class_len: AtomicUsize::new(0),
             counters: PoolCounters::default(),
+            warming: AtomicUsize::new(0),
             free: Mutex::new(FreeList::default()),
         })
     }
@@ -252,12 +255,34 @@ impl SlabPool {
             free.class_bufs = free.bufs.iter().filter(|b| b.capacity() == class).count();
         }
         let pool: Weak<SlabPool> = Arc::downgrade(self);
+        self.warming.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name("slab-warm".into())
-            .spawn(move || warm_loop(pool, len, count));
+            .spawn(move || {
+                warm_loop(&pool, len, count);
+                if let Some(pool) = pool.upgrade() {
+                    pool.warming.fetch_sub(1, Ordering::Relaxed);
+                }
+            });
         // Warming is an optimization: without a thread, reads fault their
         // buffers in themselves.
-        drop(spawned);
+        if spawned.is_err() {
+            self.warming.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Blocks until every warming thread is done (for measurements that
+    /// want all the memory in place first, such as a warm-decode
+    /// benchmark); at most `timeout`. Returns whether warming finished.
+    pub fn wait_warmed(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.warming.load(Ordering::Relaxed) > 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        true
     }
 
     /// What the pool has done so far.
@@ -351,7 +376,7 @@ impl SlabPool {
 }
 
 /// The body of [`SlabPool::warm`]'s thread.
-fn warm_loop(pool: Weak<SlabPool>, len: usize, count: usize) {
+fn warm_loop(pool: &Weak<SlabPool>, len: usize, count: usize) {
     set_idle_priority();
     loop {
         let Some(pool) = pool.upgrade() else { return };
@@ -449,6 +474,7 @@ mod tests {
         while pool.stats().warmed < 5 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        assert!(pool.wait_warmed(std::time::Duration::from_secs(20)));
         assert_eq!(pool.stats().warmed, 5, "warming stops at the live target");
         assert_eq!(pool.idle_class_buffers(), 5);
         assert_eq!(pool.live_bytes(), 5 * 4 * 4096);

@@ -1012,6 +1012,9 @@ fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         eos_ids: vec![],
     };
     if a.warmup {
+        // Warm means every buffer the cache will hold is in place: a gated
+        // cache grows only as fast as they are faulted in.
+        moestream_io::shared_pool().wait_warmed(std::time::Duration::from_secs(600));
         generate(&model, &prompt, &opts, |_| Ok(()))?;
     }
     let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
