@@ -24,13 +24,7 @@ pub fn peak_rss_bytes() -> u64 {
 /// Bytes this process caused to be fetched from storage (`read_bytes` of
 /// /proc/self/io), 0 if unknown.
 pub fn device_read_bytes() -> u64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/io") else {
-        return 0;
-    };
-    s.lines()
-        .find_map(|l| l.strip_prefix("read_bytes:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    moestream_io::device_read_bytes().unwrap_or(0)
 }
 
 /// This machine's RAM in bytes (`MemTotal` of /proc/meminfo), if known.

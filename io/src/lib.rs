@@ -14,10 +14,11 @@
 //!   [`ReactorService`], the reactor on its own thread, fed over a channel;
 //! - [`coalesce`], merging nearby ranges into larger reads within named
 //!   limits;
-//! - [`bench_random_reads`], the measurement behind choosing a mode per disk,
-//!   and [`sweep`], the raw disk sweep over modes, block sizes and queue
-//!   depths (`moestream bench io`), with its CSV and its SVG plot
-//!   ([`Figure`], a dependency-free line-plot writer).
+//! - [`sweep`], the raw disk sweep over modes, block sizes and queue depths
+//!   (`moestream bench io`, and what `moestream tune` measures a disk
+//!   with), with its CSV and its SVG plot ([`Figure`], a dependency-free
+//!   line-plot writer); [`bench_random_reads`] is the older single-mode
+//!   random-read probe, kept for the io crate's own tests.
 //!
 //! Unsafe code lives only in `aligned` (the allocation), `ring` (handing
 //! buffers to the kernel), `reactor` (keeping them alive until completion)

@@ -344,12 +344,13 @@ fn run_ring(
     }
 }
 
-/// Drops the clean pages of `files` from the page cache
-/// (`POSIX_FADV_DONTNEED` over each whole file). Dirty pages stay; model
-/// files are not written while measured.
+/// Drops `files` from the page cache: each is synced first (dirty pages
+/// cannot be dropped), then `POSIX_FADV_DONTNEED` over the whole file.
 pub fn drop_page_cache(files: &[PathBuf]) -> Result<(), IoError> {
     for path in files {
         let file = File::open(path).map_err(|e| IoError::os("open", path, 0, 0, e))?;
+        file.sync_all()
+            .map_err(|e| IoError::os("fsync", path, 0, 0, e))?;
         posix_fadvise(
             file.as_raw_fd(),
             0,

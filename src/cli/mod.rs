@@ -945,23 +945,14 @@ fn cmd_bench_mem(a: MemArgs) -> Result<()> {
 /// Evicts every file of `dir` from the page cache (synced first: dirty
 /// pages cannot be dropped).
 fn drop_page_cache(dir: &Path) -> Result<()> {
-    use std::os::fd::AsRawFd;
+    let mut files = Vec::new();
     for ent in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let p = ent?.path();
-        if !p.is_file() {
-            continue;
+        if p.is_file() {
+            files.push(p);
         }
-        let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
-        f.sync_all()
-            .with_context(|| format!("syncing {}", p.display()))?;
-        nix::fcntl::posix_fadvise(
-            f.as_raw_fd(),
-            0,
-            0,
-            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-        )
-        .with_context(|| format!("fadvise {}", p.display()))?;
     }
+    moestream_io::drop_page_cache(&files)?;
     Ok(())
 }
 

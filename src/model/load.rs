@@ -1,6 +1,6 @@
 //! Loading a checkpoint into a [`Model`]: the resident weights are read and
-//! widened to f32; routed experts are only located and shape-checked (the
-//! [`ExpertStore`] reads them on demand).
+//! kept in their stored width (vectors as f32); routed experts are only
+//! located and shape-checked (the [`ExpertStore`] reads them on demand).
 
 use super::attention::{Attention, AttentionShape};
 use super::dsa::{Indexer, IndexerShape};

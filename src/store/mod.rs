@@ -384,15 +384,8 @@ impl ExpertStore {
         self.locations[layer].len()
     }
 
-    /// Looks `experts` up in the layer's cache, counting each as a hit or a
-    /// miss; `None` for a miss.
-    pub fn lookup(&self, layer: usize, experts: &[usize]) -> Vec<Option<Arc<Mlp>>> {
-        let mut out = Vec::with_capacity(experts.len());
-        self.lookup_into(layer, experts, &mut out);
-        out
-    }
-
-    /// [`ExpertStore::lookup`] into `out` (cleared first).
+    /// Looks `experts` up in the layer's cache into `out` (cleared first),
+    /// counting each as a hit or a miss; `None` for a miss.
     pub fn lookup_into(&self, layer: usize, experts: &[usize], out: &mut Vec<Option<Arc<Mlp>>>) {
         out.clear();
         let mut cache = self.caches[layer].lock().expect("cache lock");
