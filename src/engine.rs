@@ -27,6 +27,9 @@ use crate::kv::KvCache;
 use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::Profile;
 use crate::sampler::Sampler;
+use moestream_scheduler::{Admission, Rejected, RequestId, Scheduler, SchedulerConfig};
+use std::collections::HashMap;
+use std::time::Instant;
 
 /// One sequence being generated.
 pub struct Session {
@@ -51,6 +54,25 @@ impl Session {
     /// a prompt longer than the context, and a request longer than the KV
     /// the RAM plan reserved. Its KV cache holds the whole request.
     pub fn new(model: &Model, prompt: &[u32], opts: &GenOptions) -> Result<Session> {
+        let max_tokens = Self::check(model, prompt, opts)?;
+        Ok(Session {
+            prompt: prompt.to_vec(),
+            fed: 0,
+            kv: model.new_kv(prompt.len() + max_tokens),
+            sampler: Sampler::new(opts.sampling),
+            max_tokens,
+            ignore_eos: opts.ignore_eos,
+            eos_ids: opts.eos_ids.clone(),
+            out: Vec::with_capacity(max_tokens),
+            done: max_tokens == 0,
+            logits: Vec::new(),
+        })
+    }
+
+    /// What [`Session::new`] refuses, without allocating anything (for a
+    /// request that waits in a queue before it gets its KV cache). Returns
+    /// the new tokens the session will produce at most.
+    pub fn check(model: &Model, prompt: &[u32], opts: &GenOptions) -> Result<usize> {
         if prompt.is_empty() {
             return Err(Error::Request("the prompt is empty".into()));
         }
@@ -73,18 +95,7 @@ impl Session {
                 )));
             }
         }
-        Ok(Session {
-            prompt: prompt.to_vec(),
-            fed: 0,
-            kv: model.new_kv(prompt.len() + max_tokens),
-            sampler: Sampler::new(opts.sampling),
-            max_tokens,
-            ignore_eos: opts.ignore_eos,
-            eos_ids: opts.eos_ids.clone(),
-            out: Vec::with_capacity(max_tokens),
-            done: max_tokens == 0,
-            logits: Vec::new(),
-        })
+        Ok(max_tokens)
     }
 
     /// Whether the session has produced all it will.
@@ -193,4 +204,175 @@ impl<'m> Engine<'m> {
         }
         Ok(produced)
     }
+}
+
+/// What happened to a request of a [`SessionPool`] in a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolEvent {
+    /// It produced a token.
+    Token(RequestId, u32),
+    /// It produced its last token; its session is handed back.
+    Finished(RequestId),
+    /// It waited in the queue past the limit and was dropped unserved.
+    Expired(RequestId),
+}
+
+/// Sessions admitted, queued and batched by the scheduler crate's policy:
+/// a fixed number of KV slots (one running session each, its KV allocated
+/// only when it gets one), a bounded queue in front of them, and batches of
+/// at most `batch_max` running sessions per step, taken round-robin.
+pub struct SessionPool<'m> {
+    engine: Engine<'m>,
+    scheduler: Scheduler,
+    running: HashMap<RequestId, Session>,
+    /// Requests waiting for a slot: checked, nothing allocated yet.
+    waiting: HashMap<RequestId, (Vec<u32>, GenOptions)>,
+    finished: HashMap<RequestId, Session>,
+    start: Instant,
+}
+
+impl<'m> SessionPool<'m> {
+    /// A pool over `model` with the scheduler's limits.
+    pub fn new(model: &'m Model, config: SchedulerConfig) -> SessionPool<'m> {
+        SessionPool {
+            engine: Engine::new(model),
+            scheduler: Scheduler::new(config),
+            running: HashMap::new(),
+            waiting: HashMap::new(),
+            finished: HashMap::new(),
+            start: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Admits a request: it runs from the next step if a slot is free, else
+    /// waits in the queue. A request the model cannot serve is an error
+    /// (checked now, not when it reaches a slot); a full queue is
+    /// [`PoolError::Busy`].
+    pub fn submit(
+        &mut self,
+        id: RequestId,
+        prompt: &[u32],
+        opts: &GenOptions,
+    ) -> std::result::Result<Admission, PoolError> {
+        Session::check(self.engine.model(), prompt, opts)?;
+        let now = self.now_ms();
+        let admission = self.scheduler.submit(id, prompt.len(), now)?;
+        match admission {
+            Admission::Running { .. } => {
+                let session = Session::new(self.engine.model(), prompt, opts)?;
+                self.running.insert(id, session);
+            }
+            Admission::Queued { .. } => {
+                self.waiting.insert(id, (prompt.to_vec(), opts.clone()));
+            }
+        }
+        Ok(admission)
+    }
+
+    /// Whether nothing is running or waiting.
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// One batched step of the scheduler's next batch; returns what
+    /// happened, in order. Finished sessions free their slots for the
+    /// oldest waiting requests.
+    pub fn step(&mut self, prof: &mut Profile) -> Result<Vec<PoolEvent>> {
+        let mut events: Vec<PoolEvent> = self
+            .scheduler
+            .expire(self.now_ms())
+            .into_iter()
+            .map(|id| {
+                self.waiting.remove(&id);
+                PoolEvent::Expired(id)
+            })
+            .collect();
+        let batch: Vec<RequestId> = self
+            .scheduler
+            .next_batch()
+            .into_iter()
+            .map(|b| b.0)
+            .collect();
+        let mut sessions: Vec<(RequestId, Session)> = batch
+            .iter()
+            .map(|id| {
+                (
+                    *id,
+                    self.running.remove(id).expect("a running id has a session"),
+                )
+            })
+            .collect();
+        let produced = {
+            let mut refs: Vec<&mut Session> = sessions.iter_mut().map(|s| &mut s.1).collect();
+            self.engine.step(&mut refs, prof)
+        };
+        let produced = match produced {
+            Ok(p) => p,
+            Err(e) => {
+                self.running.extend(sessions);
+                return Err(e);
+            }
+        };
+        for ((id, session), token) in sessions.into_iter().zip(produced) {
+            if let Some(t) = token {
+                events.push(PoolEvent::Token(id, t));
+            }
+            if session.is_done() {
+                events.push(PoolEvent::Finished(id));
+                self.finished.insert(id, session);
+                self.retire(id)?;
+            } else {
+                self.running.insert(id, session);
+            }
+        }
+        Ok(events)
+    }
+
+    /// Frees `id`'s slot and starts the request promoted into it.
+    fn retire(&mut self, id: RequestId) -> Result<()> {
+        let now = self.now_ms();
+        let promoted = self
+            .scheduler
+            .finish(id, now)
+            .expect("a finished session was running");
+        if let Some(p) = promoted {
+            let (prompt, opts) = self
+                .waiting
+                .remove(&p.id)
+                .expect("a promoted id was waiting");
+            let session = Session::new(self.engine.model(), &prompt, &opts)?;
+            self.running.insert(p.id, session);
+        }
+        Ok(())
+    }
+
+    /// Takes a finished request's session (its tokens), once.
+    pub fn take_finished(&mut self, id: RequestId) -> Option<Session> {
+        self.finished.remove(&id)
+    }
+
+    /// Sessions running now (holding a slot).
+    pub fn running_count(&self) -> usize {
+        self.scheduler.running_count()
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued_count(&self) -> usize {
+        self.scheduler.queued_count()
+    }
+}
+
+/// Why a [`SessionPool`] refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The model cannot serve it (bad prompt, settings, length).
+    #[error(transparent)]
+    Request(#[from] Error),
+    /// Every slot is busy and the queue is full (or the id is in use).
+    #[error(transparent)]
+    Busy(#[from] Rejected),
 }

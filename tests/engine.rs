@@ -155,3 +155,47 @@ fn sessions_come_and_go_while_the_engine_lives() {
     // A done session takes no part in a step.
     assert_eq!(engine.step(&mut [&mut first], &mut prof).unwrap(), [None]);
 }
+
+#[test]
+fn the_session_pool_admits_queues_refuses_and_batches_by_the_scheduler() {
+    use moestream::engine::{PoolError, PoolEvent, SessionPool};
+    use moestream_scheduler::{Admission, SchedulerConfig};
+    let model = load("deepseek_v3", 2);
+    let ps = prompts();
+    let o = opts(5, 0, 0.0);
+    let want: Vec<Vec<u32>> = ps.iter().map(|p| alone(&model, p, &o)).collect();
+    let config = SchedulerConfig {
+        kv_slots: 2,
+        queue_max: 2,
+        queue_wait_ms_max: u64::MAX,
+        batch_max: 2,
+    };
+    let mut pool = SessionPool::new(&model, config);
+    let admitted: Vec<Admission> = (0..4)
+        .map(|i| pool.submit(i as u64, &ps[i], &o).unwrap())
+        .collect();
+    assert_eq!(admitted[0], Admission::Running { slot: 0 });
+    assert_eq!(admitted[3], Admission::Queued { position: 1 });
+    let busy = pool.submit(9, &ps[0], &o).unwrap_err();
+    assert!(matches!(busy, PoolError::Busy(_)), "{busy}");
+    let bad = pool.submit(10, &[], &o).unwrap_err();
+    assert!(matches!(bad, PoolError::Request(_)), "{bad}");
+    let before = model.store.counters();
+    let (mut steps, mut tokens) = (0u64, vec![Vec::new(); 4]);
+    let mut prof = Profile::default();
+    while !pool.is_idle() {
+        assert!(pool.running_count() <= 2);
+        for ev in pool.step(&mut prof).unwrap() {
+            if let PoolEvent::Token(id, t) = ev {
+                tokens[id as usize].push(t);
+            }
+        }
+        steps += 1;
+    }
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&tokens[i], w, "request {i}");
+        assert_eq!(pool.take_finished(i as u64).unwrap().tokens(), w.as_slice());
+    }
+    let fetches = model.store.counters().layer_fetches - before.layer_fetches;
+    assert_eq!(fetches, steps * moe_layers(&model));
+}

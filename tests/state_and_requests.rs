@@ -101,3 +101,48 @@ fn a_bad_prompts_line_is_named_and_the_rest_are_served() {
     assert_eq!(rows[2]["token_ids"].as_array().unwrap().len(), 3);
     assert!(history_path(dir.path()).unwrap().exists(), "history saved");
 }
+
+#[test]
+fn batched_prompts_give_every_request_its_sequential_tokens() {
+    let dir = tiny_model();
+    let m = dir.path().to_str().unwrap();
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "the engine reads\n\nexperts from disk\nwhile it computes\nand again\n",
+    )
+    .unwrap();
+    let p = prompts.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            m,
+            "--prompts",
+            p,
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend(extra);
+        let out = moestream_env(&args, &[("MOESTREAM_NO_HISTORY", "1")]);
+        assert!(out.ok, "{}", out.stderr);
+        let mut rows: Vec<serde_json::Value> = out
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        rows.sort_by_key(|r| r["request"].as_u64().unwrap());
+        (rows, out.stderr)
+    };
+    let (one_by_one, _) = run(&[]);
+    let (batched, stderr) = run(&["--batch", "3"]);
+    assert!(stderr.contains("batches of up to 3"), "{stderr}");
+    assert_eq!(batched.len(), 4);
+    for (a, b) in one_by_one.iter().zip(&batched) {
+        assert_eq!(a["request"], b["request"]);
+        assert_eq!(a["token_ids"], b["token_ids"], "request {}", a["request"]);
+    }
+    assert_eq!(batched[1]["line"], 3);
+}

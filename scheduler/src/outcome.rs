@@ -3,7 +3,8 @@
 //! [`Promotion`] when a queued request gets a slot, and [`UnknownRequest`]
 //! for an id it does not hold.
 
-use crate::scheduler::RequestId;
+/// A request's id, chosen by the caller; unique among live requests.
+pub type RequestId = u64;
 
 /// Where an accepted request went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,10 +14,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::config::SchedulerConfig;
+pub use crate::outcome::RequestId;
 use crate::outcome::{Admission, Promotion, Rejected, UnknownRequest};
-
-/// A request's id, chosen by the caller; unique among live requests.
-pub type RequestId = u64;
 
 /// A request holding a KV slot.
 #[derive(Clone, Copy, Debug)]

@@ -410,6 +410,13 @@ struct RunArgs {
     /// re-picked from the experts' heats (with --json: one object per line).
     #[arg(long, value_name = "FILE")]
     prompts: Option<PathBuf>,
+    /// With --prompts: serve up to N requests at once, stepped together in
+    /// one batch (each MoE layer reads the union of their experts once);
+    /// each request's result is printed when it finishes. 1 serves them one
+    /// after another.
+    #[arg(long, default_value_t = 1, requires = "prompts",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    batch: u16,
     #[command(flatten)]
     gen: GenArgs,
 }
@@ -660,6 +667,9 @@ fn serve_prompts(model: &Model, tok: &Tokenizer, path: &Path, a: &RunArgs) -> Re
         .collect();
     anyhow::ensure!(!lines.is_empty(), "{}: no prompts in it", path.display());
     let opts = gen_options(&a.gen, &a.model.model)?;
+    if a.batch > 1 {
+        return serve_batched(model, tok, path, &lines, &opts, a);
+    }
     let mut failed = Vec::new();
     for (i, &(line_no, line)) in lines.iter().enumerate() {
         if let Err(e) = serve_one(model, tok, line, &opts, a.gen.json, i) {
@@ -673,20 +683,97 @@ fn serve_prompts(model: &Model, tok: &Tokenizer, path: &Path, a: &RunArgs) -> Re
         }
     }
     save_history(model, &a.model);
-    if !failed.is_empty() {
-        bail!(
-            "{} of {} requests in {} failed (lines {})",
-            failed.len(),
-            lines.len(),
-            path.display(),
-            failed
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+    fail_on_lines(path, lines.len(), &failed)
+}
+
+/// The error of a `--prompts` run some of whose lines failed.
+fn fail_on_lines(path: &Path, total: usize, failed: &[usize]) -> Result<()> {
+    if failed.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let list: Vec<String> = failed.iter().map(|n| n.to_string()).collect();
+    bail!(
+        "{} of {total} requests in {} failed (lines {})",
+        failed.len(),
+        path.display(),
+        list.join(", ")
+    )
+}
+
+/// `run --prompts FILE --batch N`: every request submitted to a session
+/// pool of N slots (the rest queue), stepped in batches of up to N; each
+/// request's result is printed as it finishes (`--json`: `request`, `line`,
+/// `prompt_ids`, `token_ids`, `text`), then one stats line for the whole
+/// run. A request the model refuses is reported like the sequential path.
+fn serve_batched(
+    model: &Model,
+    tok: &Tokenizer,
+    path: &Path,
+    lines: &[(usize, &str)],
+    opts: &GenOptions,
+    a: &RunArgs,
+) -> Result<()> {
+    use moestream::engine::{PoolEvent, SessionPool};
+    let n = usize::from(a.batch);
+    let config = moestream_scheduler::SchedulerConfig {
+        kv_slots: n,
+        queue_max: lines.len(),
+        queue_wait_ms_max: u64::MAX,
+        batch_max: n,
+    };
+    let mut pool = SessionPool::new(model, config);
+    let mut failed = Vec::new();
+    for (i, &(line_no, line)) in lines.iter().enumerate() {
+        let submitted = tok
+            .encode(line)
+            .map_err(anyhow::Error::from)
+            .and_then(|p| pool.submit(i as u64, &p, opts).map_err(anyhow::Error::from));
+        if let Err(e) = submitted {
+            report_failure(path, i, line_no, &e, a.gen.json);
+            failed.push(line_no);
+        }
+    }
+    let start = std::time::Instant::now();
+    let mut prof = moestream::profile::Profile::default();
+    let mut tokens = 0usize;
+    while !pool.is_idle() {
+        for ev in pool.step(&mut prof)? {
+            match ev {
+                PoolEvent::Token(..) => tokens += 1,
+                PoolEvent::Finished(id) => {
+                    let s = pool.take_finished(id).expect("a finished session");
+                    let text = tok.decode(s.tokens())?;
+                    let (i, line_no) = (id as usize, lines[id as usize].0);
+                    if a.gen.json {
+                        let row = serde_json::json!({"request": i, "line": line_no,
+                            "prompt_ids": s.prompt(), "token_ids": s.tokens(), "text": text});
+                        println!("{row}");
+                    } else {
+                        println!("[request {}, line {line_no}] {text}", i + 1);
+                    }
+                }
+                PoolEvent::Expired(_) => unreachable!("the queue never expires here"),
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "[stats] {} requests, {tokens} tokens in {secs:.2} s ({:.2} tok/s) in batches of up to {n}",
+        lines.len() - failed.len(),
+        tokens as f64 / secs.max(1e-9)
+    );
+    save_history(model, &a.model);
+    fail_on_lines(path, lines.len(), &failed)
+}
+
+/// Reports a failed `--prompts` request on stderr (and with `--json` as an
+/// object with `request`, `line` and `error`).
+fn report_failure(path: &Path, i: usize, line_no: usize, e: &anyhow::Error, json: bool) {
+    eprintln!("error: {}, line {line_no}: {e:#}", path.display());
+    if json {
+        let row = serde_json::json!({"request": i, "line": line_no, "error": format!("{e:#}")});
+        println!("{row}");
+    }
 }
 
 /// One request of `--prompts`: generate, re-pin, report.
