@@ -98,6 +98,12 @@ impl Session {
         Ok(max_tokens)
     }
 
+    /// KV positions this session holds: its prompt and every token it may
+    /// produce.
+    pub fn kv_positions(&self) -> usize {
+        self.prompt.len() + self.max_tokens
+    }
+
     /// Whether the session has produced all it will.
     pub fn is_done(&self) -> bool {
         self.done
@@ -221,6 +227,11 @@ pub enum PoolEvent {
 /// a fixed number of KV slots (one running session each, its KV allocated
 /// only when it gets one), a bounded queue in front of them, and batches of
 /// at most `batch_max` running sessions per step, taken round-robin.
+///
+/// Under a RAM plan the running sessions' KV positions together never
+/// exceed what the plan reserved (`Model::context_budget`): a session that
+/// would pass it is refused when it should start. Callers size `kv_slots`
+/// so that it cannot happen (see [`SessionPool::slots_within_budget`]).
 pub struct SessionPool<'m> {
     engine: Engine<'m>,
     scheduler: Scheduler,
@@ -262,15 +273,46 @@ impl<'m> SessionPool<'m> {
         let now = self.now_ms();
         let admission = self.scheduler.submit(id, prompt.len(), now)?;
         match admission {
-            Admission::Running { .. } => {
-                let session = Session::new(self.engine.model(), prompt, opts)?;
-                self.running.insert(id, session);
-            }
+            Admission::Running { .. } => match self.start(prompt, opts) {
+                Ok(session) => {
+                    self.running.insert(id, session);
+                }
+                Err(e) => {
+                    let _ = self.scheduler.finish(id, now);
+                    return Err(e.into());
+                }
+            },
             Admission::Queued { .. } => {
                 self.waiting.insert(id, (prompt.to_vec(), opts.clone()));
             }
         }
         Ok(admission)
+    }
+
+    /// The most sessions of up to `positions` KV positions each that fit
+    /// the model's RAM plan at once (at least 1), capped at `wanted`.
+    pub fn slots_within_budget(model: &Model, positions: usize, wanted: usize) -> usize {
+        match model.context_budget {
+            Some(budget) => (budget / positions.max(1)).clamp(1, wanted.max(1)),
+            None => wanted.max(1),
+        }
+    }
+
+    /// Starts a session for a request that got a slot, within the plan's
+    /// KV positions.
+    fn start(&self, prompt: &[u32], opts: &GenOptions) -> Result<Session> {
+        let session = Session::new(self.engine.model(), prompt, opts)?;
+        if let Some(budget) = self.engine.model().context_budget {
+            let in_use: usize = self.running.values().map(Session::kv_positions).sum();
+            if in_use + session.kv_positions() > budget {
+                return Err(Error::Request(format!(
+                    "{} running sessions hold {in_use} KV positions; another {} would pass the {budget} the RAM plan reserved",
+                    self.running.len(),
+                    session.kv_positions()
+                )));
+            }
+        }
+        Ok(session)
     }
 
     /// Whether nothing is running or waiting.
@@ -344,7 +386,7 @@ impl<'m> SessionPool<'m> {
                 .waiting
                 .remove(&p.id)
                 .expect("a promoted id was waiting");
-            let session = Session::new(self.engine.model(), &prompt, &opts)?;
+            let session = self.start(&prompt, &opts)?;
             self.running.insert(p.id, session);
         }
         Ok(())

@@ -199,3 +199,41 @@ fn the_session_pool_admits_queues_refuses_and_batches_by_the_scheduler() {
     let fetches = model.store.counters().layer_fetches - before.layer_fetches;
     assert_eq!(fetches, steps * moe_layers(&model));
 }
+
+#[test]
+fn the_session_pool_keeps_running_kv_within_the_ram_plan() {
+    use moestream::engine::SessionPool;
+    use moestream_scheduler::SchedulerConfig;
+    let opts = LoadOptions {
+        expert_cache: 2,
+        pin_history: false,
+        ram_budget: Some(2_000_000_000),
+        context: 20,
+        ..LoadOptions::default()
+    };
+    let model = Model::load(&fixture("qwen3_moe"), &opts).unwrap();
+    assert_eq!(model.context_budget, Some(20));
+    let o = opts_for(5);
+    let prompt = [3, 14, 15, 92, 65]; // 5 + 5 = 10 positions a session
+    assert_eq!(SessionPool::slots_within_budget(&model, 10, 8), 2);
+    let config = SchedulerConfig {
+        kv_slots: 3,
+        queue_max: 0,
+        queue_wait_ms_max: u64::MAX,
+        batch_max: 3,
+    };
+    let mut pool = SessionPool::new(&model, config);
+    pool.submit(0, &prompt, &o).unwrap();
+    pool.submit(1, &prompt, &o).unwrap();
+    let third = pool.submit(2, &prompt, &o).unwrap_err().to_string();
+    assert!(third.contains("RAM plan reserved"), "{third}");
+    assert_eq!(
+        pool.running_count(),
+        2,
+        "the refused session freed its slot"
+    );
+}
+
+fn opts_for(max_tokens: usize) -> GenOptions {
+    opts(max_tokens, 0, 0.0)
+}

@@ -714,7 +714,13 @@ fn serve_batched(
     a: &RunArgs,
 ) -> Result<()> {
     use moestream::engine::{PoolEvent, SessionPool};
-    let n = usize::from(a.batch);
+    let encoded: Vec<Result<Vec<u32>>> = lines
+        .iter()
+        .map(|(_, line)| tok.encode(line).map_err(anyhow::Error::from))
+        .collect();
+    // Under a RAM plan, as many at once as the reserved KV positions hold.
+    let longest = encoded.iter().flatten().map(Vec::len).max().unwrap_or(1);
+    let n = SessionPool::slots_within_budget(model, longest + opts.max_tokens, a.batch.into());
     let config = moestream_scheduler::SchedulerConfig {
         kv_slots: n,
         queue_max: lines.len(),
@@ -723,11 +729,9 @@ fn serve_batched(
     };
     let mut pool = SessionPool::new(model, config);
     let mut failed = Vec::new();
-    for (i, &(line_no, line)) in lines.iter().enumerate() {
-        let submitted = tok
-            .encode(line)
-            .map_err(anyhow::Error::from)
-            .and_then(|p| pool.submit(i as u64, &p, opts).map_err(anyhow::Error::from));
+    for (i, (&(line_no, _), prompt)) in lines.iter().zip(encoded).enumerate() {
+        let submitted =
+            prompt.and_then(|p| pool.submit(i as u64, &p, opts).map_err(anyhow::Error::from));
         if let Err(e) = submitted {
             report_failure(path, i, line_no, &e, a.gen.json);
             failed.push(line_no);
