@@ -89,10 +89,10 @@ impl Session {
         let max_tokens = opts.max_tokens.min(context_max - prompt.len());
         if let Some(budgeted) = model.context_budget {
             if prompt.len() + max_tokens > budgeted {
-                return Err(Error::Request(format!(
-                    "the request needs {} positions; the RAM plan reserved KV cache for {budgeted} (raise --context)",
-                    prompt.len() + max_tokens
-                )));
+                return Err(Error::ContextBudget {
+                    needed: prompt.len() + max_tokens,
+                    reserved: budgeted,
+                });
             }
         }
         Ok(max_tokens)

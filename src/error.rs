@@ -80,6 +80,14 @@ pub enum Error {
     /// The RAM budget cannot hold the model's resident set and slack.
     #[error("{0}")]
     Budget(String),
+    /// A request needs more KV positions than the RAM plan reserved (the
+    /// planned context setting).
+    #[error("the request needs {needed} positions; the RAM plan reserved KV cache for {reserved} (raise the planned context)")]
+    ContextBudget { needed: usize, reserved: usize },
+    /// A conversion's output directory already holds files: a model, or a
+    /// conversion (`conversion`) that resuming would continue.
+    #[error("the output {} already holds {}; refusing to overwrite it (forcing replaces it once the new container is complete), or choose an empty directory", path.display(), if *conversion { "a conversion (moestream-convert.json) that resuming continues" } else { "files (a model?)" })]
+    OutputOccupied { path: PathBuf, conversion: bool },
     /// A request asks for something the engine cannot do.
     #[error("bad request: {0}")]
     Request(String),

@@ -164,12 +164,12 @@ struct ModelArgs {
     threads: Option<usize>,
     /// MLA attention: absorb (decode-style), explicit (K/V reconstruction),
     /// auto (the cheaper for the tokens in flight).
-    #[arg(long, value_enum, default_value_t = MlaMode::Auto)]
-    mla: MlaMode,
+    #[arg(long, value_enum, default_value_t = MlaArg::Auto)]
+    mla: MlaArg,
     /// DSA indexer (GLM-5): on, off (dense attention), auto (select only
     /// when a query sees more than index_topk positions; same output as on).
-    #[arg(long, value_enum, default_value_t = DsaMode::Auto)]
-    dsa: DsaMode,
+    #[arg(long, value_enum, default_value_t = DsaArg::Auto)]
+    dsa: DsaArg,
     /// How a layer's expert misses are submitted: reactor (all in flight at
     /// once through io_uring, falling back to sync where unavailable) or
     /// sync (one after another on a reader thread).
@@ -217,8 +217,8 @@ struct ModelArgs {
     ram_gb: Option<f64>,
     /// Which cached expert a full cache evicts: lfru (frequency first,
     /// recency breaks ties) or lru.
-    #[arg(long, value_enum, default_value_t = EvictPolicy::Lfru)]
-    policy: EvictPolicy,
+    #[arg(long, value_enum, default_value_t = PolicyArg::Lfru)]
+    policy: PolicyArg,
     /// Context positions the --ram-gb plan reserves KV cache for.
     #[arg(long, default_value_t = 4096)]
     context: usize,
@@ -227,6 +227,64 @@ struct ModelArgs {
     #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     no_history: bool,
+}
+
+/// `--mla`: the library's [`MlaMode`] as a flag value (clap stays in cli/).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MlaArg {
+    Absorb,
+    Explicit,
+    Auto,
+}
+
+impl From<MlaArg> for MlaMode {
+    fn from(a: MlaArg) -> MlaMode {
+        match a {
+            MlaArg::Absorb => MlaMode::Absorb,
+            MlaArg::Explicit => MlaMode::Explicit,
+            MlaArg::Auto => MlaMode::Auto,
+        }
+    }
+}
+
+/// `--dsa`: the library's [`DsaMode`] as a flag value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DsaArg {
+    /// Always score and select (as transformers does).
+    On,
+    /// Dense attention; indexer keys are still cached.
+    Off,
+    /// Select only when a query sees more than index_topk positions (the
+    /// same output as `on`, without scoring when everything is kept).
+    Auto,
+}
+
+impl From<DsaArg> for DsaMode {
+    fn from(a: DsaArg) -> DsaMode {
+        match a {
+            DsaArg::On => DsaMode::On,
+            DsaArg::Off => DsaMode::Off,
+            DsaArg::Auto => DsaMode::Auto,
+        }
+    }
+}
+
+/// `--policy`: the library's [`EvictPolicy`] as a flag value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PolicyArg {
+    /// Least recently used.
+    Lru,
+    /// Frequency first (decaying heat), recency breaks ties.
+    Lfru,
+}
+
+impl From<PolicyArg> for EvictPolicy {
+    fn from(a: PolicyArg) -> EvictPolicy {
+        match a {
+            PolicyArg::Lru => EvictPolicy::Lru,
+            PolicyArg::Lfru => EvictPolicy::Lfru,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -556,8 +614,8 @@ fn load(m: &ModelArgs) -> Result<Model> {
         expert_cache: m.expert_cache,
         read_mode,
         schedule,
-        mla: m.mla,
-        dsa: m.dsa,
+        mla: m.mla.into(),
+        dsa: m.dsa.into(),
         io_reactor: m.submit == Submit::Reactor,
         quantize_at_load,
         ram_budget: match m.ram_gb {
@@ -565,11 +623,11 @@ fn load(m: &ModelArgs) -> Result<Model> {
             Some(gb) => Some((gb * 1e9) as u64),
             None => None,
         },
-        policy: m.policy,
+        policy: m.policy.into(),
         pin_history: !m.no_history,
         context: m.context,
     };
-    let model = Model::load(&m.model, &opts)?;
+    let model = Model::load(&m.model, &opts).map_err(with_flags)?;
     // Only once the model loaded: a profile that could not be read because
     // the model directory is bad would only precede the real error.
     if let Some(note) = note {
@@ -582,6 +640,16 @@ fn load(m: &ModelArgs) -> Result<Model> {
         eprintln!("{note}");
     }
     Ok(model)
+}
+
+/// Names the flag behind a library error that names a setting.
+fn with_flags(e: moestream::error::Error) -> anyhow::Error {
+    use moestream::error::Error;
+    match e {
+        Error::Budget(_) => anyhow::anyhow!("--ram-gb: {e}"),
+        Error::ContextBudget { .. } => anyhow::anyhow!("{e} (--context)"),
+        e => e.into(),
+    }
 }
 
 /// Merges this run's expert usage into the model's history under the cache
@@ -634,7 +702,7 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     };
     let opts = gen_options(&a.gen, dir)?;
     if a.gen.json {
-        let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
+        let g = generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
         save_history(&model, &a.model);
         let text = match &tok {
             Ok(t) => t.decode(&g.token_ids)?,
@@ -791,7 +859,7 @@ fn serve_one(
 ) -> Result<()> {
     let prompt = tok.encode(line)?;
     let g = if json {
-        generate(model, &prompt, opts, |_| Ok(()))?
+        generate(model, &prompt, opts, |_| Ok(())).map_err(with_flags)?
     } else {
         stream_text(model, tok, &prompt, opts)?
     };
@@ -823,7 +891,8 @@ fn stream_text(
         let _ = stdout.write_all(piece.as_bytes());
         let _ = stdout.flush();
         Ok(())
-    })?;
+    })
+    .map_err(with_flags)?;
     println!();
     Ok(g)
 }
@@ -988,7 +1057,17 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
         force: a.force,
         progress: !a.quiet,
     };
-    let report = convert::convert(&opts)?;
+    let report = convert::convert(&opts).map_err(|e| match e {
+        moestream::error::Error::OutputOccupied { conversion, .. } => {
+            let flag = if conversion {
+                "--resume continues it, "
+            } else {
+                ""
+            };
+            anyhow::anyhow!("{e} ({flag}--force replaces it)")
+        }
+        e => e.into(),
+    })?;
     if !report.skipped.is_empty() {
         eprintln!(
             "resumed: {} finished file(s) kept, {} written",
@@ -1097,9 +1176,9 @@ fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         // Warm means every buffer the cache will hold is in place: a gated
         // cache grows only as fast as they are faulted in.
         moestream_io::shared_pool().wait_warmed(std::time::Duration::from_secs(600));
-        generate(&model, &prompt, &opts, |_| Ok(()))?;
+        generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
     }
-    let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
+    let g = generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
     let s = &g.stats;
     let n = s.tokens.max(1) as f64;
     let decode_s = s.seconds - s.prefill_seconds;

@@ -542,15 +542,10 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
         return convert_into(opts, &opts.output, &index, plan, fingerprint);
     }
     if !opts.force {
-        let what = if opts.output.join(MANIFEST).exists() {
-            format!("a conversion ({MANIFEST}); resume (--resume) continues it")
-        } else {
-            "files (a model?)".to_string()
-        };
-        return Err(Error::Request(format!(
-            "the output {} already holds {what}; refusing to overwrite it (force, --force, replaces it once the new container is complete), or choose an empty directory",
-            opts.output.display()
-        )));
+        return Err(Error::OutputOccupied {
+            path: opts.output.clone(),
+            conversion: opts.output.join(MANIFEST).exists(),
+        });
     }
     let staging = sibling(&opts.output, "convert")?;
     if let (Some(parent), Some(name)) = (staging.parent(), opts.output.file_name()) {
@@ -719,10 +714,10 @@ fn load_manifest(
     }
     let text = crate::config::read_capped(path)?;
     if !opts.resume {
-        return Err(Error::Request(format!(
-            "{} already holds a conversion ({MANIFEST}); pass --resume to continue it, or choose an empty directory",
-            opts.output.display()
-        )));
+        return Err(Error::OutputOccupied {
+            path: opts.output.clone(),
+            conversion: true,
+        });
     }
     let m: Manifest = serde_json::from_str(&text)
         .map_err(|e| Error::config(path, "(file)", format!("not a conversion manifest: {e}")))?;

@@ -86,7 +86,7 @@ fn refuse_early(index: &WeightIndex, budget: u64) -> Result<()> {
         .sum();
     if lower > budget {
         return Err(Error::Budget(format!(
-            "--ram-gb {} is too small: the resident weights alone need at least {}",
+            "a RAM budget of {} GB is too small: the resident weights alone need at least {}",
             budget as f64 / 1e9,
             budget::human(lower)
         )));

@@ -30,16 +30,16 @@ use crate::tensor::Mat;
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
 const LORA_NORM_EPS: f64 = 1e-6;
 
-/// How MLA attends (`--mla`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// How MLA attends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlaMode {
     Absorb,
     Explicit,
     Auto,
 }
 
-/// Whether the DSA indexer restricts attention (`--dsa`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// Whether the DSA indexer restricts attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DsaMode {
     /// Always score and select (as transformers does).
     On,

@@ -110,7 +110,7 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         .ok_or("the RAM plan's fixed items overflow 64 bits")?;
     if fixed > i.budget {
         return Err(format!(
-            "--ram-gb {} is too small: resident weights {} + slack {} = {} before any expert is cached",
+            "a RAM budget of {} GB is too small: resident weights {} + slack {} = {} before any expert is cached",
             i.budget as f64 / 1e9,
             human(i.resident),
             human(fixed - i.resident),

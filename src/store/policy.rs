@@ -13,7 +13,7 @@
 use super::usage::Usage;
 
 /// How a full cache picks its victim.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EvictPolicy {
     /// Least recently used.
     Lru,

@@ -170,7 +170,7 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
     };
     if s.layers == 0 || s.experts < s.top_k {
         return Err(Error::Request(format!(
-            "--layers must be positive and --experts at least top-k ({})",
+            "layers must be positive and experts at least top-k ({})",
             s.top_k
         )));
     }
