@@ -406,7 +406,7 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
     let schedule = Schedule {
         pipeline,
         lookahead: prefetch,
-        prefetch_experts_max: m.prefetch_experts.unwrap_or(0),
+        prefetch_experts_max: 0, // resolved at load from prefetch_experts
         recall: m.recall,
     };
     (mode, schedule, note)
@@ -626,6 +626,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
         policy: m.policy.into(),
         pin_history: !m.no_history,
         context: m.context,
+        prefetch_experts: m.prefetch_experts,
     };
     let model = Model::load(&m.model, &opts).map_err(with_flags)?;
     // Only once the model loaded: a profile that could not be read because
@@ -636,6 +637,11 @@ fn load(m: &ModelArgs) -> Result<Model> {
     if let Some(plan) = &model.plan {
         eprintln!("{plan}");
     }
+    eprintln!(
+        "expert reads: {} mode, through {}",
+        read_mode_of(&model),
+        model.store.read_path()
+    );
     if let Some(note) = &model.history {
         eprintln!("{note}");
     }

@@ -46,9 +46,13 @@ pub struct LoadOptions {
     pub pin_history: bool,
     /// Context the KV pool is budgeted for (clamped to the model's maximum).
     pub context: usize,
-    /// Pipelining and router-lookahead prefetch. `prefetch_experts_max`
-    /// 0 with a lookahead means `depth × top_k`.
+    /// Pipelining and router-lookahead prefetch (its
+    /// `prefetch_experts_max` is resolved at load from `prefetch_experts`;
+    /// what is passed in there is not read).
     pub schedule: Schedule,
+    /// Prefetch reads alive at once while a lookahead prefetches; `None`
+    /// gives `depth × top_k`.
+    pub prefetch_experts: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -65,6 +69,7 @@ impl Default for LoadOptions {
             pin_history: true,
             context: 4096,
             schedule: Schedule::default(),
+            prefetch_experts: None,
         }
     }
 }
@@ -155,14 +160,15 @@ impl Model {
             (opts.policy, cfg.top_k),
         )?;
         let mut store = store;
-        store.schedule = opts.schedule;
-        if let Some(a) = opts.schedule.lookahead {
-            if store.schedule.prefetch_experts_max == 0 {
-                store.schedule.prefetch_experts_max = a.depth.max(1) * cfg.top_k;
-            }
-        } else {
-            store.schedule.prefetch_experts_max = 0;
-        }
+        store.schedule = Schedule {
+            prefetch_experts_max: match opts.schedule.lookahead {
+                Some(a) => opts
+                    .prefetch_experts
+                    .unwrap_or(a.depth.max(1).saturating_mul(cfg.top_k)),
+                None => 0,
+            },
+            ..opts.schedule
+        };
         let shapes = shapes(&cfg, opts);
         let mut model = Model {
             shapes,

@@ -174,6 +174,8 @@ pub struct ExpertStore {
     /// The caches grow only into read buffers already faulted in (see
     /// [`ExpertStore::warm_buffers`]).
     gated: std::sync::atomic::AtomicBool,
+    /// How misses are read, and why: said at load, not only in `--json`.
+    read_path: &'static str,
     /// See [`StoreCounters::layer_fetches`] and
     /// [`StoreCounters::demand_reads`].
     layer_fetches: std::sync::atomic::AtomicU64,
@@ -188,7 +190,9 @@ pub struct Schedule {
     pub pipeline: bool,
     /// Router-lookahead prefetch, if on.
     pub lookahead: Option<Lookahead>,
-    /// Prefetch reads alive at once (0 disables prefetch).
+    /// Prefetch reads alive at once: resolved at load (`LoadOptions::
+    /// prefetch_experts`, by default lookahead depth × top-k), and 0
+    /// exactly when no lookahead prefetches.
     pub prefetch_experts_max: usize,
     /// Score the next layer's guess from both states (`attn` and
     /// `output`) at every single-token layer, prefetching or not: two
@@ -298,12 +302,24 @@ impl ExpertStore {
             inflight_bytes_max: reactor_inflight_bytes(expert_disk),
             ..ReactorConfig::default()
         };
-        let service = if use_reactor && batchable && Reactor::probe().is_ok() {
-            Reactor::new(config, moestream_io::shared_pool())
-                .and_then(ReactorService::spawn)
-                .ok()
+        let (service, read_path) = if !use_reactor {
+            (None, "a reader thread (asked for)")
+        } else if !batchable {
+            (
+                None,
+                "a reader thread (this read mode has no descriptor io_uring can read, or drops pages per read)",
+            )
+        } else if Reactor::probe().is_err() {
+            (None, "a reader thread (io_uring is unavailable here)")
         } else {
-            None
+            match Reactor::new(config, moestream_io::shared_pool()).and_then(ReactorService::spawn)
+            {
+                Ok(s) => (Some(s), "the io_uring reactor"),
+                Err(_) => (
+                    None,
+                    "a reader thread (the io_uring reactor failed to start)",
+                ),
+            }
         };
         let reads = match service {
             Some(service) => Reads::Reactor {
@@ -356,6 +372,7 @@ impl ExpertStore {
                 inter: 0,
             }),
             gated: std::sync::atomic::AtomicBool::new(false),
+            read_path,
             layer_fetches: Default::default(),
             demand_reads: Default::default(),
         })
@@ -880,6 +897,12 @@ impl ExpertStore {
             .map(|sp| self.index.shards[sp.shard].reader.read(sp.offset, sp.len))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         self.assemble(layer, expert, &spans, slabs)
+    }
+
+    /// How misses are read, and why that path (e.g. "a reader thread
+    /// (io_uring is unavailable here)").
+    pub fn read_path(&self) -> &'static str {
+        self.read_path
     }
 
     /// Whether misses are read through the io_uring reactor.
