@@ -1,0 +1,157 @@
+//! Where a routed expert lives on disk and how its bytes become an
+//! expert: its three tensors ([`ExpertLocation`]), the coalesced reads that
+//! fetch them ([`ExpertStore::plan`]), and the decoding of the landed slabs
+//! (packed matrices stay windows of their slab: zero copy).
+
+use super::ExpertStore;
+use crate::error::Result;
+use crate::model::mlp::Mlp;
+use crate::tensor::Mat;
+use crate::weights::index::Resolved;
+use crate::weights::TensorEntry;
+use moestream_io::{coalesce, ByteRange, CoalesceLimits, Slab};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// How an expert's tensors merge into reads: any gap up to 64 KiB is read
+/// through rather than split; one read never exceeds 1 GiB.
+const COALESCE: CoalesceLimits = CoalesceLimits {
+    merged_bytes_max: 1 << 30,
+    gap_bytes_max: 64 << 10,
+};
+
+/// The three tensors of one routed expert on disk.
+#[derive(Clone, Debug)]
+pub struct ExpertLocation {
+    /// gate, up, down, each with its storage and companion (scales).
+    pub parts: [Resolved; 3],
+}
+
+impl ExpertLocation {
+    /// The byte ranges to read: part `2i` is tensor `i`'s data, `2i + 1`
+    /// its companion (absent for float tensors).
+    fn ranges(&self) -> Vec<(usize, &TensorEntry)> {
+        let mut out = Vec::with_capacity(6);
+        for (i, r) in self.parts.iter().enumerate() {
+            out.push((2 * i, &r.entry));
+            if let Some(c) = r.companion() {
+                out.push((2 * i + 1, c));
+            }
+        }
+        out
+    }
+}
+
+/// One coalesced read of an expert: a span of one shard, and the expert
+/// ranges (see [`ExpertLocation::ranges`]) it holds as byte windows into it.
+pub(crate) struct SpanRead {
+    pub(crate) shard: usize,
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+    parts: Vec<(usize, Range<usize>)>,
+}
+
+impl ExpertStore {
+    /// The coalesced reads of one expert: per shard, its tensors (and
+    /// scales) merged into as few spans as the limits allow (one, for the
+    /// container's contiguous layout).
+    pub(crate) fn plan(&self, layer: usize, expert: usize) -> Vec<SpanRead> {
+        let mut ranges = self.locations[layer][expert].ranges();
+        ranges.sort_by_key(|(_, e)| (e.shard, e.offset));
+        let mut spans = Vec::new();
+        for same_shard in ranges.chunk_by(|a, b| a.1.shard == b.1.shard) {
+            let byte_ranges: Vec<ByteRange> = same_shard
+                .iter()
+                .map(|(_, e)| ByteRange {
+                    offset: e.offset,
+                    len: e.len as u64,
+                })
+                .collect();
+            for merged in coalesce(&byte_ranges, COALESCE) {
+                spans.push(SpanRead {
+                    shard: same_shard[0].1.shard,
+                    offset: merged.offset,
+                    len: merged.len as usize,
+                    parts: merged
+                        .parts
+                        .iter()
+                        .map(|&p| (same_shard[p].0, merged.window(byte_ranges[p])))
+                        .collect(),
+                });
+            }
+        }
+        spans
+    }
+
+    /// Decodes the expert from `slabs` (one per span of `spans`). Packed
+    /// tensors stay in their slab (zero copy); others are decoded out.
+    pub(crate) fn assemble(
+        &self,
+        layer: usize,
+        expert: usize,
+        spans: &[SpanRead],
+        slabs: Vec<Slab>,
+    ) -> Result<Mlp> {
+        let loc = &self.locations[layer][expert];
+        let slabs: Vec<Arc<Slab>> = slabs.into_iter().map(Arc::new).collect();
+        let mut parts: [Option<(&Arc<Slab>, Range<usize>)>; 6] = Default::default();
+        for (sp, slab) in spans.iter().zip(&slabs) {
+            for (part, window) in &sp.parts {
+                parts[*part] = Some((slab, window.clone()));
+            }
+        }
+        let mut mats = Vec::with_capacity(3);
+        for (i, r) in loc.parts.iter().enumerate() {
+            let data = parts[2 * i].clone().expect("the spans cover every part");
+            mats.push(
+                self.index
+                    .decode_mat_in(r, data, parts[2 * i + 1].clone())?,
+            );
+        }
+        let [gate, up, down]: [Mat; 3] = match mats.try_into() {
+            Ok(m) => m,
+            Err(_) => unreachable!("an expert has exactly three parts"),
+        };
+        Ok(Mlp {
+            gate,
+            up,
+            down,
+            hidden: self.hidden,
+            inter: self.inter,
+        })
+    }
+
+    /// Reads one expert, bypassing the cache.
+    pub fn read(&self, layer: usize, expert: usize) -> Result<Mlp> {
+        let spans = self.plan(layer, expert);
+        let slabs = spans
+            .iter()
+            .map(|sp| self.index.shards[sp.shard].reader.read(sp.offset, sp.len))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.assemble(layer, expert, &spans, slabs)
+    }
+
+    /// Bytes one expert of `layer` takes in RAM and on disk (its read spans).
+    pub fn expert_bytes(&self) -> Option<(u64, u64)> {
+        let layer = self.locations.iter().position(|l| !l.is_empty())?;
+        let loc = self.locations[layer].first()?;
+        let kept: u64 = loc.parts.iter().map(|r| self.index.kept_bytes(r)).sum();
+        let disk: u64 = self.plan(layer, 0).iter().map(|s| s.len as u64).sum();
+        // A zero-copy expert keeps its whole read buffer (4096-rounded).
+        let ram = if self.zero_copy() {
+            kept.max(moestream_io::align_up(disk as usize) as u64)
+        } else {
+            kept
+        };
+        Some((ram, disk))
+    }
+
+    /// Whether experts are packed, so decoded in place in their slabs.
+    pub fn zero_copy(&self) -> bool {
+        self.locations.iter().flatten().next().is_some_and(|loc| {
+            loc.parts
+                .iter()
+                .all(|r| matches!(r.stored, crate::weights::index::Stored::Quant { .. }))
+        })
+    }
+}
