@@ -20,6 +20,7 @@ pub mod error;
 pub mod generate;
 pub mod kernels;
 pub mod kv;
+pub mod layers;
 pub mod model;
 pub mod profile;
 pub mod quality;

@@ -11,13 +11,13 @@ pub mod attention;
 pub mod dsa;
 mod load;
 pub mod mla;
-pub mod mlp;
 pub mod moe;
 pub mod mtp;
 pub mod names;
-pub mod norm;
-pub mod rope;
 pub mod router;
+
+/// Kept at their old paths: the layers live in [`crate::layers`].
+pub use crate::layers::{mlp, norm, rope};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};

@@ -20,7 +20,7 @@
 use super::reads::SpanReq;
 use super::{ExpertStore, SpanRead};
 use crate::error::{Error, Result};
-use crate::model::mlp::Mlp;
+use crate::layers::mlp::Mlp;
 use crossbeam::channel::Select;
 use moestream_io::{Batch, BatchEvent, IoError, Priority, Slab};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 
 use super::ExpertStore;
 use crate::error::Result;
-use crate::model::mlp::Mlp;
+use crate::layers::mlp::Mlp;
 use crate::tensor::Mat;
 use crate::weights::index::Resolved;
 use crate::weights::TensorEntry;

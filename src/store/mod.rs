@@ -40,7 +40,7 @@ pub use prefetch::{Lookahead, Variant};
 pub use stats::StoreCounters;
 
 use crate::error::{Error, Result};
-use crate::model::mlp::Mlp;
+use crate::layers::mlp::Mlp;
 use crate::tensor::Mat;
 use crate::weights::WeightIndex;
 use cache::SlotCache;
