@@ -32,6 +32,7 @@ mod file;
 mod mode;
 mod plot;
 mod reactor;
+mod read_service;
 mod ring;
 mod service;
 mod slab;
@@ -46,6 +47,9 @@ pub use file::{DirectSpan, OpenFile};
 pub use mode::ReadMode;
 pub use plot::{Figure, Panel, Series};
 pub use reactor::{FaultInjector, Priority, Reactor, ReactorConfig, ReadDone, ReadReq};
+pub use read_service::{
+    read_service, ReactorReads, ReadService, SourceRead, ThreadReads, REACTOR_PATH,
+};
 pub use service::{Batch, BatchEvent, ReactorService, ReadCounters, ServiceCounters};
 pub use slab::{PoolStats, Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};

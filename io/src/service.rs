@@ -46,15 +46,103 @@ pub struct Batch {
     pub events: Receiver<BatchEvent>,
 }
 
-enum Msg {
+pub(crate) enum Msg<R> {
     Submit {
         id: u64,
-        reqs: Vec<ReadReq>,
+        reqs: Vec<R>,
         priority: Priority,
         reply: Sender<BatchEvent>,
     },
     Promote(u64),
     Cancel(u64),
+}
+
+/// The caller's side of a read service running on its own thread: sends
+/// batches (`R`: one read request) and promote/cancel messages over a
+/// channel, numbers the batches, shares the thread's counters, and joins
+/// the thread on drop (after closing the channel, so it drains first). The
+/// reactor service and the reader thread both use it.
+pub(crate) struct Client<R> {
+    tx: Option<Sender<Msg<R>>>,
+    thread: Option<JoinHandle<()>>,
+    next_id: AtomicU64,
+    counters: Arc<ReadCounters>,
+    /// The thread, as errors name it ("the reactor thread").
+    what: &'static str,
+}
+
+impl<R: Send + 'static> Client<R> {
+    /// Starts `body` on a thread named `name`, with the request channel
+    /// and the counters it updates.
+    pub(crate) fn spawn(
+        name: &str,
+        what: &'static str,
+        body: impl FnOnce(Receiver<Msg<R>>, Arc<ReadCounters>) + Send + 'static,
+    ) -> std::io::Result<Client<R>> {
+        let (tx, rx) = channel::unbounded::<Msg<R>>();
+        let counters = Arc::new(ReadCounters::default());
+        let c = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || body(rx, c))?;
+        Ok(Client {
+            tx: Some(tx),
+            thread: Some(thread),
+            next_id: AtomicU64::new(0),
+            counters,
+            what,
+        })
+    }
+
+    /// Sends a batch at `priority`; a thread that has exited answers with
+    /// one `Failed` on the batch's channel.
+    pub(crate) fn submit_at(&self, reqs: Vec<R>, priority: Priority) -> Batch {
+        let (reply, events) = channel::unbounded();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let msg = Msg::Submit {
+            id,
+            reqs,
+            priority,
+            reply,
+        };
+        if let Err(channel::SendError(Msg::Submit { reply, .. })) = self.sender().send(msg) {
+            let _ = reply.send(BatchEvent::Failed(IoError::Ring {
+                op: "submit",
+                source: std::io::Error::other(format!("{} has exited", self.what)),
+            }));
+        }
+        Batch { id, events }
+    }
+
+    /// Raises a prefetch batch to demand priority.
+    pub(crate) fn promote(&self, batch: u64) {
+        let _ = self.sender().send(Msg::Promote(batch));
+    }
+
+    /// Drops a prefetch batch's reads not yet started.
+    pub(crate) fn cancel(&self, batch: u64) {
+        let _ = self.sender().send(Msg::Cancel(batch));
+    }
+
+    /// The counters so far.
+    pub(crate) fn counters(&self) -> ServiceCounters {
+        self.counters.snapshot()
+    }
+
+    fn sender(&self) -> &Sender<Msg<R>> {
+        self.tx
+            .as_ref()
+            .expect("the request channel lives until drop")
+    }
+}
+
+impl<R> Drop for Client<R> {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The live counters of a read service (shared atomics, updated by its
@@ -116,10 +204,7 @@ pub struct ServiceCounters {
 
 /// A reactor on its own thread.
 pub struct ReactorService {
-    tx: Option<Sender<Msg>>,
-    thread: Option<JoinHandle<()>>,
-    next_id: AtomicU64,
-    counters: Arc<ReadCounters>,
+    client: Client<ReadReq>,
 }
 
 /// A read of a batch, as the thread tracks it.
@@ -143,7 +228,7 @@ struct Served {
 }
 
 impl Served {
-    fn handle(&mut self, msg: Msg) {
+    fn handle(&mut self, msg: Msg<ReadReq>) {
         match msg {
             Msg::Submit {
                 id,
@@ -234,7 +319,7 @@ impl Served {
         self.routes.clear();
     }
 
-    fn run(mut self, rx: Receiver<Msg>) {
+    fn run(mut self, rx: Receiver<Msg<ReadReq>>) {
         let mut broken: Option<IoError> = None;
         loop {
             // Block only when there is nothing to drive.
@@ -266,7 +351,7 @@ impl Served {
         }
     }
 
-    fn handle_or_fail(&mut self, msg: Msg, broken: &Option<IoError>) {
+    fn handle_or_fail(&mut self, msg: Msg<ReadReq>, broken: &Option<IoError>) {
         match (msg, broken) {
             (Msg::Submit { reply, .. }, Some(e)) => {
                 let _ = reply.send(BatchEvent::Failed(IoError::Ring {
@@ -282,29 +367,22 @@ impl Served {
 impl ReactorService {
     /// Moves `reactor` onto a new thread named `moestream-io`.
     pub fn spawn(reactor: Reactor) -> Result<ReactorService, IoError> {
-        let (tx, rx) = channel::unbounded::<Msg>();
-        let counters = Arc::new(ReadCounters::default());
-        let served = Served {
-            reactor,
-            routes: HashMap::with_capacity(256),
-            batches: HashMap::with_capacity(64),
-            next_tag: 0,
-            done: Vec::with_capacity(64),
-            counters: counters.clone(),
-        };
-        let thread = std::thread::Builder::new()
-            .name("moestream-io".into())
-            .spawn(move || served.run(rx))
-            .map_err(|e| IoError::Ring {
-                op: "spawn the reactor thread",
-                source: e,
-            })?;
-        Ok(ReactorService {
-            tx: Some(tx),
-            thread: Some(thread),
-            next_id: AtomicU64::new(0),
-            counters,
+        let client = Client::spawn("moestream-io", "the reactor thread", move |rx, counters| {
+            let served = Served {
+                reactor,
+                routes: HashMap::with_capacity(256),
+                batches: HashMap::with_capacity(64),
+                next_tag: 0,
+                done: Vec::with_capacity(64),
+                counters,
+            };
+            served.run(rx)
         })
+        .map_err(|e| IoError::Ring {
+            op: "spawn the reactor thread",
+            source: e,
+        })?;
+        Ok(ReactorService { client })
     }
 
     /// Sends a demand batch; its results (one `Done` per request, or a
@@ -317,50 +395,21 @@ impl ReactorService {
     /// batch's channel (`Done`, or `Cancelled` after [`Self::cancel`]), or
     /// the channel gets one `Failed`.
     pub fn submit_at(&self, reqs: Vec<ReadReq>, priority: Priority) -> Batch {
-        let (reply, events) = channel::unbounded();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let msg = Msg::Submit {
-            id,
-            reqs,
-            priority,
-            reply,
-        };
-        if let Err(channel::SendError(Msg::Submit { reply, .. })) = self.sender().send(msg) {
-            let _ = reply.send(BatchEvent::Failed(IoError::Ring {
-                op: "submit",
-                source: std::io::Error::other("the reactor thread has exited"),
-            }));
-        }
-        Batch { id, events }
+        self.client.submit_at(reqs, priority)
     }
 
     /// Raises a prefetch batch's parked reads to demand priority.
     pub fn promote(&self, batch: u64) {
-        let _ = self.sender().send(Msg::Promote(batch));
+        self.client.promote(batch);
     }
 
     /// Drops a prefetch batch's parked reads (reads in the kernel finish).
     pub fn cancel(&self, batch: u64) {
-        let _ = self.sender().send(Msg::Cancel(batch));
+        self.client.cancel(batch);
     }
 
     /// The counters so far.
     pub fn counters(&self) -> ServiceCounters {
-        self.counters.snapshot()
-    }
-
-    fn sender(&self) -> &Sender<Msg> {
-        self.tx
-            .as_ref()
-            .expect("the request channel lives until drop")
-    }
-}
-
-impl Drop for ReactorService {
-    fn drop(&mut self) {
-        drop(self.tx.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.client.counters()
     }
 }

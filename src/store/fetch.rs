@@ -17,11 +17,11 @@
 //! is dropped as soon as it has been applied; the replay inserts a
 //! placeholder for it, which is evicted before the replay ends.
 
-use super::reads::SpanReq;
 use super::{ExpertStore, SpanRead};
 use crate::error::{Error, Result};
 use crate::layers::mlp::Mlp;
 use crossbeam::channel::Select;
+use moestream_io::SourceRead;
 use moestream_io::{Batch, BatchEvent, IoError, Priority, Slab};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,9 +70,9 @@ impl Inflight {
         for (i, spans) in plans.iter().enumerate() {
             let mut b = 0;
             for (j, sp) in spans.iter().enumerate() {
-                reqs.push(SpanReq {
+                reqs.push(SourceRead {
                     tag: owner.len() as u64,
-                    shard: sp.shard,
+                    source: sp.shard,
                     offset: sp.offset,
                     len: sp.len,
                 });

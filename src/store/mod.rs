@@ -29,7 +29,6 @@ mod layout;
 mod pins;
 pub mod policy;
 mod prefetch;
-pub(crate) mod reads;
 mod stats;
 pub mod usage;
 
@@ -45,9 +44,8 @@ use crate::tensor::Mat;
 use crate::weights::WeightIndex;
 use cache::SlotCache;
 use fetch::{Pending, PrefetchRead};
-use moestream_io::{Reactor, ReactorConfig, ReactorService, ReadMode};
+use moestream_io::ReactorConfig;
 use policy::EvictPolicy;
-use reads::{Reads, SyncReader};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,7 +71,7 @@ pub struct ExpertStore {
     /// The read path: io_uring when it works and every shard reader has a
     /// descriptor (not mmap; not drop, whose fadvise is per read), else a
     /// synchronous reader thread.
-    reads: Reads,
+    reads: Box<dyn moestream_io::ReadService>,
     /// Per layer, its prefetch reads not yet consumed.
     prefetched: Vec<Mutex<Vec<PrefetchRead>>>,
     /// Prefetch reads issued and not yet consumed or dropped, all layers.
@@ -156,10 +154,6 @@ impl ExpertStore {
         use_reactor: bool,
         (policy, top_k): (EvictPolicy, usize),
     ) -> Result<ExpertStore> {
-        let batchable = index
-            .shards
-            .iter()
-            .all(|s| s.reader.open_file().is_some() && s.reader.effective_mode() != ReadMode::Drop);
         let expert_disk = locations.iter().flatten().next().map_or(0, |loc| {
             loc.parts.iter().map(|r| r.entry.len).sum::<usize>()
         });
@@ -168,41 +162,15 @@ impl ExpertStore {
             inflight_bytes_max: reactor_inflight_bytes(expert_disk),
             ..ReactorConfig::default()
         };
-        let (service, read_path) = if !use_reactor {
-            (None, "a reader thread (asked for)")
-        } else if !batchable {
-            (
-                None,
-                "a reader thread (this read mode has no descriptor io_uring can read, or drops pages per read)",
-            )
-        } else if Reactor::probe().is_err() {
-            (None, "a reader thread (io_uring is unavailable here)")
-        } else {
-            match Reactor::new(config, moestream_io::shared_pool()).and_then(ReactorService::spawn)
-            {
-                Ok(s) => (Some(s), "the io_uring reactor"),
-                Err(_) => (
-                    None,
-                    "a reader thread (the io_uring reactor failed to start)",
-                ),
-            }
-        };
-        let reads = match service {
-            Some(service) => Reads::Reactor {
-                service,
-                files: index
-                    .shards
-                    .iter()
-                    .map(|s| s.reader.open_file().expect("checked batchable"))
-                    .collect(),
-            },
-            None => Reads::Sync(SyncReader::spawn(index.clone()).map_err(|e| {
+        let sources = index.shards.iter().map(|s| s.reader.clone()).collect();
+        let (reads, read_path) =
+            moestream_io::read_service(sources, use_reactor, config, moestream_io::shared_pool())
+                .map_err(|e| {
                 Error::Io(moestream_io::IoError::Ring {
                     op: "spawn the expert reader thread",
                     source: e,
                 })
-            })?),
-        };
+            })?;
         let caches = locations
             .iter()
             .map(|l| Mutex::new(SlotCache::new(capacity.min(l.len()))))
@@ -416,6 +384,6 @@ impl ExpertStore {
 
     /// Whether misses are read through the io_uring reactor.
     pub fn uses_reactor(&self) -> bool {
-        self.reads.is_reactor()
+        self.read_path == moestream_io::REACTOR_PATH
     }
 }

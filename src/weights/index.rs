@@ -113,7 +113,7 @@ impl TensorEntry {
 /// One opened shard.
 pub struct Shard {
     pub path: PathBuf,
-    pub reader: Box<dyn RangeReader>,
+    pub reader: Arc<dyn RangeReader>,
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -143,7 +143,7 @@ impl WeightIndex {
                     });
                 }
             }
-            let reader = moestream_io::open(&path, mode)?;
+            let reader: Arc<dyn RangeReader> = moestream_io::open(&path, mode)?.into();
             shards.push(Shard { path, reader });
         }
         Ok(WeightIndex {
