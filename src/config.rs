@@ -20,41 +20,37 @@ pub enum Family {
 }
 
 impl Family {
-    /// All supported `model_type` strings.
-    pub const SUPPORTED: &'static [&'static str] = &[
-        "qwen3_moe",
-        "qwen2_moe",
-        "mixtral",
-        "olmoe",
-        "deepseek_v3",
-        "glm4_moe",
-        "glm_moe_dsa",
+    /// Every family with its config.json `model_type`: the one place the
+    /// strings are spelled.
+    pub const ALL: [(Family, &'static str); 7] = [
+        (Family::Qwen3Moe, "qwen3_moe"),
+        (Family::Qwen2Moe, "qwen2_moe"),
+        (Family::Mixtral, "mixtral"),
+        (Family::Olmoe, "olmoe"),
+        (Family::DeepseekV3, "deepseek_v3"),
+        (Family::Glm4Moe, "glm4_moe"),
+        (Family::GlmMoeDsa, "glm_moe_dsa"),
     ];
 
+    /// All supported `model_type` strings, comma-separated.
+    pub fn supported() -> String {
+        Self::ALL.map(|(_, name)| name).join(", ")
+    }
+
     fn parse(model_type: &str) -> Option<Family> {
-        Some(match model_type {
-            "qwen3_moe" => Family::Qwen3Moe,
-            "qwen2_moe" => Family::Qwen2Moe,
-            "mixtral" => Family::Mixtral,
-            "olmoe" => Family::Olmoe,
-            "deepseek_v3" => Family::DeepseekV3,
-            "glm4_moe" => Family::Glm4Moe,
-            "glm_moe_dsa" => Family::GlmMoeDsa,
-            _ => return None,
-        })
+        Self::ALL
+            .iter()
+            .find(|(_, name)| *name == model_type)
+            .map(|(f, _)| *f)
     }
 
     /// The config.json spelling.
     pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Qwen3Moe => "qwen3_moe",
-            Family::Qwen2Moe => "qwen2_moe",
-            Family::Mixtral => "mixtral",
-            Family::Olmoe => "olmoe",
-            Family::DeepseekV3 => "deepseek_v3",
-            Family::Glm4Moe => "glm4_moe",
-            Family::GlmMoeDsa => "glm_moe_dsa",
-        }
+        Self::ALL
+            .iter()
+            .find(|(f, _)| *f == self)
+            .map(|(_, name)| *name)
+            .expect("every family is in Family::ALL")
     }
 
     /// Whether the family uses multi-head latent attention.
@@ -397,7 +393,7 @@ impl ModelConfig {
         let family = Family::parse(model_type).ok_or_else(|| Error::UnknownArchitecture {
             path: path.to_path_buf(),
             model_type: model_type.to_string(),
-            supported: Family::SUPPORTED.join(", "),
+            supported: Family::supported(),
         })?;
         let hidden_size = f.positive(&["hidden_size"])?;
         let (num_heads, num_kv_heads, head_dim) = heads(&f, family, hidden_size)?;

@@ -1,97 +1,21 @@
-//! A small random-read benchmark: GB/s and per-read latency of reads of a
-//! given size at random 4096-aligned offsets of a file, in one read mode,
-//! from a given number of threads. Used by `moestream tune` and `bench` to
-//! pick a read mode per disk by measurement.
-//!
-//! This module also owns the pieces the disk sweep ([`crate::sweep`])
-//! shares with it: [`Targets`], where random reads of one size may land
+//! The pieces of random-read measurement the disk sweep ([`crate::sweep`])
+//! is built from: [`Targets`], where random reads of one size may land
 //! across a set of files, [`Stop`], when a stream of reads ends, and
-//! [`run_threads`], the threaded synchronous reader loop.
+//! [`run_threads`], the threaded synchronous reader loop. (The older
+//! single-mode `bench_random_reads` is gone: `moestream tune` and
+//! `bench io` measure a disk with the sweep.)
 //!
 //! Limits: `reads` bounds the work; offsets come from a seeded generator so
 //! runs are repeatable (the `n`th read's offset depends only on the seed and
 //! `n`, not on which thread issues it). No result is asserted anywhere;
 //! timings are data.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::aligned::ALIGN;
 use crate::error::IoError;
-use crate::mode::ReadMode;
-use crate::source::{open, RangeReader};
-
-/// What to measure.
-#[derive(Clone, Copy, Debug)]
-pub struct BenchConfig {
-    /// Bytes per read (e.g. one expert).
-    pub read_bytes: usize,
-    /// Reads in total, split between threads.
-    pub reads: usize,
-    pub threads: usize,
-    pub seed: u64,
-}
-
-/// What was measured.
-#[derive(Clone, Copy, Debug)]
-pub struct BenchReport {
-    /// The mode actually used (`Buffered` if `Direct` fell back).
-    pub mode: ReadMode,
-    pub read_bytes: usize,
-    pub reads: usize,
-    pub threads: usize,
-    pub seconds: f64,
-    pub gb_per_s: f64,
-    pub read_latency_us_p50: f64,
-    pub read_latency_us_p99: f64,
-}
-
-/// Measures random reads of `config.read_bytes` over `path` in `mode`.
-pub fn bench_random_reads(
-    path: &Path,
-    mode: ReadMode,
-    config: BenchConfig,
-) -> Result<BenchReport, IoError> {
-    assert!(config.threads > 0, "bench needs at least one thread");
-    let reader = open(path, mode)?;
-    let Some(targets) = Targets::new(&[reader.len_bytes()], config.read_bytes) else {
-        return Err(IoError::ShortRead {
-            path: path.to_owned(),
-            offset: 0,
-            len: config.read_bytes,
-            got: reader.len_bytes() as usize,
-        });
-    };
-    let stop = Stop {
-        reads_min: 0,
-        reads_max: config.reads as u64,
-        deadline: None,
-    };
-    let started = Instant::now();
-    let readers = [reader];
-    let mut latencies = run_threads(
-        &readers,
-        &targets,
-        config.read_bytes,
-        config.threads,
-        config.seed,
-        stop,
-    )?;
-    let seconds = started.elapsed().as_secs_f64();
-    latencies.sort();
-    let bytes = (latencies.len() * config.read_bytes) as f64;
-    Ok(BenchReport {
-        mode: readers[0].effective_mode(),
-        read_bytes: config.read_bytes,
-        reads: latencies.len(),
-        threads: config.threads,
-        seconds,
-        gb_per_s: bytes / seconds.max(1e-9) / 1e9,
-        read_latency_us_p50: percentile_us(&latencies, 50),
-        read_latency_us_p99: percentile_us(&latencies, 99),
-    })
-}
+use crate::source::RangeReader;
 
 /// Where random reads of one size may land across a set of files: every
 /// 4096-aligned offset at which a read of that size fits inside one file.
@@ -236,39 +160,6 @@ pub(crate) fn mix(x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn runs_every_mode_and_counts_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("data");
-        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
-        let config = BenchConfig {
-            read_bytes: 10_000,
-            reads: 21,
-            threads: 2,
-            seed: 1,
-        };
-        for mode in ReadMode::ALL {
-            let report = bench_random_reads(&path, mode, config).unwrap();
-            assert_eq!(report.reads, 21, "{mode}");
-            assert!(report.read_latency_us_p50 <= report.read_latency_us_p99);
-        }
-    }
-
-    #[test]
-    fn file_smaller_than_read_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("small");
-        std::fs::write(&path, [0u8; 10]).unwrap();
-        let config = BenchConfig {
-            read_bytes: 11,
-            reads: 1,
-            threads: 1,
-            seed: 0,
-        };
-        let err = bench_random_reads(&path, ReadMode::Pread, config).unwrap_err();
-        assert!(matches!(err, IoError::ShortRead { .. }), "{err}");
-    }
 
     #[test]
     fn targets_keep_reads_inside_one_file_and_weight_by_size() {

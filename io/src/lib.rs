@@ -17,8 +17,7 @@
 //! - [`sweep`], the raw disk sweep over modes, block sizes and queue depths
 //!   (`moestream bench io`, and what `moestream tune` measures a disk
 //!   with), with its CSV and its SVG plot ([`Figure`], a dependency-free
-//!   line-plot writer); [`bench_random_reads`] is the older single-mode
-//!   random-read probe, kept for the io crate's own tests.
+//!   line-plot writer).
 //!
 //! Unsafe code lives only in `aligned` (the allocation), `ring` (handing
 //! buffers to the kernel), `reactor` (keeping them alive until completion)
@@ -40,7 +39,6 @@ mod source;
 mod sweep;
 
 pub use aligned::{align_up, alloc_stats, AlignedBuf, ALIGN, MAP_BYTES_MIN};
-pub use bench::{bench_random_reads, BenchConfig, BenchReport};
 pub use coalesce::{coalesce, ByteRange, CoalesceLimits, MergedRead};
 pub use error::IoError;
 pub use file::{DirectSpan, OpenFile};
