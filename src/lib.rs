@@ -25,6 +25,7 @@ pub mod model;
 pub mod profile;
 pub mod quality;
 pub mod quant;
+pub mod runtime;
 pub mod sampler;
 pub mod scratch;
 pub mod state;

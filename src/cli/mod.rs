@@ -8,6 +8,7 @@ use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
 use moestream::quality;
 use moestream::quant::policy::{Class, Policy, Width};
+use moestream::runtime::{self, lookahead_name, Choice, Requested};
 use moestream::sampler::SamplingParams;
 use moestream::store::policy::EvictPolicy;
 use moestream::store::{Lookahead, Schedule, Variant};
@@ -254,75 +255,13 @@ fn parse_io(s: &str) -> std::result::Result<IoChoice, String> {
         .map_err(|_| format!("`{s}`: expected auto, direct, buffered, drop, mmap or pread"))
 }
 
-/// What `auto` settles to without a tuned profile: O_DIRECT under a RAM
-/// budget (the page cache gets no room there: direct led every mode in
-/// results/io-modes.md and results/roofline.md), the page cache otherwise
-/// (a free second-level cache when RAM is plentiful).
-fn default_read_mode(m: &ModelArgs) -> ReadMode {
-    if m.ram_gb.is_some() {
-        ReadMode::Direct
-    } else {
-        ReadMode::Buffered
-    }
-}
-const DEFAULT_PIPELINE: bool = true;
-const DEFAULT_PREFETCH: Option<Lookahead> = None;
-
-/// The read mode, pipelining and prefetch `m` asks for, with `auto`
-/// resolved from the tuned profile (or the defaults without one), and a
-/// note saying which profile was used.
-fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
-    let any_auto =
-        m.io == IoChoice::Auto || m.pipeline == Toggle::Auto || m.prefetch == Toggle::Auto;
-    let mut note = None;
-    let (mut mode, mut pipeline, mut prefetch) =
-        (default_read_mode(m), DEFAULT_PIPELINE, DEFAULT_PREFETCH);
-    if any_auto {
-        match moestream::tune::load(&m.model) {
-            Ok(Some((path, p))) => {
-                let mut replaced = Vec::new();
-                match p.read_mode.parse() {
-                    Ok(m) => mode = m,
-                    Err(_) => replaced.push(format!("read_mode `{}`", p.read_mode)),
-                }
-                pipeline = p.pipeline;
-                prefetch = match (p.prefetch.as_str(), parse_lookahead(&p.prefetch)) {
-                    ("off", _) => None,
-                    (_, Some(l)) => Some(l),
-                    (bad, None) => {
-                        replaced.push(format!("prefetch `{bad}`"));
-                        DEFAULT_PREFETCH
-                    }
-                };
-                let replaced = if replaced.is_empty() {
-                    String::new()
-                } else {
-                    format!("; not understood, defaults used: {}", replaced.join(", "))
-                };
-                note = Some(format!(
-                    "tuned profile: --io {} --pipeline {} --prefetch {} ({}{replaced})",
-                    mode,
-                    if pipeline { "on" } else { "off" },
-                    prefetch.map_or("off".to_string(), |l| format!(
-                        "{}-{}",
-                        l.from.name(),
-                        l.depth
-                    )),
-                    path.display()
-                ));
-            }
-            Ok(None) => {}
-            Err(e) => note = Some(format!("warning: {e}; using the defaults")),
-        }
-    }
-    if let IoChoice::Mode(m) = m.io {
-        mode = m;
-    }
-    match m.pipeline {
-        Toggle::On => pipeline = true,
-        Toggle::Off => pipeline = false,
-        Toggle::Auto => {}
-    }
+/// What the flags of `m` ask for, `auto` left to the profile.
+fn requested(m: &ModelArgs) -> Requested {
+    let toggle = |t: Toggle| match t {
+        Toggle::On => Choice::Set(true),
+        Toggle::Off => Choice::Set(false),
+        Toggle::Auto => Choice::Auto,
+    };
     let asked = Lookahead {
         from: match m.prefetch_from {
             PrefetchFrom::Attn => Variant::Attn,
@@ -330,32 +269,59 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
         },
         depth: m.prefetch_depth.max(1),
     };
-    match m.prefetch {
-        Toggle::On => prefetch = Some(asked),
-        Toggle::Off => prefetch = None,
-        Toggle::Auto => {}
+    Requested {
+        read_mode: match m.io {
+            IoChoice::Auto => Choice::Auto,
+            IoChoice::Mode(mode) => Choice::Set(mode),
+        },
+        pipeline: toggle(m.pipeline),
+        prefetch: match toggle(m.prefetch) {
+            Choice::Set(true) => Choice::Set(Some(asked)),
+            Choice::Set(false) => Choice::Set(None),
+            Choice::Auto => Choice::Auto,
+        },
+        budgeted: m.ram_gb.is_some(),
+    }
+}
+
+/// The read mode, pipelining and prefetch `m` asks for, resolved once
+/// (`moestream::runtime`): flags, then the tuned profile, then the
+/// defaults; and a note saying which profile was used.
+fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
+    let req = requested(m);
+    let mut note = None;
+    let mut profile = None;
+    if req.wants_profile() {
+        match moestream::tune::load(&m.model) {
+            Ok(found) => profile = found,
+            Err(e) => note = Some(format!("warning: {e}; using the defaults")),
+        }
+    }
+    let r = runtime::resolve(&req, profile.as_ref().map(|(_, p)| p));
+    if let Some((path, _)) = &profile {
+        let replaced = if r.not_understood.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; not understood, defaults used: {}",
+                r.not_understood.join(", ")
+            )
+        };
+        note = Some(format!(
+            "tuned profile: --io {} --pipeline {} --prefetch {} ({}{replaced})",
+            r.read_mode,
+            if r.pipeline { "on" } else { "off" },
+            lookahead_name(r.prefetch),
+            path.display()
+        ));
     }
     let schedule = Schedule {
-        pipeline,
-        lookahead: prefetch,
+        pipeline: r.pipeline,
+        lookahead: r.prefetch,
         prefetch_experts_max: 0, // resolved at load from prefetch_experts
         recall: m.recall,
     };
-    (mode, schedule, note)
-}
-
-/// A profile's `off` / `attn-1` / `output-2`.
-fn parse_lookahead(s: &str) -> Option<Lookahead> {
-    let (from, depth) = s.split_once('-')?;
-    let from = match from {
-        "attn" => Variant::Attn,
-        "output" => Variant::Output,
-        _ => return None,
-    };
-    Some(Lookahead {
-        from,
-        depth: depth.parse().ok().filter(|&d| d > 0)?,
-    })
+    (r.read_mode, schedule, note)
 }
 
 #[derive(Args)]
@@ -525,14 +491,6 @@ fn drop_page_cache(dir: &Path) -> Result<()> {
     }
     moestream_io::drop_page_cache(&files)?;
     Ok(())
-}
-
-/// `off`, or the lookahead as `from-depth`.
-fn lookahead_name(l: Option<Lookahead>) -> String {
-    match l {
-        Some(l) => format!("{}-{}", l.from.name(), l.depth),
-        None => "off".into(),
-    }
 }
 
 /// The read mode the model's shards actually use (after any fallback).
