@@ -102,109 +102,116 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
     let n = s.tokens.max(1) as f64;
     let decode_s = s.seconds - s.prefill_seconds;
     let steps = s.decode_steps.max(1) as f64;
-    let row: Vec<(&str, String)> = vec![
-        ("model", a.model.model.display().to_string()),
-        ("read_mode", read_mode_of(&model).to_string()),
-        ("submit", format!("{:?}", a.model.submit).to_lowercase()),
-        ("pipeline", model.store.schedule.pipeline.to_string()),
-        ("prefetch", lookahead_name(model.store.schedule.lookahead)),
-        (
-            "ram_gb",
-            a.model.ram_gb.map_or("-".into(), |g| g.to_string()),
+    let round = |x: f64, places: i32| {
+        let f = 10f64.powi(places);
+        (x * f).round() / f
+    };
+    let row = DecodeRow {
+        model: a.model.model.display().to_string(),
+        read_mode: read_mode_of(&model).to_string(),
+        submit: format!("{:?}", a.model.submit).to_lowercase(),
+        pipeline: model.store.schedule.pipeline,
+        prefetch: lookahead_name(model.store.schedule.lookahead),
+        ram_gb: a.model.ram_gb,
+        slots: model
+            .plan
+            .as_ref()
+            .map_or(a.model.expert_cache, |p| p.slots_per_layer),
+        cold: a.cold,
+        tokens: s.tokens,
+        load_s: round(load_s, 2),
+        prefill_s: round(s.prefill_seconds, 3),
+        decode_tok_s: round(s.tokens.saturating_sub(1) as f64 / decode_s.max(1e-9), 3),
+        tok_s: round(s.tok_per_s, 3),
+        hit_rate: round(s.expert_hit_rate, 3),
+        read_mb_per_tok: round(s.expert_bytes_read as f64 / n / 1e6, 2),
+        device_mb_per_tok: round(s.device_bytes_read as f64 / n / 1e6, 2),
+        lat_mean_ms: round(s.read_latency_mean_us / 1e3, 2),
+        lat_p99_ms: round(s.read_latency_p99_us as f64 / 1e3, 2),
+        peak_rss_mib: round(s.peak_rss_bytes as f64 / (1 << 20) as f64, 1),
+        warmup: a.warmup,
+        decode_s_per_tok: round(s.decode_s / steps, 4),
+        decode_mb_per_tok: round(s.decode_bytes_read as f64 / steps / 1e6, 2),
+        decode_wait_s_per_tok: round(s.decode_disk_wait_s / steps, 4),
+        decode_disk_gb_s: round(
+            s.decode_bytes_read as f64 / s.decode_disk_busy_s.max(1e-9) / 1e9,
+            3,
         ),
-        (
-            "slots",
-            model
-                .plan
-                .as_ref()
-                .map_or(a.model.expert_cache, |p| p.slots_per_layer)
-                .to_string(),
-        ),
-        ("cold", a.cold.to_string()),
-        ("tokens", s.tokens.to_string()),
-        ("load_s", format!("{load_s:.2}")),
-        ("prefill_s", format!("{:.3}", s.prefill_seconds)),
-        (
-            "decode_tok_s",
-            format!(
-                "{:.3}",
-                (s.tokens.saturating_sub(1)) as f64 / decode_s.max(1e-9)
-            ),
-        ),
-        ("tok_s", format!("{:.3}", s.tok_per_s)),
-        ("hit_rate", format!("{:.3}", s.expert_hit_rate)),
-        (
-            "read_mb_per_tok",
-            format!("{:.2}", s.expert_bytes_read as f64 / n / 1e6),
-        ),
-        (
-            "device_mb_per_tok",
-            format!("{:.2}", s.device_bytes_read as f64 / n / 1e6),
-        ),
-        (
-            "lat_mean_ms",
-            format!("{:.2}", s.read_latency_mean_us / 1e3),
-        ),
-        (
-            "lat_p99_ms",
-            format!("{:.2}", s.read_latency_p99_us as f64 / 1e3),
-        ),
-        (
-            "peak_rss_mib",
-            format!("{:.1}", s.peak_rss_bytes as f64 / (1 << 20) as f64),
-        ),
-        ("warmup", a.warmup.to_string()),
-        ("decode_s_per_tok", format!("{:.4}", s.decode_s / steps)),
-        (
-            "decode_mb_per_tok",
-            format!("{:.2}", s.decode_bytes_read as f64 / steps / 1e6),
-        ),
-        (
-            "decode_wait_s_per_tok",
-            format!("{:.4}", s.decode_disk_wait_s / steps),
-        ),
-        (
-            "decode_disk_gb_s",
-            format!(
-                "{:.3}",
-                s.decode_bytes_read as f64 / s.decode_disk_busy_s.max(1e-9) / 1e9
-            ),
-        ),
-        ("overlap", format!("{:.3}", s.overlap)),
-        ("prefetch_used", s.prefetch_used.to_string()),
-        ("prefetch_issued", s.prefetch_issued.to_string()),
-        (
-            "prefetch_wasted_mb",
-            format!("{:.1}", s.prefetch_wasted_bytes as f64 / 1e6),
-        ),
-        (
-            "recall_attn",
-            s.recall_attn.map_or("-".into(), |r| format!("{r:.3}")),
-        ),
-        (
-            "recall_output",
-            s.recall_output.map_or("-".into(), |r| format!("{r:.3}")),
-        ),
-    ];
-    println!(
-        "{}",
-        row.iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+        overlap: round(s.overlap, 3),
+        prefetch_used: s.prefetch_used,
+        prefetch_issued: s.prefetch_issued,
+        prefetch_wasted_mb: round(s.prefetch_wasted_bytes as f64 / 1e6, 1),
+        recall_attn: s.recall_attn.map(|r| round(r, 3)),
+        recall_output: s.recall_output.map(|r| round(r, 3)),
+    };
+    let (header, values) = csv_record(&row)?;
+    let pairs: Vec<String> = header
+        .iter()
+        .zip(values.iter())
+        .map(|(k, v)| format!("{k}={}", if v.is_empty() { "-" } else { v }))
+        .collect();
+    println!("{}", pairs.join(" "));
     if let Some(path) = &a.csv {
-        let mut text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut text = std::fs::read(path).unwrap_or_default();
+        let mut w = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(Vec::new());
         if text.is_empty() {
-            text = row.iter().map(|r| r.0).collect::<Vec<_>>().join(",") + "\n";
+            w.write_record(&header)?;
         }
-        text += &(row
-            .iter()
-            .map(|r| r.1.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-            + "\n");
-        moestream::convert::writer::write_atomic(path, text.as_bytes())?;
+        w.write_record(&values)?;
+        text.extend(w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?);
+        moestream::convert::writer::write_atomic(path, &text)?;
     }
     Ok(())
+}
+
+/// One `bench decode` result: the printed `key=value` line and the CSV row
+/// (columns in field order).
+#[derive(serde::Serialize)]
+struct DecodeRow {
+    model: String,
+    read_mode: String,
+    submit: String,
+    pipeline: bool,
+    prefetch: String,
+    ram_gb: Option<f64>,
+    slots: usize,
+    cold: bool,
+    tokens: usize,
+    load_s: f64,
+    prefill_s: f64,
+    decode_tok_s: f64,
+    tok_s: f64,
+    hit_rate: f64,
+    read_mb_per_tok: f64,
+    device_mb_per_tok: f64,
+    lat_mean_ms: f64,
+    lat_p99_ms: f64,
+    peak_rss_mib: f64,
+    warmup: bool,
+    decode_s_per_tok: f64,
+    decode_mb_per_tok: f64,
+    decode_wait_s_per_tok: f64,
+    decode_disk_gb_s: f64,
+    overlap: f64,
+    prefetch_used: u64,
+    prefetch_issued: u64,
+    prefetch_wasted_mb: f64,
+    recall_attn: Option<f64>,
+    recall_output: Option<f64>,
+}
+
+/// `row`'s CSV header and values, as csv serializes them.
+fn csv_record(row: &impl serde::Serialize) -> Result<(csv::StringRecord, csv::StringRecord)> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.serialize(row)?;
+    let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut r = csv::Reader::from_reader(bytes.as_slice());
+    let header = r.headers()?.clone();
+    let values = r
+        .records()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("a serialized row reads back"))??;
+    Ok((header, values))
 }
