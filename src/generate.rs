@@ -136,106 +136,148 @@ pub fn generate(
 ) -> Result<Generation> {
     let mut session = Session::new(model, prompt, opts)?;
     let engine = Engine::new(model);
-    let start = Instant::now();
-    let before = model.store.counters();
-    let recall_before = model.store.recall_totals();
-    let device_before = device_read_bytes();
-    let mut prof = Profile::default();
-    let mut prefill_seconds = 0.0;
-    let mut at_decode = before;
+    let mut probe = Probe::start(model);
     while !session.is_done() {
         let prefill = session.in_prefill();
-        let Some(id) = engine.step(&mut [&mut session], &mut prof)?[0] else {
+        let Some(id) = engine.step(&mut [&mut session], &mut probe.prof)?[0] else {
             continue;
         };
         if prefill {
-            prefill_seconds = start.elapsed().as_secs_f64();
-            at_decode = model.store.counters();
+            probe.prefill_done(model);
         }
         on_token(id)?;
     }
     let out = session.tokens().to_vec();
-    let seconds = start.elapsed().as_secs_f64();
-    let after = model.store.counters();
-    let pinned = after.pinned_hits - before.pinned_hits;
-    let warm = after.hits - before.hits;
-    let hits = pinned + warm;
-    let misses = after.misses - before.misses;
-    let rate = |x: u64| {
-        if hits + misses > 0 {
-            x as f64 / (hits + misses) as f64
-        } else {
-            0.0
-        }
-    };
-    let disk = (after.disk_time - before.disk_time).as_secs_f64();
-    let busy = (after.disk_busy - before.disk_busy).as_secs_f64();
-    let bytes_read = after.bytes_read - before.bytes_read;
-    let recall_after = model.store.recall_totals();
-    let recall = |v: usize| {
-        let hit = recall_after[v].0 - recall_before[v].0;
-        let all = recall_after[v].1 - recall_before[v].1;
-        (all > 0).then(|| hit as f64 / all as f64)
-    };
-    let matmul = prof.expert_matmul.as_secs_f64();
-    let attention = prof.attention.as_secs_f64();
-    let (latency_mean, latency_p99) = model.store.read_latency_us();
-    let stats = RunStats {
-        prompt_tokens: prompt.len(),
-        tokens: out.len(),
-        seconds,
-        prefill_seconds,
-        tok_per_s: if seconds > 0.0 {
-            out.len() as f64 / seconds
-        } else {
-            0.0
-        },
-        expert_hit_rate: rate(hits),
-        expert_pinned_hit_rate: rate(pinned),
-        expert_warm_hit_rate: rate(warm),
-        expert_hits: hits,
-        expert_misses: misses,
-        expert_bytes_read: bytes_read,
-        device_bytes_read: device_read_bytes().saturating_sub(device_before),
-        peak_rss_bytes: peak_rss_bytes(),
-        read_latency_mean_us: latency_mean,
-        read_latency_p99_us: latency_p99,
-        expert_disk_s: disk,
-        expert_matmul_s: matmul,
-        attention_s: attention,
-        other_s: (seconds - disk - matmul - attention).max(0.0),
-        disk_busy_s: busy,
-        disk_gb_per_s: if busy > 0.0 {
-            bytes_read as f64 / busy / 1e9
-        } else {
-            0.0
-        },
-        bytes_read_per_token: bytes_read as f64 / out.len().max(1) as f64,
-        overlap: if seconds > 0.0 {
-            ((busy - disk) / seconds).clamp(0.0, 1.0)
-        } else {
-            0.0
-        },
-        prefetch_issued: after.prefetch_issued - before.prefetch_issued,
-        prefetch_used: after.prefetch_used - before.prefetch_used,
-        prefetch_late: after.prefetch_late - before.prefetch_late,
-        prefetch_wasted_bytes: after
-            .prefetch_wasted_bytes
-            .saturating_sub(before.prefetch_wasted_bytes),
-        recall_attn: recall(0),
-        recall_output: recall(1),
-        recall_per_layer: model.store.recall(),
-        decode_steps: out.len().saturating_sub(1),
-        decode_s: seconds - prefill_seconds,
-        decode_bytes_read: after.bytes_read - at_decode.bytes_read,
-        decode_disk_busy_s: (after.disk_busy - at_decode.disk_busy).as_secs_f64(),
-        decode_disk_wait_s: (after.disk_time - at_decode.disk_time).as_secs_f64(),
-    };
+    let stats = probe.finish(model, prompt.len(), out.len());
     Ok(Generation {
         prompt_ids: prompt.to_vec(),
         token_ids: out,
         stats,
     })
+}
+
+/// What a run's stats are measured from: the clock, the store's counters
+/// and the device's read bytes at the start and when the prompt was in,
+/// and the time split of the forwards. [`Probe::finish`] turns them into
+/// [`RunStats`], so the generation loop carries no arithmetic.
+struct Probe {
+    start: Instant,
+    before: crate::store::StoreCounters,
+    recall_before: [(u64, u64); 2],
+    device_before: u64,
+    prefill_seconds: f64,
+    at_decode: crate::store::StoreCounters,
+    prof: Profile,
+}
+
+impl Probe {
+    fn start(model: &Model) -> Probe {
+        let before = model.store.counters();
+        Probe {
+            start: Instant::now(),
+            before,
+            recall_before: model.store.recall_totals(),
+            device_before: device_read_bytes(),
+            prefill_seconds: 0.0,
+            at_decode: before,
+            prof: Profile::default(),
+        }
+    }
+
+    /// The prompt is in (the first token was just sampled).
+    fn prefill_done(&mut self, model: &Model) {
+        self.prefill_seconds = self.start.elapsed().as_secs_f64();
+        self.at_decode = model.store.counters();
+    }
+
+    /// The stats of a run that fed `prompt_tokens` and produced `tokens`.
+    fn finish(self, model: &Model, prompt_tokens: usize, tokens: usize) -> RunStats {
+        let Probe {
+            start,
+            before,
+            recall_before,
+            device_before,
+            prefill_seconds,
+            at_decode,
+            prof,
+        } = self;
+        let seconds = start.elapsed().as_secs_f64();
+        let after = model.store.counters();
+        let pinned = after.pinned_hits - before.pinned_hits;
+        let warm = after.hits - before.hits;
+        let hits = pinned + warm;
+        let misses = after.misses - before.misses;
+        let rate = |x: u64| {
+            if hits + misses > 0 {
+                x as f64 / (hits + misses) as f64
+            } else {
+                0.0
+            }
+        };
+        let disk = (after.disk_time - before.disk_time).as_secs_f64();
+        let busy = (after.disk_busy - before.disk_busy).as_secs_f64();
+        let bytes_read = after.bytes_read - before.bytes_read;
+        let recall_after = model.store.recall_totals();
+        let recall = |v: usize| {
+            let hit = recall_after[v].0 - recall_before[v].0;
+            let all = recall_after[v].1 - recall_before[v].1;
+            (all > 0).then(|| hit as f64 / all as f64)
+        };
+        let matmul = prof.expert_matmul.as_secs_f64();
+        let attention = prof.attention.as_secs_f64();
+        let (latency_mean, latency_p99) = model.store.read_latency_us();
+        RunStats {
+            prompt_tokens,
+            tokens,
+            seconds,
+            prefill_seconds,
+            tok_per_s: if seconds > 0.0 {
+                tokens as f64 / seconds
+            } else {
+                0.0
+            },
+            expert_hit_rate: rate(hits),
+            expert_pinned_hit_rate: rate(pinned),
+            expert_warm_hit_rate: rate(warm),
+            expert_hits: hits,
+            expert_misses: misses,
+            expert_bytes_read: bytes_read,
+            device_bytes_read: device_read_bytes().saturating_sub(device_before),
+            peak_rss_bytes: peak_rss_bytes(),
+            read_latency_mean_us: latency_mean,
+            read_latency_p99_us: latency_p99,
+            expert_disk_s: disk,
+            expert_matmul_s: matmul,
+            attention_s: attention,
+            other_s: (seconds - disk - matmul - attention).max(0.0),
+            disk_busy_s: busy,
+            disk_gb_per_s: if busy > 0.0 {
+                bytes_read as f64 / busy / 1e9
+            } else {
+                0.0
+            },
+            bytes_read_per_token: bytes_read as f64 / tokens.max(1) as f64,
+            overlap: if seconds > 0.0 {
+                ((busy - disk) / seconds).clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+            prefetch_issued: after.prefetch_issued - before.prefetch_issued,
+            prefetch_used: after.prefetch_used - before.prefetch_used,
+            prefetch_late: after.prefetch_late - before.prefetch_late,
+            prefetch_wasted_bytes: after
+                .prefetch_wasted_bytes
+                .saturating_sub(before.prefetch_wasted_bytes),
+            recall_attn: recall(0),
+            recall_output: recall(1),
+            recall_per_layer: model.store.recall(),
+            decode_steps: tokens.saturating_sub(1),
+            decode_s: seconds - prefill_seconds,
+            decode_bytes_read: after.bytes_read - at_decode.bytes_read,
+            decode_disk_busy_s: (after.disk_busy - at_decode.disk_busy).as_secs_f64(),
+            decode_disk_wait_s: (after.disk_time - at_decode.disk_time).as_secs_f64(),
+        }
+    }
 }
 
 /// Teacher-forced evaluation of a sequence.
