@@ -15,7 +15,7 @@
 //!   gate/up 768x2048 + down 2048x768, int4) under each `Threading`, from
 //!   memory (a fresh set of experts per iteration) and from cache (one set).
 //!
-//! `MOESTREAM_BENCH_THREADING=single|rayon` runs the matmul groups on that
+//! `MOESTREAM_BENCH_THREADING=single` runs the matmul groups on that
 //! threading instead of the hot pool; `MOESTREAM_SPIN_US` sets the pool's
 //! idle spin.
 
@@ -187,12 +187,11 @@ fn bench_int4_float(c: &mut Criterion) {
     bench_quant_matmul(c, QBits::Int4, true)
 }
 
-/// `MOESTREAM_BENCH_THREADING=single|rayon` runs the matmul groups on that
+/// `MOESTREAM_BENCH_THREADING=single` runs the matmul groups on that
 /// threading instead of the default hot pool.
 fn threading_from_env() -> Threading {
     match std::env::var("MOESTREAM_BENCH_THREADING").as_deref() {
         Ok("single") => Threading::Single,
-        Ok("rayon") => Threading::Rayon,
         _ => Threading::Pool,
     }
 }
@@ -231,7 +230,7 @@ fn bench_decode_sequence(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode_sequence");
     g.throughput(Throughput::Bytes(per_set as u64));
     for (label, set_count) in [("memory", sets), ("cache", 1)] {
-        for t in [Threading::Single, Threading::Rayon, Threading::Pool] {
+        for t in [Threading::Single, Threading::Pool] {
             let mut i = 0;
             g.bench_function(BenchmarkId::new(label, format!("{t:?}")), |b| {
                 set_threading(t);

@@ -16,7 +16,6 @@ pub mod int8;
 pub mod pool;
 pub mod quant;
 
-use rayon::prelude::*;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -32,8 +31,6 @@ const BLOCK_BYTES: usize = 16 << 10;
 pub enum Threading {
     /// The hot worker pool ([`pool`]): the default.
     Pool,
-    /// rayon's global pool (the seed engine's choice; kept for comparison).
-    Rayon,
     /// The calling thread only.
     Single,
 }
@@ -49,7 +46,6 @@ pub fn set_threading(t: Threading) {
 pub fn threading() -> Threading {
     match THREADING.load(Ordering::Relaxed) {
         0 => Threading::Pool,
-        1 => Threading::Rayon,
         _ => Threading::Single,
     }
 }
@@ -134,7 +130,6 @@ pub fn par_row_blocks(
     };
     match (parallel, threading()) {
         (true, Threading::Pool) => pool::run(blocks, &run_block),
-        (true, Threading::Rayon) => (0..blocks).into_par_iter().for_each(run_block),
         _ => (0..blocks).for_each(run_block),
     }
 }
