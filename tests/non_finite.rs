@@ -84,3 +84,29 @@ fn convert_refuses_a_non_finite_weight_by_name() {
     assert_clean_failure(&out, &[&name, "not finite"]);
     assert!(!Path::new(&out_dir.path().join("c").join("config.json")).exists());
 }
+
+#[test]
+fn a_non_finite_container_scale_is_refused_at_load_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    let converted = moestream(&[
+        "convert",
+        "--input",
+        fixture("qwen3_moe").to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(converted.ok, "{}", converted.stderr);
+    // A resident int8 matrix's row scales.
+    let name = "model.layers.0.self_attn.q_proj.weight";
+    let scales = moestream::weights::index::scales_name(name);
+    let shard = shard_of(&out, &scales);
+    let (header, mut data) = read_shard(&shard);
+    assert_eq!(header[&scales]["dtype"], "F32");
+    let start = header[&scales]["data_offsets"][0].as_u64().unwrap() as usize;
+    data[start..start + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    write_shard(&shard, &header, &data);
+    let ran = run_json(&out, &[]);
+    assert_clean_failure(&ran, &[name, "not finite"]);
+}
