@@ -18,6 +18,7 @@ pub mod convert;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod hub;
 pub mod kernels;
 pub mod kv;
 pub mod layers;

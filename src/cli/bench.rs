@@ -5,7 +5,7 @@ use super::*;
 #[derive(Args)]
 pub(super) struct DecodeArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(super) model: ModelArgs,
     /// Tokens to decode (greedy, EOS ignored).
     #[arg(long, default_value_t = 32)]
     tokens: usize,

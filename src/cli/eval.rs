@@ -5,7 +5,7 @@ use super::*;
 #[derive(Args)]
 pub(super) struct EvalArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(super) model: ModelArgs,
     /// Token ids to teacher-force, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     prompt_ids: Vec<u32>,

@@ -79,9 +79,14 @@ enum BenchCmd {
 
 #[derive(Args, Clone)]
 struct ModelArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json).
+    /// Model directory (config.json, *.safetensors, tokenizer.json), or a
+    /// Hugging Face id (`org/name`) found offline in the hub cache
+    /// ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub).
     #[arg(long)]
     model: PathBuf,
+    /// With a hub id: the branch, tag or commit of the snapshot.
+    #[arg(long, default_value = "main")]
+    revision: String,
     /// Routed experts kept in RAM per layer.
     #[arg(long, default_value_t = 16)]
     expert_cache: usize,
@@ -349,7 +354,11 @@ struct GenArgs {
 
 /// Entry point: runs the command, prints errors as one line, exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Err(e) = resolve_model(&mut cli.cmd) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let res = match cli.cmd {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Eval(a) => cmd_eval(a),
@@ -372,6 +381,20 @@ pub fn main() -> ExitCode {
 
 /// The most kernel or reader threads accepted: 8 per core (more only
 /// costs start-up time and memory; 20,000 took minutes to start).
+/// Resolves a command's `--model` (a directory, or a hub id) once, before
+/// anything reads it.
+fn resolve_model(cmd: &mut Cmd) -> Result<()> {
+    let m = match cmd {
+        Cmd::Run(a) => &mut a.model,
+        Cmd::Eval(a) => &mut a.model,
+        Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
+        Cmd::Tune(a) => &mut a.model,
+        _ => return Ok(()),
+    };
+    m.model = moestream::hub::resolve(&m.model, Some(&m.revision))?;
+    Ok(())
+}
+
 fn threads_max() -> usize {
     8 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }

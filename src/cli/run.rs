@@ -6,7 +6,7 @@ use super::*;
 #[derive(Args)]
 pub(super) struct RunArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(super) model: ModelArgs,
     /// Prompt text (tokenized with tokenizer.json).
     #[arg(
         long,

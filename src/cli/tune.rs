@@ -18,7 +18,7 @@ use std::time::Duration;
 #[derive(Args)]
 pub(super) struct TuneArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(super) model: ModelArgs,
     /// Tokens each decode probe generates (greedy, EOS ignored).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
