@@ -323,6 +323,68 @@ pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
     })
 }
 
+/// Perplexity of a text: every token after the first scored once, with
+/// the context of a sliding window.
+#[derive(Clone, Debug, Serialize)]
+pub struct Perplexity {
+    pub perplexity: f64,
+    /// Mean negative log-likelihood per scored token (nats).
+    pub nll_mean: f64,
+    pub tokens: usize,
+    /// Tokens scored: all but the first.
+    pub scored: usize,
+    pub window: usize,
+    pub stride: usize,
+    pub windows: usize,
+}
+
+/// Perplexity of `ids` with windows of `window` positions starting every
+/// `stride` positions (as transformers' guide computes it): each window is
+/// one teacher-forced forward, and scores only the targets no earlier
+/// window scored, so every token after the first counts once, with at
+/// least `window - stride` tokens of context once the first window is
+/// past. `window` is capped at the model's context; `0 < stride < window`
+/// (a stride of a whole window would leave each window's first token
+/// without context to be scored from).
+pub fn perplexity(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result<Perplexity> {
+    let window = window.min(model.cfg.rope.max_position_embeddings);
+    if ids.len() < 2 {
+        return Err(Error::Request(format!(
+            "perplexity needs at least 2 tokens, the text has {}",
+            ids.len()
+        )));
+    }
+    if window < 2 || stride == 0 || stride >= window {
+        return Err(Error::Request(format!(
+            "window {window} and stride {stride}: need a window of at least 2 and 0 < stride < window"
+        )));
+    }
+    let (mut total, mut scored, mut windows, mut done) = (0.0f64, 0usize, 0usize, 0usize);
+    let mut begin = 0;
+    while done < ids.len() - 1 {
+        let end = (begin + window).min(ids.len());
+        let e = evaluate(model, &ids[begin..end])?;
+        // e.nll[i] scores target begin + i + 1; keep the targets past `done`.
+        for t in (done + 1).max(begin + 1)..end {
+            total += e.nll[t - begin - 1];
+            scored += 1;
+        }
+        done = end - 1;
+        windows += 1;
+        begin += stride;
+    }
+    let nll_mean = total / scored as f64;
+    Ok(Perplexity {
+        perplexity: nll_mean.exp(),
+        nll_mean,
+        tokens: ids.len(),
+        scored,
+        window,
+        stride,
+        windows,
+    })
+}
+
 /// -log_softmax(logits)[target], in f64.
 pub fn nll_of(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;

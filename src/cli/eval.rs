@@ -7,8 +7,24 @@ pub(super) struct EvalArgs {
     #[command(flatten)]
     pub(super) model: ModelArgs,
     /// Token ids to teacher-force, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "text",
+        conflicts_with = "text"
+    )]
     prompt_ids: Vec<u32>,
+    /// A text file: print its perplexity (sliding windows; with --json the
+    /// key `perplexity`, and `nll_mean`, `tokens`, `scored`, `window`,
+    /// `stride`, `windows`).
+    #[arg(long, value_name = "FILE")]
+    text: Option<PathBuf>,
+    /// Positions per window of --text (capped at the model's context).
+    #[arg(long, default_value_t = 512)]
+    window: usize,
+    /// Positions between window starts of --text (default: half a window).
+    #[arg(long)]
+    stride: Option<usize>,
     /// Print JSON (the only output format).
     #[arg(long)]
     json: bool,
@@ -26,8 +42,10 @@ pub(super) struct EvalArgs {
 }
 
 pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
-    let _ = a.json;
     let model = load(&a.model)?;
+    if let Some(path) = &a.text {
+        return eval_text(&model, path, &a);
+    }
     let e = evaluate(&model, &a.prompt_ids)?;
     let mut v = serde_json::to_value(&e)?;
     if let Some(path) = &a.save_logits {
@@ -45,5 +63,25 @@ pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
         v["mtp_last_logits"] = serde_json::json!(mtp_last_logits);
     }
     println!("{}", serde_json::to_string(&v)?);
+    Ok(())
+}
+
+/// `eval --text FILE`: the file's perplexity.
+fn eval_text(model: &Model, path: &Path, a: &EvalArgs) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let tok = Tokenizer::load(&a.model.model)?;
+    let ids = tok.encode(&text)?;
+    let window = a.window.min(model.cfg.rope.max_position_embeddings);
+    let stride = a.stride.unwrap_or((window / 2).max(1));
+    let p = moestream::generate::perplexity(model, &ids, window, stride)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&p)?);
+    } else {
+        println!(
+            "perplexity {:.4} over {} tokens ({} scored; window {}, stride {}, {} windows)",
+            p.perplexity, p.tokens, p.scored, p.window, p.stride, p.windows
+        );
+    }
     Ok(())
 }
