@@ -385,6 +385,23 @@ pub fn perplexity(model: &Model, ids: &[u32], window: usize, stride: usize) -> R
     })
 }
 
+/// The log-likelihood of `continuation` after `context` (both token ids):
+/// the sum of log p(continuation[j] | context, continuation[..j]), from
+/// one teacher-forced forward (lm-evaluation-harness's `loglikelihood`).
+/// The context must not be empty.
+pub fn continuation_loglik(model: &Model, context: &[u32], continuation: &[u32]) -> Result<f64> {
+    if context.is_empty() || continuation.is_empty() {
+        return Err(Error::Request(
+            "a scored choice needs a non-empty context and continuation".into(),
+        ));
+    }
+    let ids: Vec<u32> = context.iter().chain(continuation).copied().collect();
+    let e = evaluate(model, &ids)?;
+    // e.nll[i] scores ids[i + 1]: the continuation's targets are
+    // context.len()..ids.len().
+    Ok(-e.nll[context.len() - 1..].iter().sum::<f64>())
+}
+
 /// -log_softmax(logits)[target], in f64.
 pub fn nll_of(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;

@@ -1,4 +1,5 @@
-//! `moestream eval`: teacher-forced scores of a sequence.
+//! `moestream eval`: teacher-forced scores of a sequence, or the
+//! perplexity of a text; `moestream score`: multiple-choice accuracy.
 
 use super::*;
 
@@ -84,4 +85,105 @@ fn eval_text(model: &Model, path: &Path, a: &EvalArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[derive(Args)]
+pub(super) struct ScoreArgs {
+    #[command(flatten)]
+    pub(super) model: ModelArgs,
+    /// Tasks, one JSON object a line:
+    /// {"context": "...", "choices": [" a", " b"], "label": 0}.
+    #[arg(long, value_name = "FILE")]
+    tasks: PathBuf,
+    /// Print one JSON object (`acc`, `acc_norm`, `tasks`, and per task the
+    /// choices' log-likelihoods and predictions).
+    #[arg(long)]
+    json: bool,
+}
+
+/// One multiple-choice task.
+#[derive(serde::Deserialize)]
+struct Task {
+    context: String,
+    choices: Vec<String>,
+    label: usize,
+}
+
+/// How one task was answered.
+#[derive(serde::Serialize)]
+struct Scored {
+    loglik: Vec<f64>,
+    pred: usize,
+    pred_norm: usize,
+    label: usize,
+}
+
+/// `moestream score`: each choice scored by the log-likelihood of its
+/// tokens after the context; `acc` takes the highest, `acc_norm` the
+/// highest per character of the choice (as lm-evaluation-harness defines
+/// them). Tokens of a choice are those of context + choice past the
+/// context's own tokens.
+pub(super) fn cmd_score(a: ScoreArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let tok = Tokenizer::load(&a.model.model)?;
+    let text = std::fs::read_to_string(&a.tasks)
+        .with_context(|| format!("reading {}", a.tasks.display()))?;
+    let mut scored = Vec::new();
+    for (n, line) in (1..).zip(text.lines()) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let where_ = || format!("{}, line {n}", a.tasks.display());
+        let task: Task = serde_json::from_str(line).with_context(where_)?;
+        if task.label >= task.choices.len() {
+            bail!(
+                "{}: label {} with {} choices",
+                where_(),
+                task.label,
+                task.choices.len()
+            );
+        }
+        scored.push(score_task(&model, &tok, &task).with_context(where_)?);
+    }
+    anyhow::ensure!(!scored.is_empty(), "{}: no tasks in it", a.tasks.display());
+    let rate = |f: fn(&Scored) -> bool| {
+        scored.iter().filter(|s| f(s)).count() as f64 / scored.len() as f64
+    };
+    let acc = rate(|s| s.pred == s.label);
+    let acc_norm = rate(|s| s.pred_norm == s.label);
+    if a.json {
+        let v = serde_json::json!({"acc": acc, "acc_norm": acc_norm, "tasks": scored.len(), "per_task": scored});
+        println!("{v}");
+    } else {
+        println!(
+            "acc {acc:.4}  acc_norm {acc_norm:.4}  over {} tasks",
+            scored.len()
+        );
+    }
+    Ok(())
+}
+
+fn score_task(model: &Model, tok: &Tokenizer, task: &Task) -> Result<Scored> {
+    let context = tok.encode(&task.context)?;
+    let mut loglik = Vec::with_capacity(task.choices.len());
+    for choice in &task.choices {
+        let whole = tok.encode(&format!("{}{choice}", task.context))?;
+        let cont = whole.get(context.len()..).unwrap_or(&[]);
+        loglik.push(moestream::generate::continuation_loglik(
+            model, &context, cont,
+        )?);
+    }
+    let best = |key: &dyn Fn(usize) -> f64| {
+        (0..loglik.len())
+            .max_by(|&i, &j| key(i).total_cmp(&key(j)).then(j.cmp(&i)))
+            .expect("at least one choice")
+    };
+    let pred = best(&|i| loglik[i]);
+    let pred_norm = best(&|i| loglik[i] / task.choices[i].len().max(1) as f64);
+    Ok(Scored {
+        loglik,
+        pred,
+        pred_norm,
+        label: task.label,
+    })
 }

@@ -28,7 +28,7 @@ mod tune;
 
 use bench::{cmd_bench_decode, cmd_bench_mem, DecodeArgs, MemArgs};
 use convert::{cmd_convert, width, ConvertArgs};
-use eval::{cmd_eval, EvalArgs};
+use eval::{cmd_eval, cmd_score, EvalArgs, ScoreArgs};
 use run::{cmd_run, RunArgs};
 use synth::{cmd_demo, cmd_synth, DemoArgs, SynthArgs};
 
@@ -49,6 +49,8 @@ enum Cmd {
     Run(RunArgs),
     /// Teacher-force token ids and print per-position argmax, NLL and the last logits.
     Eval(EvalArgs),
+    /// Multiple-choice accuracy (acc, acc_norm) over a JSONL file of tasks.
+    Score(ScoreArgs),
     /// Generate from the embedded synthetic model (created on first use).
     Demo(DemoArgs),
     /// Write a synthetic random-weight MoE checkpoint.
@@ -362,6 +364,7 @@ pub fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Eval(a) => cmd_eval(a),
+        Cmd::Score(a) => cmd_score(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
@@ -387,6 +390,7 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
     let m = match cmd {
         Cmd::Run(a) => &mut a.model,
         Cmd::Eval(a) => &mut a.model,
+        Cmd::Score(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
         Cmd::Tune(a) => &mut a.model,
         _ => return Ok(()),
