@@ -229,11 +229,6 @@ impl SlabPool {
         self.lock().class_bufs
     }
 
-    /// Whether a size class is set ([`SlabPool::warm`] was called).
-    pub fn has_class(&self) -> bool {
-        self.class_len.load(Ordering::Relaxed) > 0
-    }
-
     /// Makes `len` the size class of fresh allocations and faults in
     /// buffers of that class on a background thread at idle CPU priority,
     /// pooling them, until `count` of them are live (idle or handed out).

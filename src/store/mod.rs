@@ -217,6 +217,16 @@ impl ExpertStore {
         self.locations[layer].len()
     }
 
+    /// Those of `experts` the layer's cache does not hold (nothing counted).
+    pub(crate) fn uncached(&self, layer: usize, experts: &[usize]) -> Vec<usize> {
+        let cache = self.caches[layer].lock().expect("cache lock");
+        experts
+            .iter()
+            .copied()
+            .filter(|&e| !cache.contains(e))
+            .collect()
+    }
+
     /// Looks `experts` up in the layer's cache into `out` (cleared first),
     /// counting each as a hit or a miss; `None` for a miss.
     pub fn lookup_into(&self, layer: usize, experts: &[usize], out: &mut Vec<Option<Arc<Mlp>>>) {

@@ -45,14 +45,7 @@ impl ExpertStore {
     /// Fetches (when not cached) and pins `experts` of `layer`; returns how
     /// many are pinned.
     fn pin(&self, layer: usize, experts: &[usize]) -> Result<usize> {
-        let missing: Vec<usize> = {
-            let cache = self.caches[layer].lock().expect("cache lock");
-            experts
-                .iter()
-                .copied()
-                .filter(|&e| !cache.contains(e))
-                .collect()
-        };
+        let missing = self.uncached(layer, experts);
         let mut got = Vec::with_capacity(missing.len());
         for &e in &missing {
             got.push((e, Some(Arc::new(self.read(layer, e)?))));

@@ -76,14 +76,7 @@ impl ExpertStore {
         if max == 0 || self.locations[layer].is_empty() {
             return;
         }
-        let wanted: Vec<usize> = {
-            let cache = self.caches[layer].lock().expect("cache lock");
-            experts
-                .iter()
-                .copied()
-                .filter(|&e| !cache.contains(e))
-                .collect()
-        };
+        let wanted = self.uncached(layer, experts);
         let mut pf = self.prefetched[layer].lock().expect("prefetch lock");
         for e in wanted {
             if pf.iter().any(|p| p.expert == e) {
