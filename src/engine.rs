@@ -27,15 +27,19 @@ use crate::kv::KvCache;
 use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::Profile;
 use crate::sampler::Sampler;
-use moestream_scheduler::{Admission, Rejected, RequestId, Scheduler, SchedulerConfig};
-use std::collections::HashMap;
-use std::time::Instant;
+
+mod logprobs;
+mod pool;
+pub use logprobs::{token_logprobs, TokenLogprobs};
+pub use pool::{Finished, PoolError, PoolEvent, SessionPool};
 
 /// One sequence being generated.
 pub struct Session {
     prompt: Vec<u32>,
     /// Prompt tokens already in the KV cache.
     fed: usize,
+    /// Prompt tokens whose KV came from a reused prefix.
+    reused: usize,
     kv: KvCache,
     sampler: Sampler,
     /// New tokens to produce at most (clamped to the context).
@@ -54,11 +58,36 @@ impl Session {
     /// a prompt longer than the context, and a request longer than the KV
     /// the RAM plan reserved. Its KV cache holds the whole request.
     pub fn new(model: &Model, prompt: &[u32], opts: &GenOptions) -> Result<Session> {
+        Self::resume(model, prompt, opts, None)
+    }
+
+    /// [`Session::new`], continuing from `prefix`'s KV cache where its
+    /// tokens start the prompt: those positions are not computed again
+    /// ([`Session::reused`] counts them). The prefix's cache is truncated
+    /// to the shared tokens and grown to hold the whole request.
+    pub fn resume(
+        model: &Model,
+        prompt: &[u32],
+        opts: &GenOptions,
+        prefix: Option<Prefix>,
+    ) -> Result<Session> {
         let max_tokens = Self::check(model, prompt, opts)?;
+        let positions = prompt.len() + max_tokens;
+        let (kv, fed) = match prefix {
+            Some(p) => {
+                let reused = p.reusable(prompt);
+                let mut kv = p.kv;
+                kv.truncate(reused);
+                kv.grow(positions);
+                (kv, reused)
+            }
+            None => (model.new_kv(positions), 0),
+        };
         Ok(Session {
             prompt: prompt.to_vec(),
-            fed: 0,
-            kv: model.new_kv(prompt.len() + max_tokens),
+            fed,
+            reused: fed,
+            kv,
             sampler: Sampler::new(opts.sampling),
             max_tokens,
             ignore_eos: opts.ignore_eos,
@@ -98,10 +127,33 @@ impl Session {
         Ok(max_tokens)
     }
 
-    /// KV positions this session holds: its prompt and every token it may
-    /// produce.
+    /// KV positions this session holds: at least its prompt and every
+    /// token it may produce.
     pub fn kv_positions(&self) -> usize {
-        self.prompt.len() + self.max_tokens
+        self.kv.capacity()
+    }
+
+    /// Prompt tokens whose KV came from a reused prefix (not prefilled).
+    pub fn reused(&self) -> usize {
+        self.reused
+    }
+
+    /// The last sampled position's logits (empty before the first token).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Ends the session, keeping its KV cache and the tokens whose
+    /// positions it holds, for a later request that starts with them.
+    pub fn into_prefix(self) -> Prefix {
+        let n = self.kv.len();
+        let mut tokens = self.prompt;
+        tokens.extend_from_slice(&self.out);
+        tokens.truncate(n);
+        Prefix {
+            tokens,
+            kv: self.kv,
+        }
     }
 
     /// Whether the session has produced all it will.
@@ -140,11 +192,36 @@ impl Session {
                 what: "the logits (lm_head)".into(),
             });
         }
-        let id = self.sampler.sample(&self.logits);
+        let id = self.sampler.sample(&self.logits, &self.prompt, &self.out);
         self.out.push(id);
         let eos = !self.ignore_eos && self.eos_ids.contains(&id);
         self.done = eos || self.out.len() == self.max_tokens;
         Ok(Some(id))
+    }
+}
+
+/// A KV cache kept after its session ended, with the tokens whose
+/// positions it holds: a request starting with those tokens continues from
+/// it instead of computing them again.
+pub struct Prefix {
+    pub tokens: Vec<u32>,
+    pub kv: KvCache,
+}
+
+impl Prefix {
+    /// Positions of this prefix a session for `prompt` can reuse: the
+    /// tokens both start with, short of the prompt's last token (a session
+    /// feeds at least one position to have logits to sample from).
+    pub fn reusable(&self, prompt: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        common
+            .min(self.kv.len())
+            .min(prompt.len().saturating_sub(1))
     }
 }
 
@@ -210,211 +287,4 @@ impl<'m> Engine<'m> {
         }
         Ok(produced)
     }
-}
-
-/// What happened to a request of a [`SessionPool`] in a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PoolEvent {
-    /// It produced a token.
-    Token(RequestId, u32),
-    /// It produced its last token; its session is handed back.
-    Finished(RequestId),
-    /// It waited in the queue past the limit and was dropped unserved.
-    Expired(RequestId),
-}
-
-/// Sessions admitted, queued and batched by the scheduler crate's policy:
-/// a fixed number of KV slots (one running session each, its KV allocated
-/// only when it gets one), a bounded queue in front of them, and batches of
-/// at most `batch_max` running sessions per step, taken round-robin.
-///
-/// Under a RAM plan the running sessions' KV positions together never
-/// exceed what the plan reserved (`Model::context_budget`): a session that
-/// would pass it is refused when it should start. Callers size `kv_slots`
-/// so that it cannot happen (see [`SessionPool::slots_within_budget`]).
-pub struct SessionPool<'m> {
-    engine: Engine<'m>,
-    scheduler: Scheduler,
-    running: HashMap<RequestId, Session>,
-    /// Requests waiting for a slot: checked, nothing allocated yet.
-    waiting: HashMap<RequestId, (Vec<u32>, GenOptions)>,
-    finished: HashMap<RequestId, Session>,
-    start: Instant,
-}
-
-impl<'m> SessionPool<'m> {
-    /// A pool over `model` with the scheduler's limits.
-    pub fn new(model: &'m Model, config: SchedulerConfig) -> SessionPool<'m> {
-        SessionPool {
-            engine: Engine::new(model),
-            scheduler: Scheduler::new(config),
-            running: HashMap::new(),
-            waiting: HashMap::new(),
-            finished: HashMap::new(),
-            start: Instant::now(),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
-    }
-
-    /// Admits a request: it runs from the next step if a slot is free, else
-    /// waits in the queue. A request the model cannot serve is an error
-    /// (checked now, not when it reaches a slot); a full queue is
-    /// [`PoolError::Busy`].
-    pub fn submit(
-        &mut self,
-        id: RequestId,
-        prompt: &[u32],
-        opts: &GenOptions,
-    ) -> std::result::Result<Admission, PoolError> {
-        Session::check(self.engine.model(), prompt, opts)?;
-        let now = self.now_ms();
-        let admission = self.scheduler.submit(id, prompt.len(), now)?;
-        match admission {
-            Admission::Running { .. } => match self.start(prompt, opts) {
-                Ok(session) => {
-                    self.running.insert(id, session);
-                }
-                Err(e) => {
-                    let _ = self.scheduler.finish(id, now);
-                    return Err(e.into());
-                }
-            },
-            Admission::Queued { .. } => {
-                self.waiting.insert(id, (prompt.to_vec(), opts.clone()));
-            }
-        }
-        Ok(admission)
-    }
-
-    /// The most sessions of up to `positions` KV positions each that fit
-    /// the model's RAM plan at once (at least 1), capped at `wanted`.
-    pub fn slots_within_budget(model: &Model, positions: usize, wanted: usize) -> usize {
-        match model.context_budget {
-            Some(budget) => (budget / positions.max(1)).clamp(1, wanted.max(1)),
-            None => wanted.max(1),
-        }
-    }
-
-    /// Starts a session for a request that got a slot, within the plan's
-    /// KV positions.
-    fn start(&self, prompt: &[u32], opts: &GenOptions) -> Result<Session> {
-        let session = Session::new(self.engine.model(), prompt, opts)?;
-        if let Some(budget) = self.engine.model().context_budget {
-            let in_use: usize = self.running.values().map(Session::kv_positions).sum();
-            if in_use + session.kv_positions() > budget {
-                return Err(Error::Request(format!(
-                    "{} running sessions hold {in_use} KV positions; another {} would pass the {budget} the RAM plan reserved",
-                    self.running.len(),
-                    session.kv_positions()
-                )));
-            }
-        }
-        Ok(session)
-    }
-
-    /// Whether nothing is running or waiting.
-    pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty()
-    }
-
-    /// One batched step of the scheduler's next batch; returns what
-    /// happened, in order. Finished sessions free their slots for the
-    /// oldest waiting requests.
-    pub fn step(&mut self, prof: &mut Profile) -> Result<Vec<PoolEvent>> {
-        let mut events: Vec<PoolEvent> = self
-            .scheduler
-            .expire(self.now_ms())
-            .into_iter()
-            .map(|id| {
-                self.waiting.remove(&id);
-                PoolEvent::Expired(id)
-            })
-            .collect();
-        let batch: Vec<RequestId> = self
-            .scheduler
-            .next_batch()
-            .into_iter()
-            .map(|b| b.0)
-            .collect();
-        let mut sessions: Vec<(RequestId, Session)> = batch
-            .iter()
-            .map(|id| {
-                (
-                    *id,
-                    self.running.remove(id).expect("a running id has a session"),
-                )
-            })
-            .collect();
-        let produced = {
-            let mut refs: Vec<&mut Session> = sessions.iter_mut().map(|s| &mut s.1).collect();
-            self.engine.step(&mut refs, prof)
-        };
-        let produced = match produced {
-            Ok(p) => p,
-            Err(e) => {
-                self.running.extend(sessions);
-                return Err(e);
-            }
-        };
-        for ((id, session), token) in sessions.into_iter().zip(produced) {
-            if let Some(t) = token {
-                events.push(PoolEvent::Token(id, t));
-            }
-            if session.is_done() {
-                events.push(PoolEvent::Finished(id));
-                self.finished.insert(id, session);
-                self.retire(id)?;
-            } else {
-                self.running.insert(id, session);
-            }
-        }
-        Ok(events)
-    }
-
-    /// Frees `id`'s slot and starts the request promoted into it.
-    fn retire(&mut self, id: RequestId) -> Result<()> {
-        let now = self.now_ms();
-        let promoted = self
-            .scheduler
-            .finish(id, now)
-            .expect("a finished session was running");
-        if let Some(p) = promoted {
-            let (prompt, opts) = self
-                .waiting
-                .remove(&p.id)
-                .expect("a promoted id was waiting");
-            let session = self.start(&prompt, &opts)?;
-            self.running.insert(p.id, session);
-        }
-        Ok(())
-    }
-
-    /// Takes a finished request's session (its tokens), once.
-    pub fn take_finished(&mut self, id: RequestId) -> Option<Session> {
-        self.finished.remove(&id)
-    }
-
-    /// Sessions running now (holding a slot).
-    pub fn running_count(&self) -> usize {
-        self.scheduler.running_count()
-    }
-
-    /// Requests waiting for a slot.
-    pub fn queued_count(&self) -> usize {
-        self.scheduler.queued_count()
-    }
-}
-
-/// Why a [`SessionPool`] refused a request.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    /// The model cannot serve it (bad prompt, settings, length).
-    #[error(transparent)]
-    Request(#[from] Error),
-    /// Every slot is busy and the queue is full (or the id is in use).
-    #[error(transparent)]
-    Busy(#[from] Rejected),
 }

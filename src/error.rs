@@ -91,6 +91,16 @@ pub enum Error {
     /// A request asks for something the engine cannot do.
     #[error("bad request: {0}")]
     Request(String),
+    /// A saved KV file that cannot be used (corrupt, truncated, or of
+    /// another model); it is recomputed, never used.
+    #[error("{path}: KV file refused: {reason}")]
+    KvFile { path: PathBuf, reason: String },
+    /// A chat template that cannot be loaded or rendered: bad syntax, a
+    /// `raise_exception` from the template itself, an unknown filter or
+    /// method. `origin` names where the template came from (a file, or a
+    /// tokenizer_config.json field).
+    #[error("chat template {origin}: {reason}")]
+    ChatTemplate { origin: String, reason: String },
 }
 
 impl Error {

@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 
 /// What one layer caches per position.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum KvLayout {
     Gqa {
         kv_dim: usize,
@@ -60,6 +60,29 @@ impl LayerKv {
                 k_rope: vec![0f32; capacity * rope],
                 index_k: vec![0f32; capacity * index_dim],
             },
+        }
+    }
+}
+
+impl LayerKv {
+    /// The layer's buffers with their widths (floats per position), in
+    /// the order a KV file stores them.
+    pub fn buffers_mut(&mut self, layout: KvLayout) -> Vec<(&mut Vec<f32>, usize)> {
+        match (self, layout) {
+            (LayerKv::Gqa { k, v }, KvLayout::Gqa { kv_dim }) => vec![(k, kv_dim), (v, kv_dim)],
+            (
+                LayerKv::Mla {
+                    latent,
+                    k_rope,
+                    index_k,
+                },
+                KvLayout::Mla {
+                    kv_lora,
+                    rope,
+                    index_dim,
+                },
+            ) => vec![(latent, kv_lora), (k_rope, rope), (index_k, index_dim)],
+            _ => unreachable!("a layer's buffers follow its layout"),
         }
     }
 }
@@ -132,6 +155,31 @@ impl KvCache {
     pub fn advance(&mut self, n: usize) {
         assert!(self.len + n <= self.capacity, "KV cache overflow");
         self.len += n;
+    }
+
+    /// The layouts, one per layer.
+    pub fn layouts(&self) -> &[KvLayout] {
+        &self.layouts
+    }
+
+    /// Forgets every position from `len` on (a shorter prefix is reused;
+    /// the rows past it are overwritten by the next forwards).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Grows the capacity to at least `capacity` positions, keeping the
+    /// filled rows (a reused prefix continuing a longer request).
+    pub fn grow(&mut self, capacity: usize) {
+        if capacity <= self.capacity {
+            return;
+        }
+        for (layer, layout) in self.layers.iter_mut().zip(&self.layouts) {
+            for (buf, width) in layer.buffers_mut(*layout) {
+                buf.resize(capacity * width, 0.0);
+            }
+        }
+        self.capacity = capacity;
     }
 
     /// Attention-cache bytes per position summed over layers (indexer keys excluded).

@@ -5,7 +5,8 @@
 //! misses → compute → add. See docs/ARCHITECTURE.md.
 //!
 //! Modules, in data-path order: [`config`] (config.json), [`weights`]
-//! (safetensors shard index, dtypes), [`tokenizer`], [`model`] (the
+//! (safetensors shard index, dtypes), [`tokenizer`], [`chat`] (chat
+//! templates, rendered as transformers does), [`model`] (the
 //! reference forward pass and its layers), [`store`] (routed experts:
 //! disk → per-layer cache), [`kernels`] (scalar + SIMD), [`kv`],
 //! [`sampler`], [`generate`] (generation, teacher-forced eval),
@@ -13,14 +14,17 @@
 //! matrices in their kept element type), [`profile`].
 
 pub mod bench;
+pub mod chat;
 pub mod config;
 pub mod convert;
 pub mod engine;
 pub mod error;
+pub mod gen_config;
 pub mod generate;
 pub mod hub;
 pub mod kernels;
 pub mod kv;
+pub mod kv_file;
 pub mod layers;
 pub mod model;
 pub mod profile;
@@ -29,6 +33,7 @@ pub mod quant;
 pub mod runtime;
 pub mod sampler;
 pub mod scratch;
+pub mod server;
 pub mod state;
 pub mod store;
 pub mod synth;

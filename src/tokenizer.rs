@@ -49,6 +49,15 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Encodes `text` without adding special tokens (transformers'
+    /// `add_special_tokens=False`): for a rendered chat template, which
+    /// already holds its BOS text, as `apply_chat_template(tokenize=True)`
+    /// encodes it. Special-token text inside `text` still maps to its id.
+    pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Decodes `ids`, skipping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| self.err(e))

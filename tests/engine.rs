@@ -185,7 +185,7 @@ fn the_session_pool_admits_queues_refuses_and_batches_by_the_scheduler() {
     let mut prof = Profile::default();
     while !pool.is_idle() {
         assert!(pool.running_count() <= 2);
-        for ev in pool.step(&mut prof).unwrap() {
+        for ev in pool.step(&mut prof) {
             if let PoolEvent::Token(id, t) = ev {
                 tokens[id as usize].push(t);
             }
@@ -194,7 +194,7 @@ fn the_session_pool_admits_queues_refuses_and_batches_by_the_scheduler() {
     }
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&tokens[i], w, "request {i}");
-        assert_eq!(pool.take_finished(i as u64).unwrap().tokens(), w.as_slice());
+        assert_eq!(&pool.take_finished(i as u64).unwrap().tokens, w);
     }
     let fetches = model.store.counters().layer_fetches - before.layer_fetches;
     assert_eq!(fetches, steps * moe_layers(&model));
@@ -236,4 +236,89 @@ fn the_session_pool_keeps_running_kv_within_the_ram_plan() {
 
 fn opts_for(max_tokens: usize) -> GenOptions {
     opts(max_tokens, 0, 0.0)
+}
+
+/// Runs `pool` until idle; returns each request's tokens by id.
+fn drain(pool: &mut moestream::engine::SessionPool) -> std::collections::HashMap<u64, Vec<u32>> {
+    use moestream::engine::PoolEvent;
+    let mut out: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    let mut prof = Profile::default();
+    while !pool.is_idle() {
+        for ev in pool.step(&mut prof) {
+            match ev {
+                PoolEvent::Token(id, t) => out.entry(id).or_default().push(t),
+                PoolEvent::Failed(id, e) => panic!("request {id} failed: {e}"),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_request_continuing_a_kept_prefix_prefills_only_its_new_tokens() {
+    use moestream::engine::SessionPool;
+    use moestream_scheduler::SchedulerConfig;
+    // Two families: GQA (qwen3_moe) and MLA with DSA (glm_moe_dsa).
+    for family in ["qwen3_moe", "glm_moe_dsa"] {
+        let model = load(family, 2);
+        let config = SchedulerConfig {
+            kv_slots: 1,
+            queue_max: 1,
+            queue_wait_ms_max: u64::MAX,
+            batch_max: 1,
+        };
+        let mut pool = SessionPool::new(&model, config);
+        pool.keep_prefixes(2);
+        let o = opts(4, 0, 0.0);
+        let first = vec![3, 14, 15, 92, 65];
+        pool.submit(0, &first, &o).unwrap();
+        let reply = drain(&mut pool)[&0].clone();
+        // The next turn: the conversation so far, then new tokens.
+        let mut second = first.clone();
+        second.extend(&reply);
+        second.extend([7, 8, 9]);
+        pool.submit(1, &second, &o).unwrap();
+        let got = drain(&mut pool)[&1].clone();
+        assert_eq!(got, alone(&model, &second, &o), "{family}");
+        let f = pool.take_finished(1).unwrap();
+        // The KV held the first prompt and all but the last reply token.
+        assert_eq!(f.reused, first.len() + reply.len() - 1, "{family}");
+        // A prompt sharing only a shorter start reuses just that.
+        let third = vec![3, 14, 99, 1];
+        pool.submit(2, &third, &o).unwrap();
+        let got = drain(&mut pool)[&2].clone();
+        assert_eq!(got, alone(&model, &third, &o), "{family}");
+        assert_eq!(pool.take_finished(2).unwrap().reused, 2, "{family}");
+    }
+}
+
+#[test]
+fn cancel_frees_a_slot_for_the_queue_and_drops_a_queued_request() {
+    use moestream::engine::SessionPool;
+    use moestream_scheduler::{Admission, SchedulerConfig};
+    let model = load("qwen3_moe", 2);
+    let config = SchedulerConfig {
+        kv_slots: 1,
+        queue_max: 2,
+        queue_wait_ms_max: u64::MAX,
+        batch_max: 1,
+    };
+    let mut pool = SessionPool::new(&model, config);
+    let o = opts(3, 0, 0.0);
+    let ps = prompts();
+    pool.submit(0, &ps[0], &o).unwrap();
+    assert!(matches!(
+        pool.submit(1, &ps[1], &o).unwrap(),
+        Admission::Queued { .. }
+    ));
+    pool.submit(2, &ps[3], &o).unwrap();
+    assert!(pool.cancel(0), "the running request");
+    assert_eq!(pool.running_count(), 1, "request 1 took the freed slot");
+    assert!(pool.cancel(2), "the queued request");
+    assert_eq!(pool.queued_count(), 0);
+    assert!(!pool.cancel(2), "already gone");
+    let out = drain(&mut pool);
+    assert_eq!(out.keys().copied().collect::<Vec<_>>(), [1]);
+    assert_eq!(out[&1], alone(&model, &ps[1], &o));
 }

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use moestream::gen_config::{GenerationDefaults, Overrides};
 use moestream::generate::{evaluate, generate, GenOptions, Generation};
 use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
@@ -23,6 +24,7 @@ mod bench_io;
 mod convert;
 mod eval;
 mod run;
+mod serve;
 mod synth;
 mod tune;
 
@@ -51,6 +53,9 @@ enum Cmd {
     Eval(EvalArgs),
     /// Multiple-choice accuracy (acc, acc_norm) over a JSONL file of tasks.
     Score(ScoreArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions,
+    /// streaming, continuous batching, KV kept between turns).
+    Serve(serve::ServeArgs),
     /// Generate from the embedded synthetic model (created on first use).
     Demo(DemoArgs),
     /// Write a synthetic random-weight MoE checkpoint.
@@ -336,22 +341,74 @@ struct GenArgs {
     /// Maximum new tokens.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// 0 = off.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Continue past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+}
+
+/// Sampling flags (run, serve, chat); a flag not given leaves the setting
+/// to generation_config.json.
+#[derive(Args, Clone)]
+struct SamplingArgs {
+    /// Softmax temperature; 0 = greedy. Without the flag: the model's
+    /// generation_config.json (greedy where it says `do_sample: false`, its
+    /// `temperature` otherwise, 1 for `do_sample: true` alone), else
+    /// greedy. The flag wins over the file.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Nucleus sampling: keep the most likely tokens until their mass
+    /// reaches P, in (0, 1]. Without the flag: generation_config.json's
+    /// `top_p`, else 1 (off).
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
+    /// Keep the K most likely tokens; 0 = off. Without the flag:
+    /// generation_config.json's `top_k`, else 0.
+    #[arg(long, value_name = "K")]
+    top_k: Option<usize>,
+    /// min-p sampling: keep the tokens at least P times as likely as the
+    /// most likely one, in [0, 1] (applied after top-k and top-p, as
+    /// transformers does); 0 = off. Without the flag:
+    /// generation_config.json's `min_p`, else 0.
+    #[arg(long, value_name = "P")]
+    min_p: Option<f32>,
+    /// Subtracted from the logit of every token generated so far (OpenAI),
+    /// in [-2, 2]; 0 = off (generation_config.json has no such key).
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+    /// Subtracted from a token's logit per time it was generated so far
+    /// (OpenAI), in [-2, 2]; 0 = off (generation_config.json has no such
+    /// key).
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+    /// Divides positive and multiplies negative logits of the tokens of the
+    /// prompt and generated so far (transformers), > 0; 1 = off. Without
+    /// the flag: generation_config.json's `repetition_penalty`, else 1.
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    /// Seed of the sampler's generator (default 0).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The settings given on the command line.
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+        }
+    }
 }
 
 /// Entry point: runs the command, prints errors as one line, exit code 1.
@@ -365,6 +422,7 @@ pub fn main() -> ExitCode {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Eval(a) => cmd_eval(a),
         Cmd::Score(a) => cmd_score(a),
+        Cmd::Serve(a) => serve::cmd_serve(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
@@ -391,6 +449,7 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Run(a) => &mut a.model,
         Cmd::Eval(a) => &mut a.model,
         Cmd::Score(a) => &mut a.model,
+        Cmd::Serve(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
         Cmd::Tune(a) => &mut a.model,
         _ => return Ok(()),
@@ -492,17 +551,17 @@ fn save_history(model: &Model, m: &ModelArgs) {
     }
 }
 
+/// What to generate: each sampling flag given, else the model's
+/// generation_config.json, else greedy with every filter and penalty off
+/// ([`GenerationDefaults::sampling`]); the end-of-sequence ids from the
+/// same file (or config.json).
 fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
+    let defaults = GenerationDefaults::load(dir)?;
     Ok(GenOptions {
         max_tokens: g.max_tokens,
-        sampling: SamplingParams {
-            temperature: g.temperature,
-            top_p: g.top_p,
-            top_k: g.top_k,
-            seed: g.seed,
-        },
+        sampling: defaults.sampling(&SamplingParams::default(), &g.sampling.overrides()),
         ignore_eos: g.ignore_eos,
-        eos_ids: eos_ids(dir)?,
+        eos_ids: defaults.eos_ids,
     })
 }
 

@@ -163,21 +163,27 @@ pub(super) fn serve_batched(
     let mut prof = moestream::profile::Profile::default();
     let mut tokens = 0usize;
     while !pool.is_idle() {
-        for ev in pool.step(&mut prof)? {
+        for ev in pool.step(&mut prof) {
             match ev {
                 PoolEvent::Token(..) => tokens += 1,
                 PoolEvent::Finished(id) => {
                     let s = pool.take_finished(id).expect("a finished session");
-                    let text = tok.decode(s.tokens())?;
+                    let text = tok.decode(&s.tokens)?;
                     let (i, line_no) = (id as usize, lines[id as usize].0);
                     if a.gen.json {
                         let row = serde_json::json!({"request": i, "line": line_no,
-                            "prompt_ids": s.prompt(), "token_ids": s.tokens(), "text": text});
+                            "prompt_ids": s.prompt, "token_ids": s.tokens, "text": text});
                         println!("{row}");
                     } else {
                         println!("[request {}, line {line_no}] {text}", i + 1);
                     }
                 }
+                PoolEvent::Failed(id, e) => {
+                    let (i, line_no) = (id as usize, lines[id as usize].0);
+                    report_failure(path, i, line_no, &anyhow::anyhow!(e), a.gen.json);
+                    failed.push(line_no);
+                }
+                PoolEvent::Logprobs(..) => {}
                 PoolEvent::Expired(_) => unreachable!("the queue never expires here"),
             }
         }

@@ -96,6 +96,7 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
             top_p: 0.95,
             top_k: 0,
             seed: 7,
+            ..SamplingParams::default()
         },
         ignore_eos: true,
         eos_ids: eos_ids(&dir)?,

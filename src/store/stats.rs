@@ -88,6 +88,15 @@ impl ExpertStore {
         }
     }
 
+    /// The expert read latencies so far as a cumulative histogram: per
+    /// bound (µs), the reads that took at most it; then the count of reads
+    /// and their summed latency (µs).
+    pub fn read_latency_histogram(&self, bounds_us: &[u64]) -> (Vec<u64>, u64, f64) {
+        let h = self.latency.lock().expect("latency lock");
+        let below = bounds_us.iter().map(|&b| h.count_between(0, b)).collect();
+        (below, h.len(), h.mean() * h.len() as f64)
+    }
+
     /// Counters summed over layers.
     pub fn counters(&self) -> StoreCounters {
         let mut c = StoreCounters::default();

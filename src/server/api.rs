@@ -1,0 +1,374 @@
+//! The OpenAI API's request fields and error shape: parsing, checking,
+//! and turning a request into what the engine needs.
+
+use crate::gen_config::Overrides;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An error answered in the OpenAI shape
+/// `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429, 503).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request is malformed or asks for what cannot be done.
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 400 naming the field at fault.
+    pub fn bad_param(param: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(param),
+            ..Self::bad(message)
+        }
+    }
+
+    /// 401: no key or the wrong one.
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or incorrect API key (send `Authorization: Bearer KEY`)",
+            )
+        }
+    }
+
+    /// 404: a model this server does not serve.
+    pub fn unknown_model(asked: &str, served: &str) -> ApiError {
+        ApiError {
+            param: Some("model"),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("the model `{asked}` does not exist; this server serves `{served}`"),
+            )
+        }
+    }
+
+    /// 429 with Retry-After: every slot is busy and the queue is full.
+    pub fn busy(message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after: Some(1),
+            code: Some("rate_limit_exceeded"),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+        }
+    }
+
+    /// 503: loading, or shutting down.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after: Some(5),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+        }
+    }
+
+    /// 500: the engine failed the request.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// The error's JSON body.
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// A `stop` field: one string or a list.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A completions `prompt`: text, a list of one text, or token ids.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+/// A chat message's content: text, or a list of parts of which the text
+/// ones are used.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+/// A chat message as sent.
+#[derive(Deserialize, Debug, Clone)]
+pub struct WireMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// `stream_options`.
+#[derive(Deserialize, Debug, Clone, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The fields of `/v1/chat/completions` and `/v1/completions` requests
+/// (OpenAI's names; `top_k`, `min_p`, `repetition_penalty` and
+/// `ignore_eos` as vLLM and llama-server accept them).
+#[derive(Deserialize, Debug, Default)]
+pub struct Request {
+    pub model: Option<String>,
+    pub messages: Option<Vec<WireMessage>>,
+    pub prompt: Option<PromptField>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    /// Chat: `true`/`false`; completions: the number of alternatives.
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<usize>,
+    pub n: Option<u64>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// The most alternatives `top_logprobs` may ask for (OpenAI's limit).
+pub const TOP_LOGPROBS_MAX: usize = 20;
+
+impl Request {
+    /// Parses a request body; malformed JSON or a field of the wrong type
+    /// is a 400 naming it.
+    pub fn parse(body: &[u8]) -> Result<Request, ApiError> {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
+    }
+
+    /// Refuses what is not built yet, with a 400 naming the field.
+    pub fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_param(
+                "n",
+                "n > 1 is not supported (one choice per request)",
+            ));
+        }
+        if self.tools.is_some() || self.tool_choice.is_some() || self.functions.is_some() {
+            return Err(ApiError::bad_param(
+                "tools",
+                "tool calling is not supported yet",
+            ));
+        }
+        if self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f["type"] != "text")
+        {
+            return Err(ApiError::bad_param(
+                "response_format",
+                "response_format (JSON mode, JSON schema) is not supported yet",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sampling fields set in the request.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+        }
+    }
+
+    /// The token limit asked for (`max_completion_tokens` wins).
+    pub fn max_tokens(&self) -> Option<u64> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+
+    /// The non-empty stop sequences (at most 16 may be given).
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > 16 {
+            return Err(ApiError::bad_param(
+                "stop",
+                format!("{} stop sequences; at most 16", stops.len()),
+            ));
+        }
+        Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+
+    /// Log-probabilities wanted, as the number of alternatives: chat's
+    /// `logprobs: true` with `top_logprobs`, or completions' `logprobs: N`.
+    pub fn logprobs(&self, chat: bool) -> Result<Option<usize>, ApiError> {
+        let top = match (&self.logprobs, chat) {
+            (None, _) | (Some(Value::Null), _) | (Some(Value::Bool(false)), true) => {
+                return Ok(None)
+            }
+            (Some(Value::Bool(true)), true) => self.top_logprobs.unwrap_or(0),
+            (Some(Value::Number(n)), false) => n.as_u64().ok_or_else(|| {
+                ApiError::bad_param("logprobs", format!("logprobs {n} is not a count"))
+            })? as usize,
+            (Some(v), _) => {
+                let want = if chat { "true or false" } else { "an integer" };
+                return Err(ApiError::bad_param(
+                    "logprobs",
+                    format!("logprobs {v}: expected {want}"),
+                ));
+            }
+        };
+        if top > TOP_LOGPROBS_MAX {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                format!("{top} alternatives; at most {TOP_LOGPROBS_MAX}"),
+            ));
+        }
+        Ok(Some(top))
+    }
+
+    /// Whether a usage chunk ends the stream.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+}
+
+/// A wire message as the template's (role, text) message; the text parts
+/// of a list content are joined.
+pub fn to_message(m: &WireMessage) -> Result<crate::chat::Message, ApiError> {
+    let content = match &m.content {
+        None => String::new(),
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (p["type"].as_str(), p["text"].as_str()) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::bad_param(
+                            "messages",
+                            format!("content part {p}: only text parts are supported"),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+    };
+    Ok(crate::chat::Message::new(m.role.clone(), content))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_fields_are_refused_by_name() {
+        let cases = [
+            (r#"{"n": 2}"#, Some("n")),
+            (r#"{"n": 1}"#, None),
+            (r#"{"tools": []}"#, Some("tools")),
+            (
+                r#"{"response_format": {"type": "json_object"}}"#,
+                Some("response_format"),
+            ),
+            (r#"{"response_format": {"type": "text"}}"#, None),
+        ];
+        for (body, param) in cases {
+            let r = Request::parse(body.as_bytes()).unwrap();
+            assert_eq!(
+                r.refuse_unsupported().err().and_then(|e| e.param),
+                param,
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn logprobs_fields() {
+        let lp = |body: &str, chat| Request::parse(body.as_bytes()).unwrap().logprobs(chat);
+        assert_eq!(lp(r#"{}"#, true).unwrap(), None);
+        assert_eq!(
+            lp(r#"{"logprobs": true, "top_logprobs": 3}"#, true).unwrap(),
+            Some(3)
+        );
+        assert_eq!(lp(r#"{"logprobs": false}"#, true).unwrap(), None);
+        assert_eq!(lp(r#"{"logprobs": 2}"#, false).unwrap(), Some(2));
+        assert!(lp(r#"{"logprobs": 2}"#, true).is_err());
+        assert!(lp(r#"{"logprobs": true, "top_logprobs": 21}"#, true).is_err());
+    }
+
+    #[test]
+    fn bad_types_and_stops() {
+        assert!(Request::parse(br#"{"max_tokens": "x"}"#).is_err());
+        assert!(Request::parse(b"not json").is_err());
+        let r = Request::parse(br#"{"stop": ["a", "", "b"]}"#).unwrap();
+        assert_eq!(r.stops().unwrap(), ["a", "b"]);
+        let r = Request::parse(br#"{"stop": "x"}"#).unwrap();
+        assert_eq!(r.stops().unwrap(), ["x"]);
+    }
+}

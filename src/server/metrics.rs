@@ -1,0 +1,230 @@
+//! What `GET /metrics` reports, in the Prometheus text format: the engine
+//! thread writes a [`Snapshot`] after every step; the handler formats the
+//! latest one.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// Read-latency histogram bounds, µs.
+pub const LATENCY_BOUNDS_US: [u64; 10] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
+];
+
+/// The window tok/s is measured over.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// The serving figures at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub ready: bool,
+    pub requests_finished: u64,
+    pub requests_failed: u64,
+    pub requests_rejected: u64,
+    pub prompt_tokens: u64,
+    /// Prompt tokens continued from a kept prefix (not prefilled).
+    pub prompt_tokens_reused: u64,
+    pub generated_tokens: u64,
+    pub tokens_per_second: f64,
+    pub queue_depth: usize,
+    pub busy_slots: usize,
+    pub slots: usize,
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub bytes_read: u64,
+    /// Cumulative read counts per [`LATENCY_BOUNDS_US`] bound, the count
+    /// and the sum (µs).
+    pub latency_below: Vec<u64>,
+    pub latency_count: u64,
+    pub latency_sum_us: f64,
+}
+
+/// Generated tokens over the last [`RATE_WINDOW`].
+#[derive(Default)]
+pub struct Rate {
+    marks: VecDeque<(Instant, u64)>,
+}
+
+impl Rate {
+    /// Records that the generated-token total is `total` now; returns
+    /// tokens per second over the window.
+    pub fn record(&mut self, total: u64) -> f64 {
+        let now = Instant::now();
+        self.marks.push_back((now, total));
+        while self
+            .marks
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW)
+        {
+            self.marks.pop_front();
+        }
+        let (t0, n0) = self.marks[0];
+        let secs = now.duration_since(t0).as_secs_f64();
+        if secs > 0.0 {
+            (total - n0) as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP moestream_{name} {help}");
+    let _ = writeln!(out, "# TYPE moestream_{name} {kind}");
+    let _ = writeln!(out, "moestream_{name} {value}");
+}
+
+impl Snapshot {
+    /// The Prometheus text exposition of these figures.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let m = &mut o;
+        metric(
+            m,
+            "ready",
+            "gauge",
+            "1 once the model is loaded.",
+            self.ready as u8,
+        );
+        metric(
+            m,
+            "requests_finished_total",
+            "counter",
+            "Requests answered in full.",
+            self.requests_finished,
+        );
+        metric(
+            m,
+            "requests_failed_total",
+            "counter",
+            "Requests that failed or were cancelled.",
+            self.requests_failed,
+        );
+        metric(
+            m,
+            "requests_rejected_total",
+            "counter",
+            "Requests refused at admission (queue full, bad request).",
+            self.requests_rejected,
+        );
+        metric(
+            m,
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens of admitted requests.",
+            self.prompt_tokens,
+        );
+        metric(
+            m,
+            "prompt_tokens_reused_total",
+            "counter",
+            "Prompt tokens continued from kept KV, not prefilled.",
+            self.prompt_tokens_reused,
+        );
+        metric(
+            m,
+            "generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            self.generated_tokens,
+        );
+        metric(
+            m,
+            "tokens_per_second",
+            "gauge",
+            "Generated tokens per second over the last 10 s.",
+            format!("{:.3}", self.tokens_per_second),
+        );
+        metric(
+            m,
+            "queue_depth",
+            "gauge",
+            "Requests waiting for a slot.",
+            self.queue_depth,
+        );
+        metric(
+            m,
+            "busy_slots",
+            "gauge",
+            "Slots running a request.",
+            self.busy_slots,
+        );
+        metric(m, "slots", "gauge", "Slots.", self.slots);
+        metric(
+            m,
+            "expert_hits_total",
+            "counter",
+            "Expert lookups served from RAM.",
+            self.expert_hits,
+        );
+        metric(
+            m,
+            "expert_misses_total",
+            "counter",
+            "Expert lookups read from disk.",
+            self.expert_misses,
+        );
+        let lookups = self.expert_hits + self.expert_misses;
+        let rate = if lookups > 0 {
+            self.expert_hits as f64 / lookups as f64
+        } else {
+            0.0
+        };
+        metric(
+            m,
+            "expert_hit_rate",
+            "gauge",
+            "Expert hits over lookups since start.",
+            format!("{rate:.4}"),
+        );
+        metric(
+            m,
+            "expert_bytes_read_total",
+            "counter",
+            "Expert bytes read from disk.",
+            self.bytes_read,
+        );
+        self.render_latency(m);
+        o
+    }
+
+    fn render_latency(&self, m: &mut String) {
+        let name = "moestream_expert_read_latency_seconds";
+        let _ = writeln!(m, "# HELP {name} Latency of one expert read.");
+        let _ = writeln!(m, "# TYPE {name} histogram");
+        for (bound, n) in LATENCY_BOUNDS_US.iter().zip(&self.latency_below) {
+            let le = *bound as f64 / 1e6;
+            let _ = writeln!(m, "{name}_bucket{{le=\"{le}\"}} {n}");
+        }
+        let _ = writeln!(m, "{name}_bucket{{le=\"+Inf\"}} {}", self.latency_count);
+        let _ = writeln!(m, "{name}_sum {}", self.latency_sum_us / 1e6);
+        let _ = writeln!(m, "{name}_count {}", self.latency_count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_once_with_a_histogram() {
+        let s = Snapshot {
+            generated_tokens: 7,
+            expert_hits: 3,
+            expert_misses: 1,
+            latency_below: vec![1; LATENCY_BOUNDS_US.len()],
+            latency_count: 2,
+            latency_sum_us: 3000.0,
+            ..Snapshot::default()
+        };
+        let text = s.render();
+        assert!(text.contains("moestream_generated_tokens_total 7\n"));
+        assert!(text.contains("moestream_expert_hit_rate 0.7500\n"));
+        assert!(text.contains("moestream_expert_read_latency_seconds_bucket{le=\"0.0001\"} 1\n"));
+        assert!(text.contains("moestream_expert_read_latency_seconds_bucket{le=\"+Inf\"} 2\n"));
+        assert!(text.contains("moestream_expert_read_latency_seconds_sum 0.003\n"));
+        let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
+        let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
+        assert_eq!(types, helps);
+    }
+}

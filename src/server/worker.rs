@@ -1,0 +1,278 @@
+//! The engine thread: it owns the model and its [`SessionPool`], takes
+//! requests over a channel, and steps every active slot together, sending
+//! each request its tokens as they come. The async side never runs a
+//! forward; this thread never awaits.
+//!
+//! Each loop turn: take every waiting command (blocking only when nothing
+//! runs), cancel requests whose client went away (their event channel is
+//! closed), run one pool step, send its events, publish the metrics.
+
+use super::kv_dir::KvDir;
+use super::metrics::{Rate, Snapshot, LATENCY_BOUNDS_US};
+use crate::engine::{PoolError, PoolEvent, SessionPool, TokenLogprobs};
+use crate::generate::GenOptions;
+use crate::model::Model;
+use crate::profile::Profile;
+use moestream_scheduler::{RequestId, SchedulerConfig};
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// What a request hears from the engine thread.
+#[derive(Debug)]
+pub enum Event {
+    Token(u32),
+    /// The log-probabilities of the token just sent.
+    Logprobs(TokenLogprobs),
+    /// It finished: the prompt tokens continued from kept KV.
+    Done {
+        reused: usize,
+    },
+    /// It failed (the message says why) or waited too long in the queue.
+    Failed(String),
+    Expired,
+}
+
+/// A request for the engine thread.
+pub struct Submit {
+    pub prompt: Vec<u32>,
+    pub opts: GenOptions,
+    /// Log-probabilities wanted, with this many alternatives.
+    pub logprobs: Option<usize>,
+    pub events: mpsc::UnboundedSender<Event>,
+    /// Whether the pool admitted it (running or queued).
+    pub admitted: oneshot::Sender<Result<(), PoolError>>,
+}
+
+/// What the engine thread is told.
+pub enum Command {
+    Submit(Box<Submit>),
+    /// Stop admitting; finish what runs within the grace time, cancel the
+    /// rest, save the KV, end.
+    Shutdown {
+        grace: Duration,
+    },
+}
+
+/// The engine thread's settings.
+pub struct WorkerConfig {
+    pub scheduler: SchedulerConfig,
+    pub kv_dir: Option<KvDir>,
+}
+
+/// Runs the engine loop over `model` until a shutdown command or until
+/// every sender is gone; publishes metrics into `metrics`.
+pub fn run(
+    model: &Model,
+    config: WorkerConfig,
+    commands: Receiver<Command>,
+    metrics: Arc<Mutex<Snapshot>>,
+) {
+    let slots = config.scheduler.kv_slots;
+    let mut pool = SessionPool::new(model, config.scheduler);
+    pool.keep_prefixes(slots);
+    let mut w = Worker {
+        pool,
+        senders: HashMap::new(),
+        next_id: 0,
+        snap: Snapshot {
+            ready: true,
+            slots,
+            ..Snapshot::default()
+        },
+        rate: Rate::default(),
+        kv_dir: config.kv_dir,
+        saved_generation: 0,
+    };
+    w.restore();
+    w.saved_generation = w.pool.prefix_generation();
+    w.publish(model, &metrics);
+    let mut prof = Profile::default();
+    let mut deadline: Option<Instant> = None;
+    loop {
+        match w.take_commands(&commands, deadline.is_some()) {
+            Ok(Some(grace)) => deadline = deadline.or(Some(Instant::now() + grace)),
+            Ok(None) => {}
+            Err(()) => deadline = deadline.or(Some(Instant::now())),
+        }
+        w.cancel_abandoned();
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            w.cancel_all("the server is shutting down");
+        }
+        if !w.pool.is_idle() {
+            let events = w.pool.step(&mut prof);
+            w.dispatch(events);
+        } else if deadline.is_some() {
+            break;
+        } else {
+            w.save_if_changed();
+        }
+        w.publish(model, &metrics);
+    }
+    w.save_if_changed();
+}
+
+struct Worker<'m> {
+    pool: SessionPool<'m>,
+    senders: HashMap<RequestId, mpsc::UnboundedSender<Event>>,
+    next_id: RequestId,
+    snap: Snapshot,
+    rate: Rate,
+    kv_dir: Option<KvDir>,
+    saved_generation: u64,
+}
+
+impl Worker<'_> {
+    /// Takes the waiting commands, blocking for one when nothing runs
+    /// (and no shutdown is under way). Returns a shutdown's grace time,
+    /// or `Err` once every sender is gone.
+    fn take_commands(
+        &mut self,
+        commands: &Receiver<Command>,
+        shutting_down: bool,
+    ) -> Result<Option<Duration>, ()> {
+        let mut shutdown = None;
+        let mut block = self.pool.is_idle() && !shutting_down;
+        loop {
+            let cmd = if block {
+                match commands.recv_timeout(Duration::from_millis(500)) {
+                    Ok(c) => c,
+                    Err(RecvTimeoutError::Timeout) => return Ok(shutdown),
+                    Err(RecvTimeoutError::Disconnected) => return Err(()),
+                }
+            } else {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(shutdown),
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(()),
+                }
+            };
+            block = false;
+            match cmd {
+                Command::Submit(s) if shutdown.is_none() && !shutting_down => self.submit(*s),
+                Command::Submit(s) => {
+                    let _ = s
+                        .admitted
+                        .send(Err(PoolError::Request(crate::error::Error::Request(
+                            "the server is shutting down".into(),
+                        ))));
+                }
+                Command::Shutdown { grace } => shutdown = Some(grace),
+            }
+        }
+    }
+
+    fn submit(&mut self, s: Submit) {
+        let id = self.next_id;
+        self.next_id += 1;
+        match self.pool.submit(id, &s.prompt, &s.opts) {
+            Ok(_) => {
+                if let Some(top) = s.logprobs {
+                    self.pool.want_logprobs(id, top);
+                }
+                self.snap.prompt_tokens += s.prompt.len() as u64;
+                self.senders.insert(id, s.events);
+                let _ = s.admitted.send(Ok(()));
+            }
+            Err(e) => {
+                self.snap.requests_rejected += 1;
+                let _ = s.admitted.send(Err(e));
+            }
+        }
+    }
+
+    /// Cancels every request whose client stopped listening.
+    fn cancel_abandoned(&mut self) {
+        let gone: Vec<RequestId> = self
+            .senders
+            .iter()
+            .filter(|(_, tx)| tx.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.senders.remove(&id);
+            self.pool.cancel(id);
+            self.snap.requests_failed += 1;
+        }
+    }
+
+    fn cancel_all(&mut self, why: &str) {
+        for (id, tx) in std::mem::take(&mut self.senders) {
+            self.pool.cancel(id);
+            let _ = tx.send(Event::Failed(why.into()));
+            self.snap.requests_failed += 1;
+        }
+    }
+
+    fn dispatch(&mut self, events: Vec<PoolEvent>) {
+        for ev in events {
+            let (id, event) = match ev {
+                PoolEvent::Token(id, t) => {
+                    self.snap.generated_tokens += 1;
+                    (id, Event::Token(t))
+                }
+                PoolEvent::Logprobs(id, lp) => (id, Event::Logprobs(lp)),
+                PoolEvent::Finished(id) => {
+                    let reused = self.pool.take_finished(id).map_or(0, |f| f.reused);
+                    self.snap.requests_finished += 1;
+                    self.snap.prompt_tokens_reused += reused as u64;
+                    (id, Event::Done { reused })
+                }
+                PoolEvent::Failed(id, e) => {
+                    self.snap.requests_failed += 1;
+                    (id, Event::Failed(e))
+                }
+                PoolEvent::Expired(id) => {
+                    self.snap.requests_rejected += 1;
+                    (id, Event::Expired)
+                }
+            };
+            let last = !matches!(event, Event::Token(_) | Event::Logprobs(_));
+            if let Some(tx) = self.senders.get(&id) {
+                let _ = tx.send(event);
+            }
+            if last {
+                self.senders.remove(&id);
+            }
+        }
+    }
+
+    fn publish(&mut self, model: &Model, metrics: &Mutex<Snapshot>) {
+        let c = model.store.counters();
+        self.snap.expert_hits = c.hits + c.pinned_hits;
+        self.snap.expert_misses = c.misses;
+        self.snap.bytes_read = c.bytes_read;
+        let (below, count, sum) = model.store.read_latency_histogram(&LATENCY_BOUNDS_US);
+        self.snap.latency_below = below;
+        self.snap.latency_count = count;
+        self.snap.latency_sum_us = sum;
+        self.snap.queue_depth = self.pool.queued_count();
+        self.snap.busy_slots = self.pool.running_count();
+        self.snap.tokens_per_second = self.rate.record(self.snap.generated_tokens);
+        *metrics.lock().expect("metrics lock") = self.snap.clone();
+    }
+
+    /// Loads the saved prefixes of the KV directory, if one is set.
+    fn restore(&mut self) {
+        let Some(dir) = &self.kv_dir else { return };
+        for prefix in dir.restore(self.pool.engine().model()) {
+            self.pool.keep_prefix(prefix);
+        }
+    }
+
+    /// Saves the kept prefixes when they changed since the last save.
+    fn save_if_changed(&mut self) {
+        let generation = self.pool.prefix_generation();
+        let Some(dir) = &self.kv_dir else { return };
+        if generation == self.saved_generation {
+            return;
+        }
+        if let Err(e) = dir.save(self.pool.prefixes_mut()) {
+            tracing::warn!("saving the KV: {e}");
+            eprintln!("warning: saving the KV: {e}");
+        }
+        self.saved_generation = generation;
+    }
+}
