@@ -21,6 +21,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod bench_io;
+mod chat;
 mod convert;
 mod eval;
 mod run;
@@ -56,6 +57,9 @@ enum Cmd {
     /// An OpenAI-compatible HTTP server (chat and text completions,
     /// streaming, continuous batching, KV kept between turns).
     Serve(serve::ServeArgs),
+    /// Chat in the terminal with the model's chat template; the
+    /// conversation's KV stays between turns.
+    Chat(chat::ChatArgs),
     /// Generate from the embedded synthetic model (created on first use).
     Demo(DemoArgs),
     /// Write a synthetic random-weight MoE checkpoint.
@@ -423,6 +427,7 @@ pub fn main() -> ExitCode {
         Cmd::Eval(a) => cmd_eval(a),
         Cmd::Score(a) => cmd_score(a),
         Cmd::Serve(a) => serve::cmd_serve(a),
+        Cmd::Chat(a) => chat::cmd_chat(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
@@ -450,6 +455,7 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Eval(a) => &mut a.model,
         Cmd::Score(a) => &mut a.model,
         Cmd::Serve(a) => &mut a.model,
+        Cmd::Chat(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
         Cmd::Tune(a) => &mut a.model,
         _ => return Ok(()),
