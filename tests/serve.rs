@@ -485,3 +485,52 @@ fn the_second_turn_reuses_the_kv_and_a_restart_keeps_it() {
     assert_eq!(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert!(s.stderr.lock().unwrap().contains("KV file refused"));
 }
+
+#[test]
+fn bench_serve_reports_every_round_and_refuses_beyond_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("serve.csv");
+    let model = fixture("qwen3_moe");
+    let out = common::moestream(&[
+        "bench",
+        "serve",
+        "--model",
+        model.to_str().unwrap(),
+        "--expert-cache",
+        "2",
+        "--clients",
+        "1,5",
+        "--tokens",
+        "6",
+        "--slots",
+        "1",
+        "--queue",
+        "1",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let mut rows = csv::Reader::from_path(&csv).unwrap();
+    let header = rows.headers().unwrap().clone();
+    for col in [
+        "clients",
+        "ok",
+        "refused",
+        "aggregate_tok_s",
+        "ttft_p50_ms",
+        "mb_per_token",
+    ] {
+        assert!(header.iter().any(|h| h == col), "{header:?}");
+    }
+    let rows: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 2);
+    let field = |r: &csv::StringRecord, name: &str| -> f64 {
+        let i = header.iter().position(|h| h == name).unwrap();
+        r[i].parse().unwrap()
+    };
+    assert_eq!(field(&rows[0], "ok"), 1.0);
+    assert!(field(&rows[0], "aggregate_tok_s") > 0.0);
+    // 5 at once on 1 slot and a queue of 1: each is answered 200 or 429.
+    assert_eq!(field(&rows[1], "ok") + field(&rows[1], "refused"), 5.0);
+    assert!(field(&rows[1], "ok") >= 1.0);
+}

@@ -21,6 +21,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod bench_io;
+mod bench_serve;
 mod chat;
 mod convert;
 mod eval;
@@ -86,6 +87,9 @@ enum BenchCmd {
     /// Raw disk sweep: cold random reads of the model files for every read
     /// mode x block size x queue depth (GB/s, latency, device bytes).
     Io(bench_io::IoBenchArgs),
+    /// The server under 1, 2, 4, 8... concurrent streamed clients:
+    /// aggregate and per-client tok/s, time to first token, MB/token.
+    Serve(bench_serve::BenchServeArgs),
 }
 
 #[derive(Args, Clone)]
@@ -435,6 +439,7 @@ pub fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
         Cmd::Tune(a) => tune::cmd_tune(a),
         Cmd::Bench(BenchCmd::Io(a)) => bench_io::cmd_bench_io(a),
+        Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -457,6 +462,7 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Serve(a) => &mut a.model,
         Cmd::Chat(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
+        Cmd::Bench(BenchCmd::Serve(a)) => &mut a.model,
         Cmd::Tune(a) => &mut a.model,
         _ => return Ok(()),
     };

@@ -114,6 +114,9 @@ impl Shared {
     }
 }
 
+/// When the server stops (besides a failed load).
+pub type StopSignal = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// Serves on `listener` until SIGINT or SIGTERM (or until the model fails
 /// to load: then the load error). The model is loaded by `loader` on the
 /// engine thread while the server already answers (503).
@@ -123,6 +126,19 @@ pub fn serve(
     tok: Tokenizer,
     template: Option<ChatTemplate>,
     loader: Loader,
+) -> Result<(), String> {
+    serve_until(config, listener, tok, template, loader, Box::pin(shutdown_signal()))
+}
+
+/// [`serve`] until `stop` completes instead of a signal (a benchmark or
+/// an embedding program ends it).
+pub fn serve_until(
+    config: ServerConfig,
+    listener: std::net::TcpListener,
+    tok: Tokenizer,
+    template: Option<ChatTemplate>,
+    loader: Loader,
+    stop: StopSignal,
 ) -> Result<(), String> {
     let defaults = GenerationDefaults::load(&config.model_dir).map_err(|e| e.to_string())?;
     let kv_dir = match &config.kv_dir {
@@ -148,7 +164,7 @@ pub fn serve(
         .map_err(|e| format!("starting the async runtime: {e}"))?;
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     let engine = spawn_engine(shared.clone(), rx, kv_dir, loader, failed_tx);
-    let served = runtime.block_on(run_http(shared.clone(), listener, failed_rx));
+    let served = runtime.block_on(run_http(shared.clone(), listener, failed_rx, stop));
     shared.phase.store(STOPPING, Ordering::Release);
     let grace = shared.config.shutdown_grace;
     let _ = shared.commands.send(Command::Shutdown { grace });
@@ -195,6 +211,7 @@ async fn run_http(
     shared: Arc<Shared>,
     listener: std::net::TcpListener,
     failed: tokio::sync::oneshot::Receiver<String>,
+    signal: StopSignal,
 ) -> Result<(), String> {
     listener
         .set_nonblocking(true)
@@ -207,9 +224,10 @@ async fn run_http(
         let (shared, load_error) = (shared.clone(), load_error.clone());
         async move {
             tokio::select! {
-                _ = shutdown_signal() => {}
+                _ = signal => {}
                 Ok(e) = failed => { *load_error.lock().expect("lock") = Some(e); }
             }
+            eprintln!("shutting down: no new requests; finishing the running ones");
             shared.phase.store(STOPPING, Ordering::Release);
             let grace = shared.config.shutdown_grace;
             let _ = shared.commands.send(Command::Shutdown { grace });
@@ -230,7 +248,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    eprintln!("shutting down: no new requests; finishing the running ones");
 }
 
 fn router(shared: Arc<Shared>) -> Router {
