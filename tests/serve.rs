@@ -534,3 +534,26 @@ fn bench_serve_reports_every_round_and_refuses_beyond_the_queue() {
     assert_eq!(field(&rows[1], "ok") + field(&rows[1], "refused"), 5.0);
     assert!(field(&rows[1], "ok") >= 1.0);
 }
+
+/// The official `openai` Python package against the server:
+/// `MOESTREAM_PYTHON=/work/venv-tf/bin/python cargo test --test serve -- --ignored openai`
+/// (the venv needs `pip install openai`; see scripts/openai_client_check.py).
+#[test]
+#[ignore = "needs Python with the openai package (MOESTREAM_PYTHON)"]
+fn openai_python_client_drives_the_server() {
+    let python = std::env::var("MOESTREAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/openai_client_check.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(format!("{}/v1", s.base))
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
