@@ -5,9 +5,13 @@ For every model directory given (default: every committed fixture), the f32 logi
 `eval` over the oracle's eval_ids are saved once (`--save-logits`); then each cell converts
 the model with `--expert-bits E --dense-bits D --io-bits D --mtp-bits D` and reports
 `eval --ref-logits`: teacher-forced top-1 positions matching the f32 model, and mean KL.
-Writes a markdown table (stdout, or --out FILE). Needs only the built binary.
+With `--text FILE` each cell also reports `eval --text` perplexity, and with `--tasks
+FILE.jsonl` the multiple-choice accuracy of `score` (acc, acc_norm), each beside the
+unconverted model's. Writes a markdown table (stdout, or --out FILE). Needs only the built
+binary.
 
-Usage: python3 scripts/quant_grid.py [--bin target/release/moestream] [--out results/quant-grid.md] [DIR...]
+Usage: python3 scripts/quant_grid.py [--bin target/release/moestream] [--out results/quant-grid.md]
+       [--text FILE] [--tasks FILE.jsonl] [--bits 16,8,4,2] [DIR...]
 """
 
 import argparse
@@ -28,13 +32,34 @@ def run(cmd):
     return r.stdout
 
 
+def quality(a, model, extra):
+    """Perplexity (--text) and (acc, acc_norm) (--tasks) of one model, as a tuple."""
+    out = ()
+    if a.text:
+        v = json.loads(run([a.bin, "eval", "--model", model, "--text", a.text, "--json"] + extra))
+        out += (("ppl", v["perplexity"]),)
+    if a.tasks:
+        v = json.loads(run([a.bin, "score", "--model", model, "--tasks", a.tasks, "--json"] + extra))
+        out += (("acc", v["acc"]), ("acc_norm", v["acc_norm"]))
+    return out
+
+
+def fmt_quality(q):
+    return ", ".join(f"{k} {v:.4g}" for k, v in q)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bin", default="target/release/moestream")
     p.add_argument("--out")
     p.add_argument("--int-dot", choices=["on", "off"], default="on")
+    p.add_argument("--text", help="a text file: perplexity per cell (eval --text)")
+    p.add_argument("--tasks", help="a JSONL of multiple-choice tasks: acc, acc_norm per cell (score)")
+    p.add_argument("--bits", default="16,8,4,2", help="bit widths of the grid's rows and columns")
     p.add_argument("dirs", nargs="*")
     a = p.parse_args()
+    global BITS
+    BITS = [int(b) for b in a.bits.split(",")]
     dirs = a.dirs or sorted(d for d in glob.glob("tests/fixtures/*") if os.path.isdir(d))
     extra = [] if a.int_dot == "on" else ["--no-int-dot"]
     rows, totals = [], {}
@@ -53,11 +78,11 @@ def main():
                          "--io-bits", str(dn), "--mtp-bits", str(dn)])
                     v = json.loads(run([a.bin, "eval", "--model", out, "--prompt-ids", ids,
                                         "--ref-logits", ref] + extra))["ref"]
-                    cells[(e, dn)] = (v["top1_matched"], v["positions"], v["mean_kl"])
+                    cells[(e, dn)] = (v["top1_matched"], v["positions"], v["mean_kl"]) + quality(a, out, extra)
                     t = totals.setdefault((e, dn), [0, 0, 0.0, 0])
                     t[0] += v["top1_matched"]; t[1] += v["positions"]; t[2] += v["mean_kl"]; t[3] += 1
                     run(["rm", "-rf", out])
-            rows.append((name, cells))
+            rows.append((name, cells, quality(a, d, extra)))
             print(f"{name}: done", file=sys.stderr)
     lines = [
         "# Quantization sensitivity grid",
@@ -81,12 +106,17 @@ def main():
             m, n, kl, k = totals[(e, dn)]
             cells.append(f"{m}/{n}, {kl / k:.4f}")
         lines.append(f"| **{e}** | " + " | ".join(cells) + " |")
-    for name, cells in rows:
-        lines += ["", f"## {name}", "", "| experts \\ dense | " + " | ".join(str(b) for b in BITS) + " |",
+    for name, cells, base in rows:
+        lines += ["", f"## {name}", ""]
+        if base:
+            lines += [f"Unconverted: {fmt_quality(base)}.", ""]
+        lines += ["| experts \\ dense | " + " | ".join(str(b) for b in BITS) + " |",
                   "|---|" + "---|" * len(BITS)]
         for e in BITS:
             lines.append(f"| **{e}** | " + " | ".join(
-                f"{cells[(e, dn)][0]}/{cells[(e, dn)][1]}, {cells[(e, dn)][2]:.4f}" for dn in BITS) + " |")
+                f"{cells[(e, dn)][0]}/{cells[(e, dn)][1]}, {cells[(e, dn)][2]:.4f}"
+                + (f"; {fmt_quality(cells[(e, dn)][3:])}" if len(cells[(e, dn)]) > 3 else "")
+                for dn in BITS) + " |")
     text = "\n".join(lines) + "\n"
     if a.out:
         open(a.out, "w").write(text)

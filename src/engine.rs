@@ -30,8 +30,10 @@ use crate::sampler::Sampler;
 
 mod logprobs;
 mod pool;
+mod speculate;
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use pool::{Finished, PoolError, PoolEvent, SessionPool};
+pub use speculate::{ngram_propose, DraftSource, MtpDraft, NgramDraft, SpecStats, Speculation};
 
 /// One sequence being generated.
 pub struct Session {
@@ -50,6 +52,13 @@ pub struct Session {
     done: bool,
     /// The last row's logits (reused between steps).
     logits: Vec<f32>,
+    /// The draft source and the most tokens it drafts per step.
+    drafter: Option<(Box<dyn DraftSource>, usize)>,
+    /// This step's drafts (after the last token).
+    drafts: Vec<u32>,
+    /// The positions fed by a decode step: the last token, then drafts.
+    feed: Vec<u32>,
+    spec_stats: SpecStats,
 }
 
 impl Session {
@@ -95,6 +104,10 @@ impl Session {
             out: Vec::with_capacity(max_tokens),
             done: max_tokens == 0,
             logits: Vec::new(),
+            drafter: opts.speculation.source(model, positions)?,
+            drafts: Vec::new(),
+            feed: Vec::new(),
+            spec_stats: SpecStats::default(),
         })
     }
 
@@ -161,6 +174,11 @@ impl Session {
         self.done
     }
 
+    /// Prompt tokens in the KV cache so far.
+    pub fn prefilled(&self) -> usize {
+        self.fed
+    }
+
     /// Whether some of the prompt is not in the KV cache yet.
     pub fn in_prefill(&self) -> bool {
         self.fed < self.prompt.len()
@@ -186,17 +204,46 @@ impl Session {
                 return Ok(None);
             }
         }
-        model.logits_into(last_row, &mut self.logits);
+        self.logits_of(model, last_row)?;
+        let id = self.sampler.sample(&self.logits, &self.prompt, &self.out);
+        self.push(id);
+        Ok(Some(id))
+    }
+
+    /// Turns one row's hidden state into `self.logits`, refusing
+    /// non-finite ones.
+    fn logits_of(&mut self, model: &Model, row: &[f32]) -> Result<()> {
+        model.logits_into(row, &mut self.logits);
         if self.logits.iter().any(|x| !x.is_finite()) {
             return Err(Error::NonFinite {
                 what: "the logits (lm_head)".into(),
             });
         }
-        let id = self.sampler.sample(&self.logits, &self.prompt, &self.out);
+        Ok(())
+    }
+
+    /// Appends a produced token; the session is done at EOS or the limit.
+    fn push(&mut self, id: u32) {
         self.out.push(id);
         let eos = !self.ignore_eos && self.eos_ids.contains(&id);
         self.done = eos || self.out.len() == self.max_tokens;
-        Ok(Some(id))
+    }
+
+    /// Drafts with `source`, up to `k` tokens a step, from the next step
+    /// on (a custom draft source; `GenOptions::speculation` names the
+    /// built-in ones).
+    pub fn set_drafter(&mut self, source: Box<dyn DraftSource>, k: usize) {
+        self.drafter = Some((source, k));
+    }
+
+    /// Stops drafting (a request that wants per-token logprobs).
+    pub fn stop_speculating(&mut self) {
+        self.drafter = None;
+    }
+
+    /// What speculation did so far.
+    pub fn spec_stats(&self) -> &SpecStats {
+        &self.spec_stats
     }
 }
 
@@ -242,15 +289,13 @@ impl<'m> Engine<'m> {
     }
 
     /// One forward for every session of `sessions` that is not done (each
-    /// contributing a prompt chunk or its last token), then one sampled
-    /// token for each whose prompt is now in. Returns, per session, the
-    /// token it produced this step, if any. Time spent is added to `prof`.
-    pub fn step(
-        &self,
-        sessions: &mut [&mut Session],
-        prof: &mut Profile,
-    ) -> Result<Vec<Option<u32>>> {
-        let mut produced = vec![None; sessions.len()];
+    /// contributing a prompt chunk, or its last token and any drafts),
+    /// then the tokens of each whose prompt is now in: one sampled token,
+    /// or with drafts the accepted ones and the target's next. Returns,
+    /// per session, how many tokens it produced this step (the last of
+    /// [`Session::tokens`]). Time spent is added to `prof`.
+    pub fn step(&self, sessions: &mut [&mut Session], prof: &mut Profile) -> Result<Vec<usize>> {
+        let mut produced = vec![0; sessions.len()];
         let active: Vec<usize> = (0..sessions.len())
             .filter(|&i| !sessions[i].is_done())
             .collect();
@@ -261,17 +306,18 @@ impl<'m> Engine<'m> {
         let hidden = {
             let mut batch: Vec<(&[u32], &mut KvCache)> = Vec::with_capacity(active.len());
             for s in sessions.iter_mut().filter(|s| !s.done) {
+                s.prepare_feed(self.model, prof)?;
                 let Session {
                     prompt,
                     fed: at,
-                    out,
+                    feed,
                     kv,
                     ..
                 } = &mut **s;
                 let input: &[u32] = if *at < prompt.len() {
                     &prompt[*at..(*at + PREFILL_CHUNK).min(prompt.len())]
                 } else {
-                    &out[out.len() - 1..]
+                    feed
                 };
                 fed.push(input.len());
                 batch.push((input, kv));
@@ -281,9 +327,16 @@ impl<'m> Engine<'m> {
         let h = self.model.cfg.hidden_size;
         let mut row = 0;
         for (&i, &n) in active.iter().zip(&fed) {
+            let rows = &hidden[row * h..(row + n) * h];
             row += n;
-            let last = &hidden[(row - 1) * h..row * h];
-            produced[i] = sessions[i].advance(n, self.model, last)?;
+            let s = &mut *sessions[i];
+            let start = s.kv.len() - n;
+            produced[i] = if s.in_prefill() || s.drafts.is_empty() {
+                s.advance(n, self.model, &rows[(n - 1) * h..])?.is_some() as usize
+            } else {
+                s.verify(self.model, rows)?
+            };
+            s.observe(self.model, rows, start, prof)?;
         }
         Ok(produced)
     }

@@ -6,6 +6,7 @@ use crate::engine::{Engine, Session};
 use crate::error::{Error, Result};
 use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::{device_read_bytes, peak_rss_bytes, Profile};
+use crate::progress::Work;
 use crate::sampler::{argmax, SamplingParams};
 use serde::Serialize;
 use std::time::Instant;
@@ -18,6 +19,8 @@ pub struct GenOptions {
     /// Keep going past EOS until `max_tokens`.
     pub ignore_eos: bool,
     pub eos_ids: Vec<u32>,
+    /// Draft tokens and verify them in one forward (lossless).
+    pub speculation: crate::engine::Speculation,
 }
 
 /// Figures of one run; the stats line and `--json` `stats` print these.
@@ -81,11 +84,22 @@ pub struct RunStats {
     pub decode_bytes_read: u64,
     pub decode_disk_busy_s: f64,
     pub decode_disk_wait_s: f64,
+    /// Speculative decoding's drafts and acceptance (`None` when off).
+    pub speculation: Option<crate::engine::SpecStats>,
 }
 
 impl RunStats {
-    /// The one-line summary every run ends with.
+    /// The summary every run ends with: one line, and a second with the
+    /// speculation figures when drafting was on.
     pub fn line(&self) -> String {
+        let main = self.main_line();
+        match &self.speculation {
+            Some(sp) => format!("{main}\n{}", sp.line()),
+            None => main,
+        }
+    }
+
+    fn main_line(&self) -> String {
         format!(
             "[stats] {} tokens in {:.2} s ({:.2} tok/s) | prompt {} tok, prefill {:.2} s | expert hit rate {:.1}% (pinned {:.1}%) | read {:.1} MiB, device {:.1} MiB, {:.1} MB/token, {:.2} GB/s | peak RSS {:.1} MiB | disk {:.2} s, expert-matmul {:.2} s, attention {:.2} s, other {:.2} s | overlap {:.0}% | prefetch {} used of {} ({} late), {:.1} MiB wasted, recall attn {} output {}",
             self.tokens,
@@ -115,6 +129,31 @@ impl RunStats {
     }
 }
 
+impl crate::engine::SpecStats {
+    /// The speculation part of the stats line.
+    pub fn line(&self) -> String {
+        let rate = |a: u64, d: u64| {
+            if d > 0 {
+                100.0 * a as f64 / d as f64
+            } else {
+                0.0
+            }
+        };
+        let per: Vec<String> = (self.drafted_at.iter().zip(&self.accepted_at))
+            .map(|(d, a)| format!("{:.0}%", rate(*a, *d)))
+            .collect();
+        format!(
+            "[speculation] drafted {}, accepted {} ({:.0}%; by position {}), {:.2} tokens per verify step over {} steps",
+            self.drafted,
+            self.accepted,
+            rate(self.accepted, self.drafted),
+            per.join(" "),
+            self.tokens as f64 / self.steps.max(1) as f64,
+            self.steps,
+        )
+    }
+}
+
 fn percent(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{:.0}%", v * 100.0))
 }
@@ -137,18 +176,32 @@ pub fn generate(
     let mut session = Session::new(model, prompt, opts)?;
     let engine = Engine::new(model);
     let mut probe = Probe::start(model);
+    // A prompt of more than one chunk reports its prefill, chunk by chunk.
+    let long = prompt.len() > PREFILL_CHUNK;
     while !session.is_done() {
         let prefill = session.in_prefill();
-        let Some(id) = engine.step(&mut [&mut session], &mut probe.prof)?[0] else {
+        let produced = engine.step(&mut [&mut session], &mut probe.prof)?[0];
+        if prefill && long {
+            let done = session.prefilled();
+            model
+                .progress
+                .report(Work::Prefill, done as u64, prompt.len() as u64);
+        }
+        if produced == 0 {
             continue;
-        };
+        }
         if prefill {
             probe.prefill_done(model);
         }
-        on_token(id)?;
+        let n = session.tokens().len();
+        for i in n - produced..n {
+            on_token(session.tokens()[i])?;
+        }
     }
     let out = session.tokens().to_vec();
-    let stats = probe.finish(model, prompt.len(), out.len());
+    let mut stats = probe.finish(model, prompt.len(), out.len());
+    stats.speculation =
+        (opts.speculation != Default::default()).then(|| session.spec_stats().clone());
     Ok(Generation {
         prompt_ids: prompt.to_vec(),
         token_ids: out,
@@ -276,6 +329,7 @@ impl Probe {
             decode_bytes_read: after.bytes_read - at_decode.bytes_read,
             decode_disk_busy_s: (after.disk_busy - at_decode.disk_busy).as_secs_f64(),
             decode_disk_wait_s: (after.disk_time - at_decode.disk_time).as_secs_f64(),
+            speculation: None,
         }
     }
 }

@@ -14,9 +14,13 @@
 //! matrices in their kept element type), [`profile`].
 
 pub mod bench;
+pub mod budget_sweep;
+pub mod cgroup;
 pub mod chat;
 pub mod config;
 pub mod convert;
+pub mod disk;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod gen_config;
@@ -27,18 +31,23 @@ pub mod kv;
 pub mod kv_file;
 pub mod layers;
 pub mod model;
+pub mod plan;
 pub mod profile;
+pub mod progress;
 pub mod quality;
 pub mod quant;
+pub mod replay;
 pub mod runtime;
 pub mod sampler;
 pub mod scratch;
 pub mod server;
 pub mod state;
+pub mod status;
 pub mod store;
 pub mod synth;
 pub mod tensor;
 pub mod tokenizer;
+pub mod trace;
 pub mod tune;
 pub mod weights;
 

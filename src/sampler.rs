@@ -343,6 +343,28 @@ impl Sampler {
     /// If a penalty is set and an id of `prompt` or `generated` is not
     /// below `logits.len()`.
     pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> u32 {
+        self.choose(logits, prompt, generated, None)
+    }
+
+    /// The token at a drafted position: what [`Sampler::sample`] would
+    /// choose there, given that a drafter proposed `draft` (returned when
+    /// accepted). Greedy: the argmax. Sampling: the speculative-sampling
+    /// rule for a deterministic draft (keep it with its target
+    /// probability, else draw from the target without it), so the chosen
+    /// token has exactly the distribution of a plain draw.
+    pub fn verify(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32], draft: u32) -> u32 {
+        self.choose(logits, prompt, generated, Some(draft))
+    }
+
+    /// Penalties, then the argmax or a draw (plain, or by the speculative
+    /// rule when a `draft` is being verified).
+    fn choose(
+        &mut self,
+        logits: &[f32],
+        prompt: &[u32],
+        generated: &[u32],
+        draft: Option<u32>,
+    ) -> u32 {
         let p = self.params;
         let logits = if p.penalized() {
             self.scratch.penalized(&p, logits, prompt, generated)
@@ -352,13 +374,18 @@ impl Sampler {
         if p.greedy() {
             return argmax(logits);
         }
-        draw(&p, &mut self.rng, &mut self.cand, logits)
+        distribution(&p, &mut self.cand, logits);
+        match draft {
+            None => pick(&self.cand, self.rng.next_f64()),
+            Some(d) => accept_or_resample(&mut self.cand, &mut self.rng, d),
+        }
     }
 }
 
-/// A seeded draw from `logits`: temperature, then top-k, top-p and min-p
-/// (transformers' order); `cand` is reused scratch.
-fn draw(p: &SamplingParams, rng: &mut Rng, cand: &mut Vec<(usize, f64)>, logits: &[f32]) -> u32 {
+/// The sampling distribution of `logits` into `cand` (temperature, then
+/// top-k, top-p and min-p: transformers' order): the kept tokens
+/// with their probabilities before renormalization (`pick` weighs them).
+fn distribution(p: &SamplingParams, cand: &mut Vec<(usize, f64)>, logits: &[f32]) {
     let t = p.temperature as f64;
     cand.clear();
     cand.extend(logits.iter().enumerate().map(|(i, l)| (i, *l as f64 / t)));
@@ -372,6 +399,25 @@ fn draw(p: &SamplingParams, rng: &mut Rng, cand: &mut Vec<(usize, f64)>, logits:
     cand.truncate(top_p_kept(cand, p.top_p));
     if p.min_p > 0.0 {
         cand.truncate(min_p_kept(cand, p.min_p));
+    }
+}
+
+/// Speculative sampling's rule for a drafted token that was certain to its
+/// drafter: keep `draft` with its probability under the target
+/// distribution `cand`, else draw from the target without it. The token
+/// chosen is distributed exactly as a plain draw from `cand`.
+fn accept_or_resample(cand: &mut Vec<(usize, f64)>, rng: &mut Rng, draft: u32) -> u32 {
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    let p_draft = cand
+        .iter()
+        .find(|c| c.0 == draft as usize)
+        .map_or(0.0, |c| c.1 / total);
+    if p_draft > 0.0 && rng.next_f64() < p_draft {
+        return draft;
+    }
+    cand.retain(|c| c.0 != draft as usize);
+    if cand.is_empty() {
+        return draft;
     }
     pick(cand, rng.next_f64())
 }
@@ -685,5 +731,54 @@ mod tests {
         for (top_p, kept) in [(1e-6f32, 1), (0.5, 1), (0.6, 2), (0.95, 3), (1.0, 4)] {
             assert_eq!(top_p_kept(&cand, top_p), kept, "top_p {top_p}");
         }
+    }
+
+    /// Speculative acceptance keeps the target distribution: draws of
+    /// `verify` with a fixed draft against plain draws, by a chi-square
+    /// test of homogeneity (seeded, so the outcome is fixed; a wrong rule
+    /// gives a statistic in the hundreds).
+    #[test]
+    fn verify_draws_match_plain_draws() {
+        let logits = [1.0f32, 0.5, 0.2, -0.3, 0.9, -1.0];
+        for (draft, params) in [
+            (0u32, sampled(1.0, 1.0, 0, 3)),
+            (3, sampled(0.8, 0.9, 0, 5)),
+            (5, sampled(1.0, 1.0, 4, 7)),
+        ] {
+            let n = 20_000;
+            let mut plain = Sampler::new(params);
+            let mut spec = Sampler::new(SamplingParams {
+                seed: params.seed + 100,
+                ..params
+            });
+            let (mut a, mut b) = ([0f64; 6], [0f64; 6]);
+            for _ in 0..n {
+                a[plain.sample(&logits, &[], &[]) as usize] += 1.0;
+                b[spec.verify(&logits, &[], &[], draft) as usize] += 1.0;
+            }
+            let mut chi2 = 0.0;
+            let mut cells = 0;
+            for i in 0..6 {
+                let total = a[i] + b[i];
+                if total == 0.0 {
+                    continue;
+                }
+                cells += 1;
+                let e = total / 2.0;
+                chi2 += (a[i] - e).powi(2) / e + (b[i] - e).powi(2) / e;
+            }
+            // 99.9th percentile of chi-square with 5 degrees of freedom: 20.5.
+            assert!(
+                chi2 < 20.5,
+                "draft {draft}: chi2 {chi2} over {cells} cells, {a:?} vs {b:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn verify_is_argmax_when_greedy() {
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.verify(&[0.1, 3.0, 2.0], &[], &[], 2), 1);
+        assert_eq!(s.verify(&[0.1, 3.0, 2.0], &[], &[], 1), 1);
     }
 }

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 /// Mutants per seed input and target.
 const ROUNDS: usize = 3000;
 
+/// The fixture models (directories with a config.json).
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut v: Vec<PathBuf> = std::fs::read_dir(root)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.join("config.json").is_file())
         .collect();
     v.sort();
     v

@@ -20,9 +20,12 @@ use serde_json::Value;
 use std::path::Path;
 
 fn load(dir: &Path, mla: MlaMode, dsa: DsaMode) -> Model {
+    // No usage history: the counters are this test's alone (a history
+    // saved by an earlier run on the fixture would add to them).
     let opts = LoadOptions {
         mla,
         dsa,
+        pin_history: false,
         ..LoadOptions::default()
     };
     Model::load(dir, &opts).unwrap()
@@ -34,6 +37,7 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
         sampling: SamplingParams::default(),
         ignore_eos: true,
         eos_ids: vec![],
+        speculation: Default::default(),
     };
     generate(model, prompt, &opts, |_| Ok(()))
         .unwrap()

@@ -28,6 +28,7 @@ fn gen(model: &Model) -> moestream::Result<Vec<u32>> {
         sampling: SamplingParams::default(),
         ignore_eos: true,
         eos_ids: vec![],
+        speculation: Default::default(),
     };
     Ok(generate(model, &[5, 6, 7, 8], &opts, |_| Ok(()))?.token_ids)
 }

@@ -19,6 +19,7 @@ fn gen(model: &Model, n: usize) -> Vec<u32> {
         sampling: SamplingParams::default(),
         ignore_eos: true,
         eos_ids: vec![],
+        speculation: Default::default(),
     };
     generate(model, &[5, 9, 2, 7], &opts, |_| Ok(()))
         .unwrap()

@@ -90,6 +90,7 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         sampling: SamplingParams::default(),
         ignore_eos: true,
         eos_ids: vec![],
+        speculation: Default::default(),
     };
     if a.warmup {
         // Warm means every buffer the cache will hold is in place: a gated

@@ -82,6 +82,7 @@ pub(super) fn cmd_bench_serve(a: BenchServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs(5),
         max_tokens_default: a.tokens,
         overrides: Default::default(),
+        speculation: Default::default(),
     };
     let tok = Tokenizer::load(&a.model.model)?;
     let model_args = a.model.clone();
@@ -212,8 +213,12 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// One streamed request: status, tokens (from the usage chunk), time to
 /// the first text, and the whole time.
 fn request(url: &str, prompt: &str, tokens: usize) -> Result<Outcome> {
+    // logprobs 0 makes every token a chunk of its own (text may be held
+    // back, or empty for a synthetic model's tokens), so the first chunk
+    // that carries logprobs is the first token.
     let body = serde_json::json!({"prompt": prompt, "max_tokens": tokens, "temperature": 0,
-        "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
+        "ignore_eos": true, "stream": true, "logprobs": 0,
+        "stream_options": {"include_usage": true}});
     let start = Instant::now();
     let resp = match ureq::post(url).send_json(body) {
         Ok(r) => r,
@@ -237,7 +242,7 @@ fn request(url: &str, prompt: &str, tokens: usize) -> Result<Outcome> {
             break;
         }
         let v: serde_json::Value = serde_json::from_str(data)?;
-        if first_token.is_none() && v["choices"][0]["text"].is_string() {
+        if first_token.is_none() && v["choices"][0]["logprobs"].is_object() {
             first_token = Some(start.elapsed());
         }
         if let Some(u) = v["usage"]["completion_tokens"].as_u64() {

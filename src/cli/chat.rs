@@ -29,6 +29,8 @@ pub(super) struct ChatArgs {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 /// Set while an answer is generated: Ctrl-C then stops it.
@@ -97,6 +99,7 @@ pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
         sampling: defaults.sampling(&SamplingParams::default(), &a.sampling.overrides()),
         ignore_eos: false,
         eos_ids: defaults.eos_ids.clone(),
+        speculation: a.spec.speculation(),
     };
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let model = load(&a.model)?;
@@ -217,10 +220,12 @@ impl Chat<'_> {
                     return Err(with_flags(e));
                 }
             };
-            let Some(id) = produced[0] else { continue };
-            let piece = stream.push(id)?;
-            answer.push_str(&piece);
-            let _ = stdout.write_all(piece.as_bytes());
+            let n = session.tokens().len();
+            for i in n - produced[0]..n {
+                let piece = stream.push(session.tokens()[i])?;
+                answer.push_str(&piece);
+                let _ = stdout.write_all(piece.as_bytes());
+            }
             let _ = stdout.flush();
         }
         GENERATING.store(false, Ordering::SeqCst);

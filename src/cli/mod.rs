@@ -22,11 +22,17 @@ use std::process::ExitCode;
 mod bench;
 mod bench_io;
 mod bench_serve;
+mod bench_verify;
 mod chat;
 mod convert;
+mod doctor;
 mod eval;
+mod plan;
+mod progress;
+mod replay;
 mod run;
 mod serve;
+mod sweep;
 mod synth;
 mod tune;
 
@@ -68,6 +74,10 @@ enum Cmd {
     /// Convert a Hugging Face checkpoint (FP8/BF16/F16/F32) into the
     /// quantized moestream container.
     Convert(ConvertArgs),
+    /// Replay a routing trace (`--trace`) against eviction policies at
+    /// several cache sizes: misses and bytes per token, each against
+    /// Belady's optimum; CSV and SVG plot.
+    Replay(replay::ReplayArgs),
     /// Measurements of this machine.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -75,6 +85,16 @@ enum Cmd {
     /// fastest read mode, pipelining and prefetch as the model's profile
     /// (used by --io auto).
     Tune(tune::TuneArgs),
+    /// The RAM plan under --ram-gb from headers only (works on a partial
+    /// download): resident weights by class, slack, slots per layer, the
+    /// smallest budget that runs, predicted MB read per token and tok/s.
+    Plan(plan::PlanArgs),
+    /// Readiness checks of this machine and a model (io_uring, O_DIRECT,
+    /// read-ahead, memory limit, huge pages, CPU, disk probe, the model's
+    /// files), each with a fix; exit status 1 on a failure.
+    Doctor(doctor::DoctorArgs),
+    /// A one-screen summary of a model and this machine.
+    Status(doctor::StatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -90,6 +110,13 @@ enum BenchCmd {
     /// The server under 1, 2, 4, 8... concurrent streamed clients:
     /// aggregate and per-client tok/s, time to first token, MB/token.
     Serve(bench_serve::BenchServeArgs),
+    /// The cost of one speculative verify step of k drafted positions
+    /// against one decode step (seconds, expert MB read).
+    Verify(bench_verify::VerifyArgs),
+    /// Cold decode at each RAM budget (--ram-gb 2,3,4,6), each run inside
+    /// a memory cgroup of its budget when one can be made: a CSV, and a
+    /// plot (SVG and PNG) of tok/s and MB/token against the budget.
+    Sweep(sweep::SweepArgs),
 }
 
 #[derive(Args, Clone)]
@@ -169,7 +196,8 @@ struct ModelArgs {
     #[arg(long, value_name = "GB")]
     ram_gb: Option<f64>,
     /// Which cached expert a full cache evicts: lfru (frequency first,
-    /// recency breaks ties) or lru.
+    /// recency breaks ties), lru, lfu, least-stale or arc (see `moestream
+    /// replay` to compare them on a recorded trace).
     #[arg(long, value_enum, default_value_t = PolicyArg::Lfru)]
     policy: PolicyArg,
     /// Context positions the --ram-gb plan reserves KV cache for.
@@ -180,6 +208,13 @@ struct ModelArgs {
     #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     no_history: bool,
+    /// Record a routing trace into FILE (Parquet, docs/TRACE.md): per
+    /// token and MoE layer the chosen experts and weights, the router's
+    /// margin, both lookahead guesses, the cache tier, bytes and read
+    /// latency. Appended when the command ends, so runs concatenate (a
+    /// `run` column tells them apart). Tokens do not change.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// `--mla`: the library's [`MlaMode`] as a flag value (clap stays in cli/).
@@ -229,6 +264,12 @@ enum PolicyArg {
     Lru,
     /// Frequency first (decaying heat), recency breaks ties.
     Lfru,
+    /// Lifetime selections first, recency breaks ties.
+    Lfu,
+    /// The expert chosen the most tokens ago (after SpecMD's Least-Stale).
+    LeastStale,
+    /// Adaptive replacement cache (recency and frequency lists).
+    Arc,
 }
 
 impl From<PolicyArg> for EvictPolicy {
@@ -236,6 +277,9 @@ impl From<PolicyArg> for EvictPolicy {
         match a {
             PolicyArg::Lru => EvictPolicy::Lru,
             PolicyArg::Lfru => EvictPolicy::Lfru,
+            PolicyArg::Lfu => EvictPolicy::Lfu,
+            PolicyArg::LeastStale => EvictPolicy::LeastStale,
+            PolicyArg::Arc => EvictPolicy::Arc,
         }
     }
 }
@@ -351,12 +395,56 @@ struct GenArgs {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Continue past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+}
+
+/// Speculative decoding flags (run, serve, chat).
+#[derive(Args, Clone)]
+struct SpecArgs {
+    /// Draft tokens and verify them in one forward, which reads each
+    /// expert once for all of them: mtp (the model's MTP head, recursively:
+    /// deepseek_v3, glm4_moe, glm_moe_dsa), ngram (prompt lookup: what
+    /// followed the latest earlier occurrence of the last tokens), auto
+    /// (mtp where the model has the head, else ngram) or off. Lossless: the
+    /// output is the same as without.
+    #[arg(long, value_enum, default_value_t = SpecArg::Off)]
+    speculate: SpecArg,
+    /// Tokens drafted per step at most.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=16))]
+    draft: u16,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum SpecArg {
+    Off,
+    Ngram,
+    Mtp,
+    Auto,
+}
+
+impl SpecArgs {
+    fn speculation(&self) -> moestream::engine::Speculation {
+        use moestream::engine::Speculation;
+        match self.speculate {
+            SpecArg::Off => Speculation::Off,
+            SpecArg::Ngram => Speculation::Ngram {
+                draft: self.draft.into(),
+            },
+            SpecArg::Mtp => Speculation::Mtp {
+                draft: self.draft.into(),
+            },
+            SpecArg::Auto => Speculation::Auto {
+                draft: self.draft.into(),
+            },
+        }
+    }
 }
 
 /// Sampling flags (run, serve, chat); a flag not given leaves the setting
@@ -435,11 +523,17 @@ pub fn main() -> ExitCode {
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
+        Cmd::Replay(a) => replay::cmd_replay(a),
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
         Cmd::Tune(a) => tune::cmd_tune(a),
+        Cmd::Plan(a) => plan::cmd_plan(a),
+        Cmd::Bench(BenchCmd::Sweep(a)) => sweep::cmd_bench_sweep(a),
+        Cmd::Doctor(a) => return exit(doctor::cmd_doctor(a)),
+        Cmd::Status(a) => doctor::cmd_status(a),
         Cmd::Bench(BenchCmd::Io(a)) => bench_io::cmd_bench_io(a),
         Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
+        Cmd::Bench(BenchCmd::Verify(a)) => bench_verify::cmd_bench_verify(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -448,6 +542,14 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command that chooses its own exit status; errors print as `main`'s.
+fn exit(res: Result<ExitCode>) -> ExitCode {
+    res.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
 }
 
 /// The most kernel or reader threads accepted: 8 per core (more only
@@ -463,7 +565,13 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Chat(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
         Cmd::Bench(BenchCmd::Serve(a)) => &mut a.model,
+        Cmd::Bench(BenchCmd::Verify(a)) => &mut a.model,
         Cmd::Tune(a) => &mut a.model,
+        Cmd::Plan(a) => &mut a.model,
+        Cmd::Bench(BenchCmd::Sweep(a)) => {
+            a.model = moestream::hub::resolve(&a.model, Some(&a.revision))?;
+            return Ok(());
+        }
         _ => return Ok(()),
     };
     m.model = moestream::hub::resolve(&m.model, Some(&m.revision))?;
@@ -492,6 +600,34 @@ fn load(m: &ModelArgs) -> Result<Model> {
             .ok();
     }
     moestream::kernels::quant::set_int_dot(!m.no_int_dot);
+    let (opts, note) = load_options(m)?;
+    let mut model = Model::load(&m.model, &opts).map_err(with_flags)?;
+    if let Some(path) = &m.trace {
+        replay::start_trace(&mut model, path)?;
+    }
+    // Only once the model loaded: a profile that could not be read because
+    // the model directory is bad would only precede the real error.
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    if let Some(plan) = &model.plan {
+        eprintln!("{plan}");
+    }
+    eprintln!(
+        "expert reads: {} mode, through {}",
+        read_mode_of(&model),
+        model.store.read_path()
+    );
+    if let Some(note) = &model.history {
+        eprintln!("{note}");
+    }
+    Ok(model)
+}
+
+/// What `m` asks loading for (flags, then the tuned profile, then the
+/// defaults), and a note saying which profile was used; `plan` plans with
+/// the same options `run` loads with.
+fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
     let quantize_at_load = match m.quantize_at_load {
         None => None,
         Some(bits) => {
@@ -519,25 +655,9 @@ fn load(m: &ModelArgs) -> Result<Model> {
         pin_history: !m.no_history,
         context: m.context,
         prefetch_experts: m.prefetch_experts,
+        progress: progress::hook(),
     };
-    let model = Model::load(&m.model, &opts).map_err(with_flags)?;
-    // Only once the model loaded: a profile that could not be read because
-    // the model directory is bad would only precede the real error.
-    if let Some(note) = note {
-        eprintln!("{note}");
-    }
-    if let Some(plan) = &model.plan {
-        eprintln!("{plan}");
-    }
-    eprintln!(
-        "expert reads: {} mode, through {}",
-        read_mode_of(&model),
-        model.store.read_path()
-    );
-    if let Some(note) = &model.history {
-        eprintln!("{note}");
-    }
-    Ok(model)
+    Ok((opts, note))
 }
 
 /// Names the flag behind a library error that names a setting.
@@ -574,6 +694,7 @@ fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
         sampling: defaults.sampling(&SamplingParams::default(), &g.sampling.overrides()),
         ignore_eos: g.ignore_eos,
         eos_ids: defaults.eos_ids,
+        speculation: g.spec.speculation(),
     })
 }
 

@@ -51,6 +51,8 @@ pub(super) struct ServeArgs {
     shutdown_grace: u64,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
@@ -82,6 +84,7 @@ pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_tokens_default: a.max_tokens,
         overrides: a.sampling.overrides(),
+        speculation: a.spec.speculation(),
     };
     let model_args = a.model.clone();
     let loader = Box::new(move || load(&model_args).map_err(|e| format!("{e:#}")));

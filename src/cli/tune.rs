@@ -4,6 +4,7 @@
 //! the model's tuned profile (see `moestream::tune`), which `--io auto`
 //! (the default) then uses.
 
+use super::progress::{self, Unit};
 use super::{drop_page_cache, load, lookahead_name, read_mode_of, IoChoice, ModelArgs, Toggle};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -97,18 +98,24 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         reads_max: None,
         seed: 7,
     };
+    let cells = (cfg.modes.len() * cfg.depths.len()) as u64;
+    let cells = progress::bar(cells, "tune: disk sweep", Unit::Count("cells"));
     let rows = sweep(&shards, &cfg, |r| {
-        println!(
-            "{:<9} {:<9} {:>5} {:>6.2} {:>8.2} {:>8.2}",
-            r.mode_label(),
-            format!("{:?}", r.engine).to_lowercase(),
-            r.depth,
-            r.gb_per_s,
-            r.latency_us_p50 / 1e3,
-            r.latency_us_p99 / 1e3
-        );
+        cells.suspend(|| {
+            println!(
+                "{:<9} {:<9} {:>5} {:>6.2} {:>8.2} {:>8.2}",
+                r.mode_label(),
+                format!("{:?}", r.engine).to_lowercase(),
+                r.depth,
+                r.gb_per_s,
+                r.latency_us_p50 / 1e3,
+                r.latency_us_p99 / 1e3
+            )
+        });
+        cells.inc(1);
     })
     .context("disk sweep")?;
+    cells.finish_and_clear();
     let disk: Vec<DiskPoint> = rows
         .iter()
         .map(|r| DiskPoint {
@@ -147,6 +154,8 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     );
     println!("mode      pipeline prefetch  decode tok/s  MB/token  overlap");
     let mut runs: Vec<Vec<Probe>> = Vec::new();
+    let total = (a.rounds * candidates.len() * SCHEDULES.len()) as u64;
+    let bar = progress::bar(total, "tune: decode probes", Unit::Count("probes"));
     for round in 0..a.rounds {
         let mut i = 0;
         for &mode in &candidates {
@@ -184,20 +193,23 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
                     }
                     Err(e) => return Err(e),
                 };
-                println!(
-                    "{:<9} {:<8} {:<9} {:>12.3} {:>9.1} {:>7.0}%{}",
-                    p.read_mode,
-                    if pipeline { "on" } else { "off" },
-                    p.prefetch,
-                    p.decode_tok_s,
-                    p.mb_read_per_token,
-                    p.overlap * 100.0,
-                    if a.rounds > 1 {
-                        format!("  (round {})", round + 1)
-                    } else {
-                        String::new()
-                    }
-                );
+                bar.suspend(|| {
+                    println!(
+                        "{:<9} {:<8} {:<9} {:>12.3} {:>9.1} {:>7.0}%{}",
+                        p.read_mode,
+                        if pipeline { "on" } else { "off" },
+                        p.prefetch,
+                        p.decode_tok_s,
+                        p.mb_read_per_token,
+                        p.overlap * 100.0,
+                        if a.rounds > 1 {
+                            format!("  (round {})", round + 1)
+                        } else {
+                            String::new()
+                        }
+                    )
+                });
+                bar.inc(1);
                 if round == 0 {
                     runs.push(Vec::new());
                 }
@@ -206,6 +218,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
             }
         }
     }
+    bar.finish_and_clear();
     let probes: Vec<Probe> = runs.into_iter().map(median_probe).collect();
     let best = probes
         .iter()
@@ -268,6 +281,7 @@ fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, depth: usize) -> Result<P
         sampling: SamplingParams::default(),
         ignore_eos: true,
         eos_ids: vec![],
+        speculation: Default::default(),
     };
     let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
     let s = &g.stats;

@@ -258,13 +258,16 @@ impl<'m> SessionPool<'m> {
                 return events;
             }
         };
-        for ((id, session), token) in sessions.into_iter().zip(produced) {
-            if let Some(t) = token {
+        for ((id, session), n) in sessions.into_iter().zip(produced) {
+            let tokens = session.tokens();
+            for &t in &tokens[tokens.len() - n..] {
                 events.push(PoolEvent::Token(id, t));
-                if let Some(&top) = self.logprobs.get(&id) {
-                    let lp = token_logprobs(session.logits(), t, top);
-                    events.push(PoolEvent::Logprobs(id, lp));
-                }
+            }
+            // A session wanting logprobs does not draft: one token a step.
+            if let (1, Some(&top)) = (n, self.logprobs.get(&id)) {
+                let t = tokens[tokens.len() - 1];
+                let lp = token_logprobs(session.logits(), t, top);
+                events.push(PoolEvent::Logprobs(id, lp));
             }
             if session.is_done() {
                 self.finish(id, session);
@@ -281,6 +284,9 @@ impl<'m> SessionPool<'m> {
     /// `top` most likely alternatives.
     pub fn want_logprobs(&mut self, id: RequestId, top: usize) {
         self.logprobs.insert(id, top);
+        if let Some(s) = self.running.get_mut(&id) {
+            s.stop_speculating();
+        }
     }
 
     /// Records a finished session and keeps its KV as a prefix.
@@ -313,7 +319,10 @@ impl<'m> SessionPool<'m> {
                 .remove(&p.id)
                 .expect("a promoted id was waiting");
             match self.start(&prompt, &opts) {
-                Ok(session) => {
+                Ok(mut session) => {
+                    if self.logprobs.contains_key(&p.id) {
+                        session.stop_speculating();
+                    }
                     self.running.insert(p.id, session);
                 }
                 Err(e) => {

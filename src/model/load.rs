@@ -4,6 +4,7 @@
 
 use super::attention::{Attention, AttentionShape};
 use super::dsa::{Indexer, IndexerShape};
+use super::footprint::{check_budget, Footprint};
 use super::mla::{DsaMode, MlaAttention, MlaMode, MlaShape, QLora};
 use super::mlp::Mlp;
 use super::moe::{MoeBlock, SharedExpert};
@@ -13,8 +14,8 @@ use super::router::Router;
 use super::{names, AttnBlock, Ffn, Layer, Model, Shapes};
 use crate::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
+use crate::progress::{Progress, Work};
 use crate::quant::policy::Policy;
-use crate::store::budget::{self, BudgetInput};
 use crate::store::policy::EvictPolicy;
 use crate::store::{ExpertLocation, ExpertStore, Schedule};
 use crate::weights::index::AtLoad;
@@ -53,6 +54,22 @@ pub struct LoadOptions {
     /// Prefetch reads alive at once while a lookahead prefetches; `None`
     /// gives `depth × top_k`.
     pub prefetch_experts: Option<usize>,
+    /// Where loading reports the resident bytes read so far (and the model
+    /// keeps it for prefill progress); off by default.
+    pub progress: Progress,
+}
+
+impl LoadOptions {
+    /// Prefetch reads alive at once for a model routing `top_k` experts
+    /// per token: 0 without lookahead prefetch.
+    pub fn prefetch_experts_max(&self, top_k: usize) -> usize {
+        match self.schedule.lookahead {
+            Some(a) => self
+                .prefetch_experts
+                .unwrap_or(a.depth.max(1).saturating_mul(top_k)),
+            None => 0,
+        }
+    }
 }
 
 impl Default for LoadOptions {
@@ -70,39 +87,15 @@ impl Default for LoadOptions {
             context: 4096,
             schedule: Schedule::default(),
             prefetch_experts: None,
+            progress: Progress::default(),
         }
     }
 }
 
-/// Refuses a budget below the resident weights before reading them: the
-/// sum of every non-expert tensor's size as kept is a lower bound of the
-/// resident set (tensors widened to f32 at load count at their stored
-/// width), so refusing on it is never wrong.
-fn refuse_early(index: &WeightIndex, budget: u64) -> Result<()> {
-    let lower: u64 = index
-        .iter()
-        .filter(|(n, _)| {
-            let routed = n.contains(".experts.") && !n.contains("shared");
-            let companion = n.ends_with(".scales") || n.ends_with("_scale_inv");
-            !routed && !companion && !n.starts_with("__pad__.")
-        })
-        .filter_map(|(n, _)| index.resolve(n).ok())
-        .map(|r| index.kept_bytes(&r))
-        .sum();
-    if lower > budget {
-        return Err(Error::Budget(format!(
-            "a RAM budget of {} GB is too small: the resident weights alone need at least {}",
-            budget as f64 / 1e9,
-            budget::human(lower)
-        )));
-    }
-    Ok(())
-}
-
 /// What a layer has, beyond what the config says of every layer.
-struct LayerSpec {
+pub(super) struct LayerSpec {
     index: usize,
-    sparse: bool,
+    pub(super) sparse: bool,
     indexer: bool,
 }
 
@@ -116,9 +109,22 @@ impl Model {
             policy,
             layers: cfg.num_layers,
         }));
-        if let Some(budget) = opts.ram_budget {
-            refuse_early(&index, budget)?;
-        }
+        // Headers only: a budget that cannot fit is refused before any
+        // weight is read, by the check `moestream plan` makes.
+        let footprint = if opts.ram_budget.is_some() || opts.progress.is_on() {
+            Some(Footprint::measure(&cfg, &index)?)
+        } else {
+            None
+        };
+        let plan = match (opts.ram_budget, &footprint) {
+            (Some(budget), Some(fp)) => Some(check_budget(fp, budget, opts)?),
+            _ => None,
+        };
+        let resident_total = footprint.as_ref().map_or(0, Footprint::resident_bytes);
+        let loaded = |index: &WeightIndex| {
+            opts.progress
+                .report(Work::Load, index.resident_bytes(), resident_total)
+        };
         let index = Arc::new(index);
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed = index.read_mat("model.embed_tokens.weight", v, h)?;
@@ -139,6 +145,7 @@ impl Model {
             let (layer, locs) = load_layer(&cfg, &index, &spec)?;
             layers.push(layer);
             locations.push(locs);
+            loaded(&index);
         }
         let mtp = match load_mtp(&cfg, &index)? {
             Some((head, locs)) => {
@@ -147,6 +154,8 @@ impl Model {
             }
             None => None,
         };
+        opts.progress
+            .report(Work::Load, resident_total, resident_total);
         // From here on the shards are read at random (experts).
         for shard in &index.shards {
             shard.reader.expect_random();
@@ -161,12 +170,7 @@ impl Model {
         )?;
         let mut store = store;
         store.schedule = Schedule {
-            prefetch_experts_max: match opts.schedule.lookahead {
-                Some(a) => opts
-                    .prefetch_experts
-                    .unwrap_or(a.depth.max(1).saturating_mul(cfg.top_k)),
-                None => 0,
-            },
+            prefetch_experts_max: opts.prefetch_experts_max(cfg.top_k),
             ..opts.schedule
         };
         let shapes = shapes(&cfg, opts);
@@ -182,9 +186,9 @@ impl Model {
             plan: None,
             context_budget: None,
             history: None,
+            progress: opts.progress.clone(),
         };
-        if let Some(budget) = opts.ram_budget {
-            let plan = budget::plan(&model.budget_input(budget, opts)).map_err(Error::Budget)?;
+        if let Some(plan) = plan {
             model.store.set_slots(plan.slots_per_layer);
             model.plan = Some(plan);
             model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));
@@ -201,40 +205,6 @@ impl Model {
             });
         }
         Ok(model)
-    }
-
-    /// The byte counts the RAM plan needs.
-    fn budget_input(&self, budget: u64, opts: &LoadOptions) -> BudgetInput {
-        let cfg = &self.cfg;
-        let context = opts.context.min(cfg.rope.max_position_embeddings).max(1);
-        let kv_per_token: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                let k = self.kv_layout(l);
-                k.attention_bytes_per_token() + k.index_bytes_per_token()
-            })
-            .sum();
-        let (expert_ram, expert_disk) = self.store.expert_bytes().unwrap_or((0, 0));
-        let widest = cfg
-            .intermediate_size
-            .max(cfg.moe_intermediate_size * cfg.top_k);
-        let per_position = cfg.vocab_size + 16 * cfg.hidden_size + 3 * widest;
-        BudgetInput {
-            budget,
-            resident: self.store.index().resident_bytes(),
-            expert_ram,
-            expert_disk,
-            expert_zero_copy: self.store.zero_copy(),
-            moe_layers: self.store.moe_layers(),
-            experts_per_layer: cfg.num_experts,
-            top_k: cfg.top_k,
-            kv: (kv_per_token as u64).saturating_mul(context as u64),
-            activations: (per_position as u64)
-                .saturating_mul(context.min(super::PREFILL_CHUNK) as u64 * 4),
-            page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
-            prefetch_experts: self.store.schedule.prefetch_experts_max,
-        }
     }
 }
 
@@ -424,7 +394,7 @@ fn load_moe(
     index: &WeightIndex,
     l: usize,
 ) -> Result<(MoeBlock, Vec<ExpertLocation>)> {
-    let (h, e, i) = (cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size);
+    let (h, e) = (cfg.hidden_size, cfg.num_experts);
     let p = names::layer(l);
     let router_name = names::pick(index, &names::router(cfg.family, l)).to_string();
     let correction_bias = match cfg.router {
@@ -445,18 +415,7 @@ fn load_moe(
             gate: None,
         }),
     };
-    let mut locs = Vec::with_capacity(e);
-    for x in 0..e {
-        let cands = names::expert(cfg.family, l, x);
-        let [g, u, d] = names::pick3(index, &cands).clone();
-        locs.push(ExpertLocation {
-            parts: [
-                index.expect_shape(&g, &[i, h])?,
-                index.expect_shape(&u, &[i, h])?,
-                index.expect_shape(&d, &[h, i])?,
-            ],
-        });
-    }
+    let locs = locate_experts(cfg, index, l)?;
     let router = Router {
         weight: index.read_f32(&router_name, &[e, h])?,
         correction_bias,
@@ -467,21 +426,53 @@ fn load_moe(
     Ok((MoeBlock { router, shared }, locs))
 }
 
-/// The MTP head at layer index `num_layers`, if the config announces one
-/// and the checkpoint holds its weights (hub conversions sometimes drop it).
-fn load_mtp(cfg: &ModelConfig, index: &WeightIndex) -> Result<Option<(Mtp, Vec<ExpertLocation>)>> {
+/// Where each routed expert of layer `l` lives, its three tensors
+/// shape-checked (headers only).
+pub(super) fn locate_experts(
+    cfg: &ModelConfig,
+    index: &WeightIndex,
+    l: usize,
+) -> Result<Vec<ExpertLocation>> {
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let mut locs = Vec::with_capacity(cfg.num_experts);
+    for x in 0..cfg.num_experts {
+        let cands = names::expert(cfg.family, l, x);
+        let [g, u, d] = names::pick3(index, &cands).clone();
+        locs.push(ExpertLocation {
+            parts: [
+                index.expect_shape(&g, &[i, h])?,
+                index.expect_shape(&u, &[i, h])?,
+                index.expect_shape(&d, &[h, i])?,
+            ],
+        });
+    }
+    Ok(locs)
+}
+
+/// The MTP layer loading reads, if any: the config announces one and the
+/// checkpoint holds its weights (hub conversions sometimes drop it).
+pub(super) fn mtp_spec(cfg: &ModelConfig, index: &WeightIndex) -> Option<LayerSpec> {
     let l = cfg.num_layers;
     let p = names::layer(l);
     if cfg.mtp_layers == 0 || !index.contains(&format!("{p}eh_proj.weight")) {
-        return Ok(None);
+        return None;
     }
-    let h = cfg.hidden_size;
-    let spec = LayerSpec {
+    Some(LayerSpec {
         index: l,
         sparse: index.contains(&format!("{p}mlp.gate.weight")),
         indexer: cfg.indexer.is_some()
             && index.contains(&format!("{p}self_attn.indexer.wq_b.weight")),
+    })
+}
+
+/// The MTP head at layer index `num_layers`, if the config announces one
+/// and the checkpoint holds its weights (hub conversions sometimes drop it).
+fn load_mtp(cfg: &ModelConfig, index: &WeightIndex) -> Result<Option<(Mtp, Vec<ExpertLocation>)>> {
+    let Some(spec) = mtp_spec(cfg, index) else {
+        return Ok(None);
     };
+    let p = names::layer(spec.index);
+    let h = cfg.hidden_size;
     let (block, locs) = load_layer(cfg, index, &spec)?;
     let head_name = format!("{p}shared_head.head.weight");
     let head = if index.contains(&head_name) {
@@ -496,7 +487,7 @@ fn load_mtp(cfg: &ModelConfig, index: &WeightIndex) -> Result<Option<(Mtp, Vec<E
         block,
         norm: index.read_f32(&format!("{p}shared_head.norm.weight"), &[h])?,
         head,
-        store_layer: l,
+        store_layer: spec.index,
     };
     Ok(Some((mtp, locs)))
 }

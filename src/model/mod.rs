@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod dsa;
+pub mod footprint;
 mod load;
 pub mod mla;
 pub mod moe;
@@ -34,6 +35,7 @@ use moe::MoeBlock;
 use norm::rms_norm;
 use std::time::Instant;
 
+pub use footprint::{check_budget, Footprint};
 pub use load::LoadOptions;
 
 /// The attention of a layer.
@@ -85,6 +87,8 @@ pub struct Model {
     pub context_budget: Option<usize>,
     /// What became of the saved usage history (pins), if there was one.
     pub history: Option<String>,
+    /// Where long work on this model (a long prefill) reports progress.
+    pub progress: crate::progress::Progress,
 }
 
 /// One sequence of a forward: its new tokens, its KV cache, and its DSA

@@ -74,11 +74,16 @@ impl MoeBlock {
         w: &mut Work,
     ) -> Result<()> {
         let h = x.len() / n;
+        let tracing = store.tracing();
         // (expert, token, weight), sorted by expert then token: the order
         // transformers sums them in.
         for t in 0..n {
             self.router.route_into(&x[t * h..(t + 1) * h], &mut w.route);
             store.record_usage(layer, &w.route.experts);
+            if tracing {
+                let r = &w.route;
+                store.trace_route(layer, &r.experts, &r.weights, r.margin);
+            }
             if n == 1 {
                 store.score_predictions(layer, &w.route.experts);
             }

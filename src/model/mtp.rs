@@ -37,6 +37,31 @@ pub struct MtpState {
     kv: KvCache,
 }
 
+impl MtpState {
+    /// MTP rows held.
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    /// Whether no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_empty()
+    }
+
+    /// Forgets the rows from `len` on (recursive drafts of a past step).
+    pub fn truncate(&mut self, len: usize) {
+        self.kv.truncate(len);
+    }
+
+    /// Makes room for `more` rows.
+    pub fn reserve_more(&mut self, more: usize) {
+        let need = self.kv.len() + more;
+        if need > self.kv.capacity() {
+            self.kv.grow(need.max(2 * self.kv.capacity()));
+        }
+    }
+}
+
 impl Model {
     fn mtp_head(&self) -> Result<&Mtp> {
         self.mtp.as_ref().ok_or_else(|| {

@@ -18,6 +18,10 @@ use crate::scratch::{self, Scratch};
 pub struct Route {
     pub experts: Vec<usize>,
     pub weights: Vec<f32>,
+    /// The top-k margin: the k-th chosen expert's routing score less the
+    /// best unchosen one's (softmax probability; sigmoid score plus
+    /// correction bias, groups applied); +inf when none was left out.
+    pub margin: f32,
 }
 
 /// One MoE layer's router.
@@ -37,6 +41,7 @@ impl Router {
         let mut r = Route {
             experts: Vec::with_capacity(self.top_k),
             weights: Vec::with_capacity(self.top_k),
+            margin: 0.0,
         };
         self.route_into(x, &mut r);
         r
@@ -68,7 +73,7 @@ impl Router {
 
     fn softmax_route(&self, probs: &mut [f32], norm: bool, out: &mut Route) {
         softmax(probs);
-        top_k_into(probs, self.top_k, &mut out.experts);
+        out.margin = top_k_margin_into(probs, self.top_k, &mut out.experts);
         out.weights.clear();
         out.weights.extend(out.experts.iter().map(|&e| probs[e]));
         if norm {
@@ -113,7 +118,7 @@ impl Router {
                 }
             }
         });
-        top_k_into(&choice, self.top_k, &mut out.experts);
+        out.margin = top_k_margin_into(&choice, self.top_k, &mut out.experts);
         out.weights.clear();
         out.weights.extend(out.experts.iter().map(|&e| scores[e]));
         if norm {
@@ -152,10 +157,21 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<usize> {
 /// `v.len()` indices). The order is total, so an unstable sort gives the
 /// same result as a stable one.
 pub fn top_k_into(v: &[f32], k: usize, out: &mut Vec<usize>) {
+    top_k_margin_into(v, k, out);
+}
+
+/// [`top_k_into`], returning the margin: the k-th largest value less the
+/// (k+1)-th (+inf when there is no (k+1)-th, or k is 0).
+pub fn top_k_margin_into(v: &[f32], k: usize, out: &mut Vec<usize>) -> f32 {
     out.clear();
     out.extend(0..v.len());
     out.sort_unstable_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+    let margin = match (k.checked_sub(1).and_then(|i| out.get(i)), out.get(k)) {
+        (Some(&kth), Some(&next)) => v[kth] - v[next],
+        _ => f32::INFINITY,
+    };
     out.truncate(k);
+    margin
 }
 
 #[cfg(test)]
@@ -165,6 +181,23 @@ mod tests {
     #[test]
     fn top_k_orders_and_breaks_ties_low_first() {
         assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.2], 3), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn the_margin_is_the_kth_less_the_next() {
+        let mut out = Vec::new();
+        // (values, k, margin)
+        let table: [(&[f32], usize, f32); 4] = [
+            (&[0.1, 0.5, 0.25, 0.2], 2, 0.05),
+            (&[0.1, 0.5, 0.5, 0.2], 1, 0.0),
+            (&[0.1, 0.5], 2, f32::INFINITY),
+            (&[0.1, 0.5], 0, f32::INFINITY),
+        ];
+        for (v, k, want) in table {
+            let m = top_k_margin_into(v, k, &mut out);
+            assert!((m - want).abs() < 1e-6 || m == want, "{v:?} k={k}: {m}");
+            assert_eq!(out, top_k(v, k));
+        }
     }
 
     #[test]

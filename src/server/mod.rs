@@ -59,6 +59,8 @@ pub struct ServerConfig {
     pub max_tokens_default: usize,
     /// Sampling settings given on the command line (a request's own win).
     pub overrides: Overrides,
+    /// Drafting for every request (a request wanting logprobs does not).
+    pub speculation: crate::engine::Speculation,
 }
 
 /// Loads the model on the engine thread.
@@ -127,7 +129,14 @@ pub fn serve(
     template: Option<ChatTemplate>,
     loader: Loader,
 ) -> Result<(), String> {
-    serve_until(config, listener, tok, template, loader, Box::pin(shutdown_signal()))
+    serve_until(
+        config,
+        listener,
+        tok,
+        template,
+        loader,
+        Box::pin(shutdown_signal()),
+    )
 }
 
 /// [`serve`] until `stop` completes instead of a signal (a benchmark or

@@ -88,6 +88,7 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
             sampling,
             ignore_eos: req.ignore_eos,
             eos_ids: s.defaults.eos_ids.clone(),
+            speculation: s.config.speculation,
         },
         logprobs: req.logprobs(chat)?,
         stops: req.stops()?,

@@ -2,7 +2,6 @@
 //! gate that lets each layer's cache grow only into buffers already
 //! faulted in (results/budget-sweep.md).
 
-use super::cache::SlotCache;
 use super::ExpertStore;
 use std::sync::atomic::Ordering;
 
@@ -55,8 +54,7 @@ impl ExpertStore {
         moestream_io::shared_pool().warm(class, held);
         // From now on a cache grows only into buffers warming provided.
         for cache in &self.caches {
-            let mut c = cache.lock().expect("cache lock");
-            *c = SlotCache::gated(c.capacity(), 0);
+            cache.lock().expect("cache lock").gate(0);
         }
         self.gated.store(true, Ordering::Relaxed);
     }

@@ -1,25 +1,22 @@
 //! One layer's expert cache: a fixed number of slots, some of them pinned
 //! (the hot tier, never evicted), the rest filled on demand (the warm tier)
-//! and evicted by a caller-given score (see [`super::policy`]): the lowest
-//! scoring unpinned entry goes. Lookups are counted per tier.
+//! and evicted by the cache's [`Policy`] (see [`super::policy`]). Lookups
+//! are counted per tier.
 //!
 //! Slots are few (tens to a few hundred), so a flat vector with linear
-//! scans beats any map here and keeps the order of entries deterministic.
+//! scans beats any map here and keeps the order of entries deterministic:
+//! slots stay in insertion order, which is how policies break ties.
 //!
 //! Of its `capacity` slots, only `limit` are usable now: the store raises
 //! the limit as memory for more experts becomes available without page
 //! faults (see `ExpertStore::begin`), so the cache grows no faster than its
 //! buffers can be faulted in off the read path. A cache that is not gated
 //! has `limit == capacity` from the start.
+//!
+//! The live store keeps experts here; the replay keeps `()`, with the same
+//! policy code, so a replay makes the same decisions the run made.
 
-/// A cached value with its bookkeeping.
-struct Entry<V> {
-    key: usize,
-    value: V,
-    /// The cache's clock at the last lookup or insertion (LRU order).
-    last: u64,
-    pinned: bool,
-}
+use super::policy::{Policy, Slot, View};
 
 /// Hit and miss counters of one cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,95 +32,121 @@ pub struct CacheCounters {
 /// A bounded cache of experts keyed by expert index.
 pub struct SlotCache<V> {
     capacity: usize,
-    /// Slots usable now, `entries.len() <= limit <= capacity`; only grows.
+    /// Slots usable now, `slots.len() <= limit <= capacity`; only grows.
     limit: usize,
-    entries: Vec<Entry<V>>,
+    /// Occupied slots in insertion order; `values[i]` belongs to `slots[i]`.
+    slots: Vec<Slot>,
+    values: Vec<V>,
+    /// Counts lookups and insertions (the `last` of a slot).
     tick: u64,
+    policy: Box<dyn Policy>,
     pub counters: CacheCounters,
 }
 
 impl<V: Clone> SlotCache<V> {
-    /// An empty cache of `capacity` slots, all usable.
-    pub fn new(capacity: usize) -> SlotCache<V> {
-        Self::gated(capacity, capacity)
+    /// An empty cache of `capacity` slots, all usable, evicting by `policy`.
+    pub fn new(capacity: usize, policy: Box<dyn Policy>) -> SlotCache<V> {
+        Self::gated(capacity, capacity, policy)
     }
 
     /// An empty cache of `capacity` slots of which `limit` are usable
     /// until [`SlotCache::grow`] raises it.
-    pub fn gated(capacity: usize, limit: usize) -> SlotCache<V> {
+    pub fn gated(capacity: usize, limit: usize, mut policy: Box<dyn Policy>) -> SlotCache<V> {
+        let limit = limit.min(capacity);
+        policy.on_limit(limit);
         SlotCache {
             capacity,
-            limit: limit.min(capacity),
-            entries: Vec::with_capacity(capacity),
+            limit,
+            slots: Vec::with_capacity(capacity),
+            values: Vec::with_capacity(capacity),
             tick: 0,
+            policy,
             counters: CacheCounters::default(),
         }
+    }
+
+    /// Gates an empty cache: `limit` slots usable from now on.
+    pub fn gate(&mut self, limit: usize) {
+        assert!(self.slots.is_empty(), "only an empty cache is gated");
+        self.limit = limit.min(self.capacity);
+        self.policy.on_limit(self.limit);
+    }
+
+    fn find(&self, key: usize) -> Option<usize> {
+        self.slots.iter().position(|s| s.key == key)
     }
 
     /// The value under `key`, counting a hit (pinned or not) or a miss.
     pub fn get(&mut self, key: usize) -> Option<V> {
         self.tick += 1;
-        match self.entries.iter_mut().find(|e| e.key == key) {
-            Some(e) => {
-                e.last = self.tick;
-                if e.pinned {
+        match self.find(key) {
+            Some(i) => {
+                let s = &mut self.slots[i];
+                s.last = self.tick;
+                if s.pinned {
                     self.counters.pinned_hits += 1;
                 } else {
                     self.counters.hits += 1;
                 }
-                Some(e.value.clone())
+                self.policy.on_hit(key);
+                Some(self.values[i].clone())
             }
             None => {
                 self.counters.misses += 1;
+                self.policy.on_miss(key);
                 None
             }
         }
     }
 
-    /// Inserts (or refreshes) `key`. When full, evicts the unpinned entry
-    /// with the lowest `score(key, last)` (ties: the earliest inserted) and
-    /// returns its key; when every slot is pinned nothing is inserted.
-    pub fn insert(
-        &mut self,
-        key: usize,
-        value: V,
-        score: impl Fn(usize, u64) -> u64,
-    ) -> Option<usize> {
+    /// Tells the policy when `key` is next looked up (the replay's future;
+    /// see [`Policy::on_next_use`]).
+    pub fn hint_next(&mut self, key: usize, at: u64) {
+        self.policy.on_next_use(key, at);
+    }
+
+    /// Inserts (or refreshes) `key`. When full, evicts the policy's victim
+    /// and returns its key; when the policy picks none (every slot pinned,
+    /// or the incoming key is the worst to keep) nothing is inserted.
+    /// `view` is the usage the policy may consult.
+    pub fn insert(&mut self, key: usize, value: V, view: View) -> Option<usize> {
         self.tick += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
-            e.value = value;
-            e.last = self.tick;
+        if let Some(i) = self.find(key) {
+            self.values[i] = value;
+            self.slots[i].last = self.tick;
             return None;
         }
         if self.limit == 0 {
             return None;
         }
         let mut evicted = None;
-        if self.entries.len() == self.limit {
-            let victim = self
-                .entries
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| !e.pinned)
-                .min_by_key(|(_, e)| score(e.key, e.last))
-                .map(|(i, _)| i);
-            let i = victim?;
-            evicted = Some(self.entries.remove(i).key);
+        if self.slots.len() == self.limit {
+            let i = self.policy.victim(key, &self.slots, view)?;
+            assert!(!self.slots[i].pinned, "a policy evicted a pinned expert");
+            let gone = self.slots.remove(i).key;
+            self.values.remove(i);
+            self.policy.on_evict(gone);
             self.counters.evictions += 1;
+            evicted = Some(gone);
         }
-        self.entries.push(Entry {
+        self.slots.push(Slot {
             key,
-            value,
             last: self.tick,
             pinned: false,
         });
-        assert!(self.entries.len() <= self.limit, "cache over its limit");
+        self.values.push(value);
+        self.policy.on_insert(key);
+        assert!(self.slots.len() <= self.limit, "cache over its limit");
         evicted
     }
 
     /// Makes `n` more slots usable (up to the capacity).
     pub fn grow(&mut self, n: usize) {
-        self.limit = self.limit.saturating_add(n).min(self.capacity);
+        let limit = self.limit.saturating_add(n).min(self.capacity);
+        if limit != self.limit {
+            self.limit = limit;
+            self.policy.on_limit(limit);
+        }
     }
 
     /// Slots usable now.
@@ -136,10 +159,11 @@ impl<V: Clone> SlotCache<V> {
     /// returns whether `key` is now pinned.
     pub fn pin(&mut self, key: usize) -> bool {
         let pinned = self.pinned_len();
-        match self.entries.iter_mut().find(|e| e.key == key) {
-            Some(e) if e.pinned => true,
-            Some(e) if pinned < self.capacity / 2 => {
-                e.pinned = true;
+        let half = self.capacity / 2;
+        match self.slots.iter_mut().find(|s| s.key == key) {
+            Some(s) if s.pinned => true,
+            Some(s) if pinned < half => {
+                s.pinned = true;
                 true
             }
             _ => false,
@@ -148,69 +172,78 @@ impl<V: Clone> SlotCache<V> {
 
     /// Unpins `key` (it stays cached, now evictable).
     pub fn unpin(&mut self, key: usize) {
-        if let Some(e) = self.entries.iter_mut().find(|e| e.key == key) {
-            e.pinned = false;
+        if let Some(s) = self.slots.iter_mut().find(|s| s.key == key) {
+            s.pinned = false;
         }
     }
 
     /// Keys of the pinned entries, in insertion order.
     pub fn pinned(&self) -> Vec<usize> {
-        self.entries
+        self.slots
             .iter()
-            .filter(|e| e.pinned)
-            .map(|e| e.key)
+            .filter(|s| s.pinned)
+            .map(|s| s.key)
             .collect()
     }
 
+    /// Whether `key` is cached and pinned.
+    pub fn is_pinned(&self, key: usize) -> bool {
+        self.slots.iter().any(|s| s.key == key && s.pinned)
+    }
+
     fn pinned_len(&self) -> usize {
-        self.entries.iter().filter(|e| e.pinned).count()
+        self.slots.iter().filter(|s| s.pinned).count()
     }
 
     /// For each of `keys`, whether it would still be cached after inserting
-    /// all of them in order with [`SlotCache::insert`] and `score` (nothing
-    /// is changed or counted). Lets a caller drop, as soon as it is used,
-    /// a fetched value that would only be evicted again.
-    pub fn survivors(&self, keys: &[usize], score: impl Fn(usize, u64) -> u64) -> Vec<bool> {
+    /// all of them in order with [`SlotCache::insert`] (nothing is changed
+    /// or counted: a dry run on a copy of the slots and the policy). Lets a
+    /// caller drop, as soon as it is used, a fetched value that would only
+    /// be evicted again.
+    pub fn survivors(&self, keys: &[usize], view: View) -> Vec<bool> {
         let mut shadow: SlotCache<()> = SlotCache {
             capacity: self.capacity,
             limit: self.limit,
-            entries: self
-                .entries
-                .iter()
-                .map(|e| Entry {
-                    key: e.key,
-                    value: (),
-                    last: e.last,
-                    pinned: e.pinned,
-                })
-                .collect(),
+            slots: self.slots.clone(),
+            values: vec![(); self.slots.len()],
             tick: self.tick,
+            policy: self.policy.clone_box(),
             counters: CacheCounters::default(),
         };
         for &k in keys {
-            shadow.insert(k, (), &score);
+            shadow.insert(k, (), view);
         }
         keys.iter().map(|&k| shadow.contains(k)).collect()
     }
 
     /// Whether some cached value satisfies `pred`.
     pub fn any_value(&self, pred: impl Fn(&V) -> bool) -> bool {
-        self.entries.iter().any(|e| pred(&e.value))
+        self.values.iter().any(pred)
     }
 
     /// Whether `key` is cached (no counting).
     pub fn contains(&self, key: usize) -> bool {
-        self.entries.iter().any(|e| e.key == key)
+        self.find(key).is_some()
+    }
+
+    /// Cached keys, in insertion order.
+    pub fn keys(&self) -> Vec<usize> {
+        self.slots.iter().map(|s| s.key).collect()
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
     }
 
     /// Cached entries.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.slots.len()
     }
 
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.slots.is_empty()
     }
 
     /// Slots.
@@ -221,33 +254,64 @@ impl<V: Clone> SlotCache<V> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::policy::{self, lowest, Lru, NAMES};
+    use super::super::usage::Usage;
     use super::*;
 
-    /// LRU: the score is the last-use clock.
-    fn lru(_: usize, last: u64) -> u64 {
-        last
+    fn lru() -> Box<dyn Policy> {
+        Box::new(Lru)
+    }
+
+    /// Scores by key: lower keys are colder.
+    #[derive(Clone, Copy)]
+    struct ByKey;
+
+    impl Policy for ByKey {
+        fn name(&self) -> &'static str {
+            "by-key"
+        }
+        fn victim(&self, _: usize, slots: &[Slot], _: View) -> Option<usize> {
+            lowest(slots, |s| s.key)
+        }
+        fn clone_box(&self) -> Box<dyn Policy> {
+            Box::new(*self)
+        }
     }
 
     /// `survivors` predicts exactly what a real insertion sequence keeps,
-    /// under LRU and a frequency score, with pins and repeated keys.
+    /// under every policy (stateful ones included: the dry run copies the
+    /// state), with pins, repeated keys and a usage view.
     #[test]
     fn survivors_match_the_real_insertions() {
-        let heat = |k: usize, last: u64| ((k as u64 * 7919) % 13) << 8 | last;
+        let usage: Vec<Usage> = (0..10u64)
+            .map(|k| Usage {
+                count: (k * 7919) % 13,
+                heat: ((k * 31) % 5) as u32,
+                last_use: k % 3,
+            })
+            .collect();
+        let view = View {
+            usage: &usage,
+            now: 4,
+        };
         for cap in 0..6 {
             for seq in [vec![5, 6, 7, 8, 9], vec![1, 9, 9, 2], vec![3], vec![]] {
-                for score in [lru as fn(usize, u64) -> u64, heat] {
-                    let mut c = SlotCache::new(cap);
+                for name in NAMES {
+                    let mut c = SlotCache::new(cap, policy::build(name, 10).unwrap());
+                    for (i, k) in [1, 2, 3, 5, 6, 7, 8, 9].into_iter().enumerate() {
+                        c.hint_next(k, (i as u64 * 5) % 7);
+                    }
                     for k in [1, 2, 3] {
-                        c.insert(k, k, score);
+                        c.insert(k, k, view);
                     }
                     c.pin(2);
                     c.get(1);
-                    let predicted = c.survivors(&seq, score);
+                    let predicted = c.survivors(&seq, view);
                     for &k in &seq {
-                        c.insert(k, k, score);
+                        c.insert(k, k, view);
                     }
                     let actual: Vec<bool> = seq.iter().map(|&k| c.contains(k)).collect();
-                    assert_eq!(predicted, actual, "cap {cap} seq {seq:?}");
+                    assert_eq!(predicted, actual, "{name}: cap {cap} seq {seq:?}");
                 }
             }
         }
@@ -255,11 +319,12 @@ mod tests {
 
     #[test]
     fn counts_hits_per_tier_and_misses() {
-        let mut c = SlotCache::new(4);
+        let mut c = SlotCache::new(4, lru());
         assert_eq!(c.get(1), None);
-        c.insert(1, "a", lru);
-        c.insert(2, "b", lru);
+        c.insert(1, "a", View::EMPTY);
+        c.insert(2, "b", View::EMPTY);
         assert!(c.pin(1));
+        assert!(c.is_pinned(1) && !c.is_pinned(2) && !c.is_pinned(3));
         assert_eq!(c.get(1), Some("a"));
         assert_eq!(c.get(2), Some("b"));
         assert_eq!(
@@ -275,75 +340,80 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used_in_order() {
-        let mut c = SlotCache::new(3);
+        let mut c = SlotCache::new(3, lru());
+        let v = View::EMPTY;
         for k in [1, 2, 3] {
-            c.insert(k, k * 10, lru);
+            c.insert(k, k * 10, v);
         }
         c.get(1); // recency now: 2, 3, 1
-        assert_eq!(c.insert(4, 40, lru), Some(2));
-        assert_eq!(c.insert(5, 50, lru), Some(3));
+        assert_eq!(c.insert(4, 40, v), Some(2));
+        assert_eq!(c.insert(5, 50, v), Some(3));
         c.get(4);
-        assert_eq!(c.insert(6, 60, lru), Some(1));
-        assert_eq!(c.insert(7, 70, lru), Some(5));
+        assert_eq!(c.insert(6, 60, v), Some(1));
+        assert_eq!(c.insert(7, 70, v), Some(5));
         assert!(c.contains(4) && c.contains(6) && c.contains(7));
         assert_eq!((c.len(), c.counters.evictions), (3, 4));
+        assert_eq!(c.keys(), [4, 6, 7]);
     }
 
     #[test]
-    fn the_score_picks_the_victim_and_pins_are_never_evicted() {
-        // Score by key: lower keys are colder.
-        let by_key = |k: usize, _| k as u64;
-        let mut c = SlotCache::new(4);
+    fn the_policy_picks_the_victim_and_pins_are_never_evicted() {
+        let mut c = SlotCache::new(4, Box::new(ByKey));
+        let v = View::EMPTY;
         for k in [5, 1, 7, 3] {
-            c.insert(k, (), by_key);
+            c.insert(k, (), v);
         }
         assert!(c.pin(1));
         assert!(c.pin(3));
         assert!(!c.pin(5), "at most half the slots are pinned");
-        assert_eq!(c.insert(9, (), by_key), Some(5));
-        assert_eq!(c.insert(2, (), by_key), Some(7));
+        assert_eq!(c.insert(9, (), v), Some(5));
+        assert_eq!(c.insert(2, (), v), Some(7));
         assert_eq!(c.pinned(), [1, 3]);
         c.unpin(1);
-        assert_eq!(c.insert(8, (), by_key), Some(1));
+        assert_eq!(c.insert(8, (), v), Some(1));
+        assert_eq!(c.policy_name(), "by-key");
     }
 
     #[test]
     fn pins_are_capped_at_half_and_an_empty_cache_inserts_nothing() {
-        let mut c = SlotCache::new(2);
-        c.insert(1, (), lru);
-        c.insert(2, (), lru);
+        let mut c = SlotCache::new(2, lru());
+        c.insert(1, (), View::EMPTY);
+        c.insert(2, (), View::EMPTY);
         assert!(c.pin(1));
         assert!(!c.pin(2));
-        let mut z = SlotCache::new(0);
-        assert_eq!(z.insert(1, (), lru), None);
+        let mut z = SlotCache::new(0, lru());
+        assert_eq!(z.insert(1, (), View::EMPTY), None);
         assert!(z.is_empty() && z.get(1).is_none());
     }
 
     #[test]
     fn a_gated_cache_uses_only_its_limit_and_grows_to_its_capacity() {
-        let mut c = SlotCache::gated(4, 1);
-        c.insert(1, (), lru);
-        assert_eq!(c.insert(2, (), lru), Some(1));
-        assert_eq!(c.survivors(&[3, 4], lru), [false, true]);
+        let v = View::EMPTY;
+        let mut c = SlotCache::gated(4, 1, lru());
+        c.insert(1, (), v);
+        assert_eq!(c.insert(2, (), v), Some(1));
+        assert_eq!(c.survivors(&[3, 4], v), [false, true]);
         c.grow(2);
-        assert_eq!(c.survivors(&[3, 4], lru), [true, true]);
-        assert_eq!(c.insert(3, (), lru), None);
-        assert_eq!(c.insert(4, (), lru), None);
-        assert_eq!(c.insert(5, (), lru), Some(2));
+        assert_eq!(c.survivors(&[3, 4], v), [true, true]);
+        assert_eq!(c.insert(3, (), v), None);
+        assert_eq!(c.insert(4, (), v), None);
+        assert_eq!(c.insert(5, (), v), Some(2));
         c.grow(100);
         assert_eq!((c.limit(), c.capacity()), (4, 4));
-        let mut z: SlotCache<()> = SlotCache::gated(3, 0);
-        assert_eq!(z.insert(1, (), lru), None);
+        let mut z: SlotCache<()> = SlotCache::new(3, lru());
+        z.gate(0);
+        assert_eq!(z.insert(1, (), v), None);
         assert!(z.is_empty());
     }
 
     #[test]
     fn reinsert_refreshes_without_evicting() {
-        let mut c = SlotCache::new(2);
-        c.insert(1, 1, lru);
-        c.insert(2, 2, lru);
-        assert_eq!(c.insert(1, 11, lru), None);
-        assert_eq!(c.insert(3, 3, lru), Some(2));
+        let mut c = SlotCache::new(2, lru());
+        let v = View::EMPTY;
+        c.insert(1, 1, v);
+        c.insert(2, 2, v);
+        assert_eq!(c.insert(1, 11, v), None);
+        assert_eq!(c.insert(3, 3, v), Some(2));
         assert_eq!(c.get(1), Some(11));
     }
 }

@@ -300,7 +300,15 @@ impl<'s> Pending<'s> {
                             (a.expert, &a.read.plans[0], a.read.submitted)
                         }
                     };
-                    self.latencies.push(submitted.elapsed().as_micros() as u64);
+                    let us = submitted.elapsed().as_micros() as u64;
+                    self.latencies.push(us);
+                    if self.store.tracing() {
+                        let bytes = match source {
+                            Source::Demand => self.demand[k].bytes[i],
+                            Source::Prefetch => self.awaited[k].read.bytes[0],
+                        };
+                        self.store.trace_read(self.layer, e, bytes, us);
+                    }
                     let mlp = Arc::new(self.store.assemble(self.layer, e, plan, slabs)?);
                     match source {
                         Source::Prefetch => {
@@ -414,6 +422,7 @@ impl<'s> Pending<'s> {
         });
         self.store.insert(self.layer, replay);
         self.store.check_no_placeholder(self.layer);
+        self.store.trace_end_fetch(self.layer);
         self.store.record_reads(self.stall, &self.latencies);
     }
 }

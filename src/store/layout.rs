@@ -1,6 +1,7 @@
 //! Where a routed expert lives on disk and how its bytes become an
 //! expert: its three tensors ([`ExpertLocation`]), the coalesced reads that
-//! fetch them ([`ExpertStore::plan`]), and the decoding of the landed slabs
+//! fetch them ([`ExpertStore::plan`]; their byte counts, which the RAM
+//! plan uses, in [`ExpertLocation`]), and the decoding of the landed slabs
 //! (packed matrices stay windows of their slab: zero copy).
 
 use super::ExpertStore;
@@ -40,6 +41,61 @@ impl ExpertLocation {
         }
         out
     }
+
+    /// Bytes of its read spans on disk (the coalesced reads that fetch it).
+    pub fn disk_bytes(&self) -> u64 {
+        spans(self).iter().map(|s| s.len as u64).sum()
+    }
+
+    /// Whether every part is a packed container tensor (decoded in place
+    /// in its read slab: zero copy).
+    pub fn packed(&self) -> bool {
+        self.parts
+            .iter()
+            .all(|r| matches!(r.stored, crate::weights::index::Stored::Quant { .. }))
+    }
+
+    /// Bytes the expert takes in RAM once cached: its decoded parts, or,
+    /// zero copy, its whole read buffer (4096-rounded).
+    pub fn ram_bytes(&self, index: &crate::weights::WeightIndex) -> u64 {
+        let kept: u64 = self.parts.iter().map(|r| index.kept_bytes(r)).sum();
+        if self.packed() {
+            kept.max(moestream_io::align_up(self.disk_bytes() as usize) as u64)
+        } else {
+            kept
+        }
+    }
+}
+
+/// The coalesced reads of `loc`: per shard, its tensors (and scales)
+/// merged into as few spans as the limits allow (one, for the container's
+/// contiguous layout).
+fn spans(loc: &ExpertLocation) -> Vec<SpanRead> {
+    let mut ranges = loc.ranges();
+    ranges.sort_by_key(|(_, e)| (e.shard, e.offset));
+    let mut spans = Vec::new();
+    for same_shard in ranges.chunk_by(|a, b| a.1.shard == b.1.shard) {
+        let byte_ranges: Vec<ByteRange> = same_shard
+            .iter()
+            .map(|(_, e)| ByteRange {
+                offset: e.offset,
+                len: e.len as u64,
+            })
+            .collect();
+        for merged in coalesce(&byte_ranges, COALESCE) {
+            spans.push(SpanRead {
+                shard: same_shard[0].1.shard,
+                offset: merged.offset,
+                len: merged.len as usize,
+                parts: merged
+                    .parts
+                    .iter()
+                    .map(|&p| (same_shard[p].0, merged.window(byte_ranges[p])))
+                    .collect(),
+            });
+        }
+    }
+    spans
 }
 
 /// One coalesced read of an expert: a span of one shard, and the expert
@@ -56,31 +112,7 @@ impl ExpertStore {
     /// scales) merged into as few spans as the limits allow (one, for the
     /// container's contiguous layout).
     pub(crate) fn plan(&self, layer: usize, expert: usize) -> Vec<SpanRead> {
-        let mut ranges = self.locations[layer][expert].ranges();
-        ranges.sort_by_key(|(_, e)| (e.shard, e.offset));
-        let mut spans = Vec::new();
-        for same_shard in ranges.chunk_by(|a, b| a.1.shard == b.1.shard) {
-            let byte_ranges: Vec<ByteRange> = same_shard
-                .iter()
-                .map(|(_, e)| ByteRange {
-                    offset: e.offset,
-                    len: e.len as u64,
-                })
-                .collect();
-            for merged in coalesce(&byte_ranges, COALESCE) {
-                spans.push(SpanRead {
-                    shard: same_shard[0].1.shard,
-                    offset: merged.offset,
-                    len: merged.len as usize,
-                    parts: merged
-                        .parts
-                        .iter()
-                        .map(|&p| (same_shard[p].0, merged.window(byte_ranges[p])))
-                        .collect(),
-                });
-            }
-        }
-        spans
+        spans(&self.locations[layer][expert])
     }
 
     /// Decodes the expert from `slabs` (one per span of `spans`). Packed
@@ -133,25 +165,16 @@ impl ExpertStore {
 
     /// Bytes one expert of `layer` takes in RAM and on disk (its read spans).
     pub fn expert_bytes(&self) -> Option<(u64, u64)> {
-        let layer = self.locations.iter().position(|l| !l.is_empty())?;
-        let loc = self.locations[layer].first()?;
-        let kept: u64 = loc.parts.iter().map(|r| self.index.kept_bytes(r)).sum();
-        let disk: u64 = self.plan(layer, 0).iter().map(|s| s.len as u64).sum();
-        // A zero-copy expert keeps its whole read buffer (4096-rounded).
-        let ram = if self.zero_copy() {
-            kept.max(moestream_io::align_up(disk as usize) as u64)
-        } else {
-            kept
-        };
-        Some((ram, disk))
+        let loc = self.locations.iter().flatten().next()?;
+        Some((loc.ram_bytes(&self.index), loc.disk_bytes()))
     }
 
     /// Whether experts are packed, so decoded in place in their slabs.
     pub fn zero_copy(&self) -> bool {
-        self.locations.iter().flatten().next().is_some_and(|loc| {
-            loc.parts
-                .iter()
-                .all(|r| matches!(r.stored, crate::weights::index::Stored::Quant { .. }))
-        })
+        self.locations
+            .iter()
+            .flatten()
+            .next()
+            .is_some_and(ExpertLocation::packed)
     }
 }

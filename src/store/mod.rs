@@ -17,8 +17,8 @@
 //! fetch (`begin`, the cache insertions it replays); `layout` where an
 //! expert lives and how its slabs become an expert; `buffers` the warmed
 //! read buffers and the cache gate; `prefetch` lookahead reads and recall;
-//! `pins` usage and pinning; `stats` the counters; [`cache`] one layer's
-//! slots; [`fetch`] a layer's reads in flight; [`reads`] the read service;
+//! `pins` usage and pinning; `stats` the counters; `tracing` the hooks of
+//! `--trace` ([`crate::trace`]); [`cache`] one layer's slots; [`fetch`] a layer's reads in flight; [`reads`] the read service;
 //! [`budget`] the RAM plan; [`policy`] the eviction and pinning rules.
 
 pub mod budget;
@@ -30,6 +30,7 @@ mod pins;
 pub mod policy;
 mod prefetch;
 mod stats;
+mod tracing;
 pub mod usage;
 
 pub use layout::ExpertLocation;
@@ -41,11 +42,12 @@ pub use stats::StoreCounters;
 use crate::error::{Error, Result};
 use crate::layers::mlp::Mlp;
 use crate::tensor::Mat;
+use crate::trace::Tier;
 use crate::weights::WeightIndex;
 use cache::SlotCache;
 use fetch::{Pending, PrefetchRead};
 use moestream_io::ReactorConfig;
-use policy::EvictPolicy;
+use policy::{EvictPolicy, View};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -93,6 +95,8 @@ pub struct ExpertStore {
     /// [`StoreCounters::demand_reads`].
     layer_fetches: std::sync::atomic::AtomicU64,
     pub(crate) demand_reads: std::sync::atomic::AtomicU64,
+    /// The routing trace being recorded (`--trace`), if any.
+    trace: Option<Mutex<crate::trace::record::Recorder>>,
 }
 
 /// How the MoE layers use the store.
@@ -140,7 +144,7 @@ fn reactor_inflight_bytes(expert_disk: usize) -> usize {
 }
 
 /// Heats halve every this many forwarded tokens.
-const HEAT_DECAY_TOKENS: u64 = 256;
+pub const HEAT_DECAY_TOKENS: u64 = 256;
 
 impl ExpertStore {
     /// A store over `locations` with `capacity` cached experts per layer.
@@ -173,7 +177,7 @@ impl ExpertStore {
             })?;
         let caches = locations
             .iter()
-            .map(|l| Mutex::new(SlotCache::new(capacity.min(l.len()))))
+            .map(|l| Mutex::new(SlotCache::new(capacity.min(l.len()), policy.build(l.len()))))
             .collect();
         let counts: Vec<usize> = locations.iter().map(Vec::len).collect();
         let usage_table = Mutex::new(UsageTable::new(&counts, HEAT_DECAY_TOKENS));
@@ -209,6 +213,7 @@ impl ExpertStore {
             read_path,
             layer_fetches: Default::default(),
             demand_reads: Default::default(),
+            trace: None,
         })
     }
 
@@ -254,6 +259,7 @@ impl ExpertStore {
         );
         self.layer_fetches.fetch_add(1, Ordering::Relaxed);
         self.lookup_into(layer, ids, cached);
+        self.trace_hits(layer, ids, cached);
         let mut prefetched =
             std::mem::take(&mut *self.prefetched[layer].lock().expect("prefetch lock"));
         self.prefetch_live
@@ -281,17 +287,21 @@ impl ExpertStore {
             }
             misses.push(e);
             let Some(at) = prefetched.iter().position(|p| p.expert == e) else {
+                self.trace_miss(layer, e, Tier::Miss, 0);
                 to_read.push(e);
                 continue;
             };
             let p = prefetched.swap_remove(at);
             if let Some(m) = p.ready {
                 self.prefetch_used(p.read.bytes[0], false);
+                self.trace_miss(layer, e, Tier::Prefetched, p.read.bytes[0]);
                 ready.push((e, m));
             } else if p.read.outstanding() && !p.read.is_lost(0) {
                 self.reads.promote(p.read.batch.id);
+                self.trace_miss(layer, e, Tier::Prefetched, 0);
                 awaited.push(p);
             } else {
+                self.trace_miss(layer, e, Tier::Miss, 0);
                 to_read.push(e);
             }
         }
@@ -322,14 +332,12 @@ impl ExpertStore {
             return Vec::new();
         }
         let usage = self.usage.lock().expect("usage lock");
-        let now = usage.clock();
+        let view = View {
+            usage: usage.layer(layer),
+            now: usage.clock(),
+        };
         let cache = self.caches[layer].lock().expect("cache lock");
-        match self.policy {
-            EvictPolicy::Lru => cache.survivors(misses, |_, last| last),
-            EvictPolicy::Lfru => {
-                cache.survivors(misses, |k, _| policy::lfru_score(usage.get(layer, k), now))
-            }
-        }
+        cache.survivors(misses, view)
     }
 
     /// Asserts the replay left no placeholder in the layer's cache.
@@ -348,16 +356,14 @@ impl ExpertStore {
         fetched: impl Iterator<Item = (usize, Option<Arc<Mlp>>)>,
     ) {
         let usage = self.usage.lock().expect("usage lock");
-        let now = usage.clock();
+        let view = View {
+            usage: usage.layer(layer),
+            now: usage.clock(),
+        };
         let mut cache = self.caches[layer].lock().expect("cache lock");
         for (e, mlp) in fetched {
             if let Some(mlp) = mlp {
-                match self.policy {
-                    EvictPolicy::Lru => cache.insert(e, mlp, |_, last| last),
-                    EvictPolicy::Lfru => {
-                        cache.insert(e, mlp, |k, _| policy::lfru_score(usage.get(layer, k), now))
-                    }
-                };
+                cache.insert(e, mlp, view);
             }
         }
     }
@@ -372,7 +378,8 @@ impl ExpertStore {
     pub fn set_slots(&mut self, slots: usize) {
         for (cache, locs) in self.caches.iter_mut().zip(&self.locations) {
             // More slots than the layer has experts would never fill.
-            *cache = Mutex::new(SlotCache::new(slots.min(locs.len())));
+            let policy = self.policy.build(locs.len());
+            *cache = Mutex::new(SlotCache::new(slots.min(locs.len()), policy));
         }
     }
 

@@ -20,6 +20,7 @@ impl ExpertStore {
     /// Advances the usage clock by `tokens` forwarded tokens.
     pub fn tick(&self, tokens: u64) {
         self.usage.lock().expect("usage lock").tick(tokens);
+        self.trace_end_step(tokens);
     }
 
     /// Usage counters of one expert.

@@ -108,6 +108,8 @@ impl ExpertStore {
         guess.clear();
         guess.extend_from_slice(experts);
         *pending = true;
+        drop(recall);
+        self.trace_guess(layer, variant as usize, experts);
     }
 
     /// Scores the pending predictions of `layer` against the experts it

@@ -193,7 +193,7 @@ impl UsageTable {
     }
 }
 
-fn lock_path(path: &Path) -> std::path::PathBuf {
+pub(crate) fn lock_path(path: &Path) -> std::path::PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".lock");
     s.into()
@@ -201,13 +201,13 @@ fn lock_path(path: &Path) -> std::path::PathBuf {
 
 /// An exclusive `flock` on a file, released when dropped (or when the
 /// process dies, so a crash never leaves it held).
-struct Lock {
+pub(crate) struct Lock {
     /// Held only to keep the descriptor (and so the lock) open.
     _file: std::fs::File,
 }
 
 impl Lock {
-    fn exclusive(path: &Path) -> Result<Lock> {
+    pub(crate) fn exclusive(path: &Path) -> Result<Lock> {
         use std::os::fd::AsRawFd;
         let f = std::fs::OpenOptions::new()
             .create(true)

@@ -129,12 +129,34 @@ pub struct WeightIndex {
 impl WeightIndex {
     /// Indexes every `*.safetensors` file in `dir`, opening readers in `mode`.
     pub fn open(dir: &Path, mode: ReadMode) -> Result<WeightIndex> {
+        Self::open_with(dir, mode, false).map(|(index, _)| index)
+    }
+
+    /// Indexes the headers of every shard of `dir` without requiring their
+    /// data (a partial download: each shard need only hold its header), and
+    /// says how much of each shard's data is there. Nothing but headers is
+    /// read; the index serves shapes and byte counts ([`resolve`],
+    /// [`kept_bytes`]), and reading a tensor past a shard's end fails.
+    ///
+    /// [`resolve`]: WeightIndex::resolve
+    /// [`kept_bytes`]: WeightIndex::kept_bytes
+    pub fn open_headers(dir: &Path) -> Result<(WeightIndex, Vec<ShardExtent>)> {
+        Self::open_with(dir, ReadMode::Buffered, true)
+    }
+
+    fn open_with(
+        dir: &Path,
+        mode: ReadMode,
+        partial_ok: bool,
+    ) -> Result<(WeightIndex, Vec<ShardExtent>)> {
         crate::convert::check_finished(dir)?;
         let paths = shard_paths(dir)?;
         let mut shards = Vec::with_capacity(paths.len());
+        let mut extents = Vec::with_capacity(paths.len());
         let mut tensors = HashMap::new();
         for (i, path) in paths.into_iter().enumerate() {
-            for (name, mut entry) in read_header(&path)? {
+            let (entries, extent) = read_header_with(&path, partial_ok)?;
+            for (name, mut entry) in entries {
                 entry.shard = i;
                 if tensors.insert(name.clone(), entry).is_some() {
                     return Err(Error::Shard {
@@ -145,14 +167,16 @@ impl WeightIndex {
             }
             let reader: Arc<dyn RangeReader> = moestream_io::open(&path, mode)?.into();
             shards.push(Shard { path, reader });
+            extents.push(extent);
         }
-        Ok(WeightIndex {
+        let index = WeightIndex {
             dir: dir.to_path_buf(),
             shards,
             tensors,
             at_load: None,
             handed_out: Default::default(),
-        })
+        };
+        Ok((index, extents))
     }
 
     /// Quantizes float tensors by `at_load` as they are read.
@@ -525,8 +549,35 @@ fn check_index_json(dir: &Path, paths: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// How much of a shard is on disk against what its header describes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardExtent {
+    pub path: PathBuf,
+    /// The file's length.
+    pub file_bytes: u64,
+    /// The length its header implies: the 8-byte length, the header, and
+    /// the data up to the end of its last tensor.
+    pub header_bytes: u64,
+}
+
+impl ShardExtent {
+    /// Whether every tensor's data is in the file.
+    pub fn complete(&self) -> bool {
+        self.file_bytes >= self.header_bytes
+    }
+}
+
 /// Parses one shard's header into entries with absolute offsets (shard = 0).
 pub(crate) fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
+    read_header_with(path, false).map(|(entries, _)| entries)
+}
+
+/// [`read_header`], and the shard's extent; with `partial_ok` the tensors
+/// need not lie inside the file (only the header must be whole).
+fn read_header_with(
+    path: &Path,
+    partial_ok: bool,
+) -> Result<(Vec<(String, TensorEntry)>, ShardExtent)> {
     let shard_err = |reason: String| Error::Shard {
         path: path.to_path_buf(),
         reason,
@@ -548,7 +599,17 @@ pub(crate) fn read_header(path: &Path) -> Result<Vec<(String, TensorEntry)>> {
     let mut header = vec![0u8; n];
     file.read_exact(&mut header)
         .map_err(|e| Error::file(path, e))?;
-    parse_header(path, &header, file_len)
+    let entries = parse_header(path, &header, if partial_ok { u64::MAX } else { file_len })?;
+    let data_start = 8 + n as u64;
+    let extent = ShardExtent {
+        path: path.to_path_buf(),
+        file_bytes: file_len,
+        header_bytes: entries
+            .iter()
+            .map(|(_, e)| e.offset + e.len as u64)
+            .fold(data_start, u64::max),
+    };
+    Ok((entries, extent))
 }
 
 /// The header length a shard's first 8 bytes give, checked against the

@@ -1,32 +1,13 @@
-//! Eviction and pinning decisions (SPEC §7), as pure functions of the usage
-//! counters, so every rule is table-tested without a model.
+//! Pinning decisions (SPEC §7), as pure functions of the usage counters,
+//! so every rule is table-tested without a model.
 //!
-//! - LRU evicts the least recently used unpinned expert.
-//! - LFRU scores `(heat << 8) | recent`, `recent = 255 − min(age, 255)`:
-//!   frequency first, recency only breaks ties; the lowest score goes.
 //! - The pinned (hot) set starts as the hottest experts of the saved history,
 //!   sized by confidence in it (up to half the slots), and is re-picked
 //!   between requests: the coldest pinned expert is swapped for the hottest
 //!   unpinned one only if `heat_new > heat_cold + heat_cold/4 + 4`, so two
 //!   experts of similar heat never ping-pong.
 
-use super::usage::Usage;
-
-/// How a full cache picks its victim.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum EvictPolicy {
-    /// Least recently used.
-    Lru,
-    /// Frequency first (decaying heat), recency breaks ties.
-    #[default]
-    Lfru,
-}
-
-/// The LFRU score of an expert with `u` at usage clock `now`.
-pub fn lfru_score(u: Usage, now: u64) -> u64 {
-    let age = now.saturating_sub(u.last_use).min(255);
-    ((u.heat as u64) << 8) | (255 - age)
-}
+use crate::store::usage::Usage;
 
 /// Whether an unpinned expert of heat `hot` should replace a pinned one of
 /// heat `cold` (the anti-ping-pong margin).
@@ -100,24 +81,6 @@ mod tests {
             heat,
             last_use,
         }
-    }
-
-    #[test]
-    fn lfru_ranks_frequency_first_and_recency_second() {
-        let now = 1000;
-        // (usage, expected score)
-        let table = [
-            (u(0, 0, 0), 0),                 // never used, ancient
-            (u(0, 5, 1000), 255),            // cold but just used
-            (u(1, 1, 0), 256),               // heat 1 beats any recency
-            (u(1, 1, 990), 256 + 245),       // age 10
-            (u(3, 9, 1000), (3 << 8) | 255), // hot and fresh
-            (u(2, 9, 1200), (2 << 8) | 255), // a future stamp counts as age 0
-        ];
-        for (usage, want) in table {
-            assert_eq!(lfru_score(usage, now), want, "{usage:?}");
-        }
-        assert!(lfru_score(u(1, 1, 0), now) > lfru_score(u(0, 9, now), now));
     }
 
     #[test]

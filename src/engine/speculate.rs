@@ -1,0 +1,376 @@
+//! Speculative decoding: a draft source guesses the next tokens; one
+//! forward verifies them all (the batch's experts are read once for every
+//! drafted position), and the target keeps what it would have chosen.
+//!
+//! Lossless by construction: each position's token is chosen from the
+//! target's own logits (greedy: the argmax; sampling: the speculative
+//! sampling rule, [`crate::sampler::Sampler::verify`]); a drafted token
+//! survives only when it is that token, and the KV of positions after the
+//! first rejection is rolled back.
+
+use super::Session;
+use crate::error::Result;
+use crate::model::mtp::MtpState;
+use crate::model::Model;
+use crate::profile::Profile;
+use crate::sampler::argmax;
+
+impl Session {
+    /// Before a step: a decoding session feeds its last token and this
+    /// step's drafts (at most one fewer than the tokens it may still
+    /// produce, so a verify never passes the limit or the KV cache).
+    pub(super) fn prepare_feed(&mut self, model: &Model, prof: &mut Profile) -> Result<()> {
+        self.drafts.clear();
+        self.feed.clear();
+        let Some(&last) = self.out.last() else {
+            return Ok(());
+        };
+        if let Some((source, k)) = &mut self.drafter {
+            let room = self.max_tokens - self.out.len() - 1;
+            let mut history = std::mem::take(&mut self.feed);
+            history.extend_from_slice(&self.prompt);
+            history.extend_from_slice(&self.out);
+            let k = (*k).min(room);
+            source.propose(model, &history, k, &mut self.drafts, prof)?;
+            self.drafts.truncate(k);
+            history.clear();
+            self.feed = history;
+        }
+        self.feed.push(last);
+        self.feed.extend_from_slice(&self.drafts);
+        Ok(())
+    }
+
+    /// After a step: shows the draft source the positions the KV kept
+    /// (`rows` holds the hidden states of the `fed` positions this step
+    /// computed, from position `start`), each with the token after it.
+    pub(super) fn observe(
+        &mut self,
+        model: &Model,
+        rows: &[f32],
+        start: usize,
+        prof: &mut Profile,
+    ) -> Result<()> {
+        let Some((source, _)) = &mut self.drafter else {
+            return Ok(());
+        };
+        if self.done {
+            return Ok(());
+        }
+        let kept = self.kv.len() - start;
+        let h = model.cfg.hidden_size;
+        let next: Vec<u32> = (start + 1..=self.kv.len())
+            .map(|j| {
+                if j < self.prompt.len() {
+                    self.prompt[j]
+                } else {
+                    self.out[j - self.prompt.len()]
+                }
+            })
+            .collect();
+        source.observe(model, &rows[..kept * h], &next, prof)
+    }
+
+    /// After a step that fed the last token and `k` drafts (`rows`, k + 1
+    /// hidden states): the token at each position, in order, from the
+    /// target's logits there, until one differs from its draft (or the
+    /// session ends); then the KV of the positions after the last kept
+    /// draft is rolled back. Returns the tokens produced.
+    pub(super) fn verify(&mut self, model: &Model, rows: &[f32]) -> Result<usize> {
+        let h = model.cfg.hidden_size;
+        let k = self.drafts.len();
+        let kv_before = self.kv.len() - (k + 1);
+        let (mut produced, mut accepted) = (0, 0);
+        for i in 0..=k {
+            self.logits_of(model, &rows[i * h..(i + 1) * h])?;
+            let id = match self.drafts.get(i) {
+                Some(&d) => self
+                    .sampler
+                    .verify(&self.logits, &self.prompt, &self.out, d),
+                None => self.sampler.sample(&self.logits, &self.prompt, &self.out),
+            };
+            self.push(id);
+            produced += 1;
+            let kept = self.drafts.get(i) == Some(&id);
+            accepted += kept as usize;
+            if self.done || !kept {
+                break;
+            }
+        }
+        self.kv.truncate(kv_before + 1 + accepted);
+        self.spec_stats.record(k, accepted, produced);
+        Ok(produced)
+    }
+}
+
+/// Proposes the next tokens of a sequence.
+pub trait DraftSource: Send {
+    /// Takes in the positions a step kept: the main model's hidden states
+    /// `hidden` (one row each) and, for each, the token that follows it.
+    /// Sources that draft from tokens alone ignore it.
+    fn observe(
+        &mut self,
+        _model: &Model,
+        _hidden: &[f32],
+        _next: &[u32],
+        _prof: &mut Profile,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// Appends up to `k` guesses of what follows `history` (the prompt and
+    /// the tokens so far) to `out`; fewer (or none) when it has no guess.
+    fn propose(
+        &mut self,
+        model: &Model,
+        history: &[u32],
+        k: usize,
+        out: &mut Vec<u32>,
+        prof: &mut Profile,
+    ) -> Result<()>;
+}
+
+/// Which draft source a session uses, and how many tokens it drafts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Speculation {
+    /// No drafts: one token per step.
+    #[default]
+    Off,
+    /// Prompt lookup: the tokens that followed the latest earlier
+    /// occurrence of the sequence's last n-gram.
+    Ngram { draft: usize },
+    /// The model's own MTP head, recursively (DeepSeek-V3, GLM).
+    Mtp { draft: usize },
+    /// MTP where the model has an MTP head, else prompt lookup.
+    Auto { draft: usize },
+}
+
+impl Speculation {
+    /// The draft source for a session of `model` holding up to `positions`
+    /// positions, and its draft length; `None` when off. MTP on a model
+    /// without an MTP head is an error naming the checkpoint.
+    pub fn source(
+        self,
+        model: &Model,
+        positions: usize,
+    ) -> Result<Option<(Box<dyn DraftSource>, usize)>> {
+        let source: (Box<dyn DraftSource>, usize) = match self {
+            Speculation::Off => return Ok(None),
+            Speculation::Ngram { draft } => (Box::new(NgramDraft), draft),
+            Speculation::Auto { draft } if model.mtp.is_none() => (Box::new(NgramDraft), draft),
+            Speculation::Mtp { draft } | Speculation::Auto { draft } => {
+                (Box::new(MtpDraft::new(model, positions + draft)?), draft)
+            }
+        };
+        Ok(Some(source))
+    }
+}
+
+/// Drafts with the model's MTP head: row j of its state pairs the main
+/// model's hidden state at position j with the token at j + 1 and predicts
+/// the token at j + 2. Each step's kept positions are appended
+/// ([`DraftSource::observe`]); a proposal runs the head recursively from
+/// the last row (its argmax is the draft), and those recursive rows are
+/// dropped at the next observation.
+pub struct MtpDraft {
+    state: MtpState,
+    /// Rows of kept positions (the rest are recursive drafts).
+    kept: usize,
+    /// The last kept row's block output and logits.
+    last: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl MtpDraft {
+    /// A drafter for a sequence of up to `capacity` MTP rows.
+    pub fn new(model: &Model, capacity: usize) -> Result<MtpDraft> {
+        Ok(MtpDraft {
+            state: model.new_mtp_state(capacity)?,
+            kept: 0,
+            last: None,
+        })
+    }
+}
+
+impl DraftSource for MtpDraft {
+    fn observe(
+        &mut self,
+        model: &Model,
+        hidden: &[f32],
+        next: &[u32],
+        prof: &mut Profile,
+    ) -> Result<()> {
+        if next.is_empty() {
+            return Ok(());
+        }
+        self.state.truncate(self.kept);
+        self.state.reserve_more(next.len());
+        let (out, logits) = model.mtp_forward(&mut self.state, hidden, next, prof)?;
+        self.kept += next.len();
+        let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
+        self.last = Some((
+            out[out.len() - h..].to_vec(),
+            logits[logits.len() - v..].to_vec(),
+        ));
+        Ok(())
+    }
+
+    fn propose(
+        &mut self,
+        model: &Model,
+        _history: &[u32],
+        k: usize,
+        out: &mut Vec<u32>,
+        prof: &mut Profile,
+    ) -> Result<()> {
+        let Some((row, logits)) = &self.last else {
+            return Ok(());
+        };
+        if k == 0 {
+            return Ok(());
+        }
+        out.push(argmax(logits));
+        let mut row = row.clone();
+        while out.len() < k {
+            self.state.reserve_more(1);
+            let token = *out.last().expect("a draft");
+            let (next_row, logits) = model.mtp_forward(&mut self.state, &row, &[token], prof)?;
+            out.push(argmax(&logits));
+            row = next_row;
+        }
+        Ok(())
+    }
+}
+
+/// The longest n-gram [`NgramDraft`] matches (it tries shorter ones down
+/// to one token).
+pub const NGRAM_MAX: usize = 4;
+
+/// Prompt-lookup drafting: find the latest earlier occurrence of the last
+/// n tokens (n from [`NGRAM_MAX`] down to 1) and propose what followed it.
+#[derive(Default)]
+pub struct NgramDraft;
+
+impl DraftSource for NgramDraft {
+    fn propose(
+        &mut self,
+        _model: &Model,
+        history: &[u32],
+        k: usize,
+        out: &mut Vec<u32>,
+        _prof: &mut Profile,
+    ) -> Result<()> {
+        ngram_propose(history, k, out);
+        Ok(())
+    }
+}
+
+/// What [`NgramDraft`] proposes (a pure function of the history).
+pub fn ngram_propose(history: &[u32], k: usize, out: &mut Vec<u32>) {
+    {
+        if k == 0 {
+            return;
+        }
+        for n in (1..=NGRAM_MAX.min(history.len().saturating_sub(1))).rev() {
+            let tail = &history[history.len() - n..];
+            // Latest start before the tail itself.
+            let found = (0..history.len() - n)
+                .rev()
+                .find(|&s| &history[s..s + n] == tail);
+            if let Some(s) = found {
+                let from = s + n;
+                let end = (from + k).min(history.len());
+                out.extend_from_slice(&history[from..end]);
+                return;
+            }
+        }
+    }
+}
+
+/// What speculation did for a session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpecStats {
+    /// Verify steps (forwards that carried drafts).
+    pub steps: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    /// Per draft position (0 = the first drafted token): drafted there,
+    /// and accepted there.
+    pub drafted_at: Vec<u64>,
+    pub accepted_at: Vec<u64>,
+    /// Tokens produced by verify steps (accepted drafts plus the target's
+    /// own token of each step).
+    pub tokens: u64,
+}
+
+impl SpecStats {
+    /// Records one verify step: `drafted` drafts, the first `accepted`
+    /// kept, `tokens` produced.
+    pub fn record(&mut self, drafted: usize, accepted: usize, tokens: usize) {
+        self.steps += 1;
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+        self.tokens += tokens as u64;
+        if self.drafted_at.len() < drafted {
+            self.drafted_at.resize(drafted, 0);
+            self.accepted_at.resize(drafted, 0);
+        }
+        for i in 0..drafted {
+            self.drafted_at[i] += 1;
+            self.accepted_at[i] += (i < accepted) as u64;
+        }
+    }
+
+    /// Adds another session's figures.
+    pub fn add(&mut self, o: &SpecStats) {
+        self.steps += o.steps;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.tokens += o.tokens;
+        let n = self.drafted_at.len().max(o.drafted_at.len());
+        self.drafted_at.resize(n, 0);
+        self.accepted_at.resize(n, 0);
+        for i in 0..o.drafted_at.len() {
+            self.drafted_at[i] += o.drafted_at[i];
+            self.accepted_at[i] += o.accepted_at[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_proposes_what_followed_the_latest_match() {
+        let cases: &[(&[u32], usize, &[u32])] = &[
+            (&[1, 2, 3, 9, 1, 2], 3, &[3, 9, 1]),
+            // The latest occurrence wins.
+            (&[5, 7, 5, 8, 5], 2, &[8, 5]),
+            // Longer n-grams first: [2, 3] matches at 4, not the 3 at 6.
+            (&[2, 3, 4, 0, 2, 3, 6, 3, 2, 3], 1, &[6]),
+            // Runs into the end of the history.
+            (&[4, 4], 5, &[4]),
+            (&[1, 2, 3], 2, &[]),
+            (&[1], 2, &[]),
+            (&[1, 2, 1], 0, &[]),
+        ];
+        for (history, k, want) in cases {
+            let mut out = Vec::new();
+            ngram_propose(history, *k, &mut out);
+            assert_eq!(out, *want, "{history:?} k={k}");
+        }
+    }
+
+    #[test]
+    fn stats_count_per_position() {
+        let mut s = SpecStats::default();
+        s.record(3, 1, 2);
+        s.record(2, 2, 3);
+        assert_eq!(s.drafted_at, [2, 2, 1]);
+        assert_eq!(s.accepted_at, [2, 1, 0]);
+        assert_eq!((s.drafted, s.accepted, s.tokens, s.steps), (5, 3, 5, 2));
+        let mut t = SpecStats::default();
+        t.add(&s);
+        assert_eq!(t, s);
+    }
+}

@@ -1,0 +1,211 @@
+//! What a model takes in RAM and on disk, from config.json and the shard
+//! headers alone: no weight is read, so it works on a partial download
+//! (shards holding only their headers) as well as on a whole model.
+//!
+//! [`Footprint::measure`] locates every routed expert exactly as loading
+//! does (the same names, the same shape checks, so the same errors) and
+//! sums the resident tensors as loading keeps them: matrices at their kept
+//! width ([`WeightIndex::kept_bytes`]), vectors, routers and MLA's `kv_b`
+//! widened to f32. [`check_budget`] is the one RAM-budget check: `run`
+//! (through [`Model::load`](super::Model::load), before any weight is read)
+//! and `moestream plan` both call it, so they accept and refuse the same
+//! budgets with the same message.
+
+use super::load::{locate_experts, mtp_spec, LoadOptions};
+use super::{names, PREFILL_CHUNK};
+use crate::config::{ModelConfig, RouterKind};
+use crate::error::{Error, Result};
+use crate::kv::KvLayout;
+use crate::quant::policy::{layer_index, Class};
+use crate::store::budget::{self, BudgetInput, BudgetPlan};
+use crate::store::ExpertLocation;
+use crate::weights::WeightIndex;
+use std::collections::{BTreeMap, HashSet};
+
+/// A model's byte counts, from headers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Footprint {
+    /// Resident bytes as kept in RAM, by class name (`embed`, `attention`,
+    /// `router`, `norm`, …; [`Class::name`]).
+    pub resident: BTreeMap<&'static str, u64>,
+    /// One routed expert in RAM (zero copy: its whole read buffer).
+    pub expert_ram: u64,
+    /// One routed expert's read spans on disk.
+    pub expert_disk: u64,
+    /// Every routed expert's read spans on disk, all layers together.
+    pub experts_disk_total: u64,
+    /// Experts are packed, so decoded in place in their read slab.
+    pub expert_zero_copy: bool,
+    /// Layers with routed experts (the MTP layer's included).
+    pub moe_layers: usize,
+    pub experts_per_layer: usize,
+    pub top_k: usize,
+    /// KV cache bytes per context position, all layers.
+    pub kv_bytes_per_position: u64,
+    /// Activation and logit bytes per position of a forward.
+    pub activation_bytes_per_position: u64,
+    /// The model's longest context.
+    pub context_max: usize,
+}
+
+impl Footprint {
+    /// Measures the model of `cfg` from `index`'s headers (with the
+    /// runtime quantizer set on `index`, if any, as loading sets it).
+    pub fn measure(cfg: &ModelConfig, index: &WeightIndex) -> Result<Footprint> {
+        let mut locations: Vec<ExpertLocation> = Vec::new();
+        let mut moe_layers = 0;
+        for l in (0..cfg.num_layers).filter(|&l| cfg.sparse_layers[l]) {
+            locations.extend(locate_experts(cfg, index, l)?);
+            moe_layers += 1;
+        }
+        let mtp = mtp_spec(cfg, index);
+        if mtp.as_ref().is_some_and(|s| s.sparse) {
+            locations.extend(locate_experts(cfg, index, cfg.num_layers)?);
+            moe_layers += 1;
+        }
+        let first = locations.first();
+        let kv: usize = (0..cfg.num_layers)
+            .map(|l| {
+                let k = kv_layout(cfg, l);
+                k.attention_bytes_per_token() + k.index_bytes_per_token()
+            })
+            .sum();
+        let widest = cfg
+            .intermediate_size
+            .max(cfg.moe_intermediate_size * cfg.top_k);
+        let per_position = cfg.vocab_size + 16 * cfg.hidden_size + 3 * widest;
+        Ok(Footprint {
+            resident: resident(cfg, index, &locations, mtp.is_some()),
+            expert_ram: first.map_or(0, |loc| loc.ram_bytes(index)),
+            expert_disk: first.map_or(0, ExpertLocation::disk_bytes),
+            experts_disk_total: locations.iter().map(ExpertLocation::disk_bytes).sum(),
+            expert_zero_copy: first.is_some_and(ExpertLocation::packed),
+            moe_layers,
+            experts_per_layer: cfg.num_experts,
+            top_k: cfg.top_k,
+            kv_bytes_per_position: kv as u64,
+            activation_bytes_per_position: per_position as u64,
+            context_max: cfg.rope.max_position_embeddings,
+        })
+    }
+
+    /// All resident bytes.
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident.values().sum()
+    }
+
+    /// The RAM plan's input for `budget` bytes under `opts` (its context,
+    /// read mode and prefetch).
+    pub fn budget_input(&self, budget: u64, opts: &LoadOptions) -> BudgetInput {
+        let context = opts.context.min(self.context_max).max(1);
+        BudgetInput {
+            budget,
+            resident: self.resident_bytes(),
+            expert_ram: self.expert_ram,
+            expert_disk: self.expert_disk,
+            expert_zero_copy: self.expert_zero_copy,
+            moe_layers: self.moe_layers,
+            experts_per_layer: self.experts_per_layer,
+            top_k: self.top_k,
+            kv: self.kv_bytes_per_position.saturating_mul(context as u64),
+            activations: self
+                .activation_bytes_per_position
+                .saturating_mul(context.min(PREFILL_CHUNK) as u64 * 4),
+            page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
+            prefetch_experts: opts.prefetch_experts_max(self.top_k),
+        }
+    }
+}
+
+/// The RAM budget check shared by loading and `moestream plan`: the plan
+/// for `budget` bytes, or [`Error::Budget`] saying (with the numbers) why
+/// it cannot fit.
+pub fn check_budget(fp: &Footprint, budget: u64, opts: &LoadOptions) -> Result<BudgetPlan> {
+    budget::plan(&fp.budget_input(budget, opts)).map_err(Error::Budget)
+}
+
+/// The KV layout of decoder layer `l` (as [`super::Model::kv_layout`] gives
+/// it for the loaded layer).
+fn kv_layout(cfg: &ModelConfig, l: usize) -> KvLayout {
+    match &cfg.mla {
+        Some(m) => KvLayout::Mla {
+            kv_lora: m.kv_lora_rank,
+            rope: m.qk_rope_head_dim,
+            index_dim: match &cfg.indexer {
+                Some(ix) if ix.full_layers[l] => ix.head_dim,
+                _ => 0,
+            },
+        },
+        None => KvLayout::Gqa {
+            kv_dim: cfg.num_kv_heads * cfg.head_dim,
+        },
+    }
+}
+
+/// Resident bytes by class: every tensor loading reads, as it keeps it.
+fn resident(
+    cfg: &ModelConfig,
+    index: &WeightIndex,
+    experts: &[ExpertLocation],
+    mtp: bool,
+) -> BTreeMap<&'static str, u64> {
+    let routed: HashSet<&str> = experts
+        .iter()
+        .flat_map(|loc| loc.parts.iter().map(|r| r.name.as_str()))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (name, e) in index.iter() {
+        if routed.contains(name.as_str()) || !loaded(cfg, index, name, mtp) {
+            continue;
+        }
+        // A tensor loading never reads is not resident; one it reads and
+        // cannot resolve fails the load anyway.
+        let Ok(r) = index.resolve(name) else {
+            continue;
+        };
+        let bytes = if widened(name, e.shape.len()) {
+            r.shape.iter().product::<usize>() as u64 * 4
+        } else {
+            index.kept_bytes(&r)
+        };
+        let class = Class::of(name, &r.shape, cfg.num_layers);
+        *out.entry(class.name()).or_insert(0) += bytes;
+    }
+    out
+}
+
+/// Whether loading reads tensor `name`: not a companion (scales) of
+/// another, not padding, not a layer past the model's (the MTP layer only
+/// when it loads, and never its copy of the embeddings), and not a
+/// correction bias a softmax router has no use for.
+fn loaded(cfg: &ModelConfig, index: &WeightIndex, name: &str, mtp: bool) -> bool {
+    let companion = [".scales", "_scale_inv"]
+        .iter()
+        .any(|suffix| name.strip_suffix(suffix).is_some_and(|b| index.contains(b)));
+    if companion || name.starts_with("__pad__.") {
+        return false;
+    }
+    if name.ends_with("e_score_correction_bias")
+        && matches!(cfg.router, RouterKind::SoftmaxTopK { .. })
+    {
+        return false;
+    }
+    match layer_index(name) {
+        Some(l) if l > cfg.num_layers => false,
+        Some(l) if l == cfg.num_layers => {
+            mtp && !name.starts_with(&format!("{}embed_tokens.", names::layer(l)))
+        }
+        _ => true,
+    }
+}
+
+/// Whether loading widens `name` to f32 whatever its stored width: every
+/// vector, the routers (and Qwen2-MoE's shared-expert gate), and MLA's
+/// `kv_b_proj`, whose halves are folded into queries and outputs.
+fn widened(name: &str, ndim: usize) -> bool {
+    ndim != 2
+        || name.ends_with("mlp.gate.weight")
+        || name.ends_with("block_sparse_moe.gate.weight")
+        || name.ends_with("shared_expert_gate.weight")
+        || name.ends_with("self_attn.kv_b_proj.weight")
+}
