@@ -114,6 +114,11 @@ fn run_at(dir: &Path, gb: &str, extra: &[&str]) -> Out {
         gb,
         "--json",
     ];
+    // `run` with one prompt reserves KV for that request alone; `plan`
+    // (no request) for 4096 positions. Compare them at the same context.
+    if !extra.contains(&"--context") {
+        args.extend(["--context", "4096"]);
+    }
     args.extend(extra);
     moestream(&args)
 }

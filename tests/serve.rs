@@ -557,3 +557,54 @@ fn openai_python_client_drives_the_server() {
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+#[test]
+fn a_waiting_stream_gets_keep_alive_comments() {
+    use moestream::synth::{self, SynthSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        hidden: 256,
+        layers: 4,
+        experts: 8,
+        top_k: 2,
+        moe_inter: 128,
+        dense_inter: 128,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        vocab: 300,
+        seed: 1,
+    };
+    synth::write(dir.path(), &spec).unwrap();
+    let s = Server::start(dir.path(), &["--slots", "1", "--keep-alive", "1"]);
+    // A long request holds the only slot for seconds...
+    let base = s.base.clone();
+    let long = std::thread::spawn(move || {
+        let b =
+            json!({"prompt": "go on", "max_tokens": 4000, "temperature": 0, "ignore_eos": true});
+        ureq::post(&format!("{base}/v1/completions"))
+            .send_json(b)
+            .unwrap()
+            .status()
+    });
+    while s.metric("busy_slots") < 1.0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // ...while a streamed one waits in the queue: its stream stays alive.
+    let b = json!({"prompt": "me next", "max_tokens": 2, "temperature": 0, "stream": true});
+    let resp = ureq::post(&format!("{}/v1/completions", s.base))
+        .send_json(b)
+        .unwrap();
+    let mut lines = BufReader::new(resp.into_reader()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(
+        first.starts_with(':') && first.contains("keep-alive"),
+        "{first:?}"
+    );
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(
+        rest.iter().any(|l| l == "data: [DONE]"),
+        "the queued request finished: {rest:?}"
+    );
+    assert_eq!(long.join().unwrap(), 200);
+}

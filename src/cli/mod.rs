@@ -200,9 +200,11 @@ struct ModelArgs {
     /// replay` to compare them on a recorded trace).
     #[arg(long, value_enum, default_value_t = PolicyArg::Lfru)]
     policy: PolicyArg,
-    /// Context positions the --ram-gb plan reserves KV cache for.
-    #[arg(long, default_value_t = 4096)]
-    context: usize,
+    /// Context positions the --ram-gb plan reserves KV cache for (default:
+    /// for `run` with one prompt, the prompt plus --max-tokens; otherwise
+    /// 4096).
+    #[arg(long)]
+    context: Option<usize>,
     /// Do not pin experts from the usage history (kept per model under the
     /// cache directory, see README), and do not update it.
     #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
@@ -507,6 +509,10 @@ impl SamplingArgs {
     }
 }
 
+/// KV positions a plan reserves when neither `--context` nor a single
+/// request says how many are needed.
+const CONTEXT_DEFAULT: usize = 4096;
+
 /// Entry point: runs the command, prints errors as one line, exit code 1.
 pub fn main() -> ExitCode {
     let mut cli = Cli::parse();
@@ -653,7 +659,7 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
         },
         policy: m.policy.into(),
         pin_history: !m.no_history,
-        context: m.context,
+        context: m.context.unwrap_or(CONTEXT_DEFAULT),
         prefetch_experts: m.prefetch_experts,
         progress: progress::hook(),
     };

@@ -33,13 +33,13 @@ pub(super) struct RunArgs {
     gen: GenArgs,
 }
 
-pub(super) fn cmd_run(a: RunArgs) -> Result<()> {
-    let model = load(&a.model)?;
-    let dir = &a.model.model;
-    let tok = Tokenizer::load(dir);
-    if let Some(path) = &a.prompts {
+pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
+    let dir = a.model.model.clone();
+    let tok = Tokenizer::load(&dir);
+    if let Some(path) = a.prompts.clone() {
+        let model = load(&a.model)?;
         let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
-        return serve_prompts(&model, &tok, path, &a);
+        return serve_prompts(&model, &tok, &path, &a);
     }
     let prompt = match (&a.prompt, &a.prompt_ids) {
         (Some(text), _) => tok
@@ -49,7 +49,13 @@ pub(super) fn cmd_run(a: RunArgs) -> Result<()> {
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };
-    let opts = gen_options(&a.gen, dir)?;
+    // One request: the plan reserves KV for exactly what it can use, and
+    // the rest of the budget goes to expert slots.
+    if a.model.context.is_none() {
+        a.model.context = Some((prompt.len() + a.gen.max_tokens).max(1));
+    }
+    let model = load(&a.model)?;
+    let opts = gen_options(&a.gen, &dir)?;
     if a.gen.json {
         let g = generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
         save_history(&model, &a.model);
