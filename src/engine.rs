@@ -28,9 +28,11 @@ use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::Profile;
 use crate::sampler::Sampler;
 
+mod grammar;
 mod logprobs;
 mod pool;
 mod speculate;
+pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use pool::{Finished, PoolError, PoolEvent, SessionPool};
 pub use speculate::{ngram_propose, DraftSource, MtpDraft, NgramDraft, SpecStats, Speculation};
@@ -59,6 +61,8 @@ pub struct Session {
     /// The positions fed by a decode step: the last token, then drafts.
     feed: Vec<u32>,
     spec_stats: SpecStats,
+    /// The output constraint's state, if any.
+    grammar: Option<GrammarState>,
 }
 
 impl Session {
@@ -104,7 +108,16 @@ impl Session {
             out: Vec::with_capacity(max_tokens),
             done: max_tokens == 0,
             logits: Vec::new(),
-            drafter: opts.speculation.source(model, positions)?,
+            // A constrained session does not draft: its mask depends on
+            // every token before it.
+            drafter: match &opts.constraint {
+                Some(_) => None,
+                None => opts.speculation.source(model, positions)?,
+            },
+            grammar: match &opts.constraint {
+                Some(c) => Some(c.grammars.start(&c.constraint)?),
+                None => None,
+            },
             drafts: Vec::new(),
             feed: Vec::new(),
             spec_stats: SpecStats::default(),
@@ -205,8 +218,18 @@ impl Session {
             }
         }
         self.logits_of(model, last_row)?;
+        if let Some(g) = &mut self.grammar {
+            g.mask(&mut self.logits)?;
+        }
         let id = self.sampler.sample(&self.logits, &self.prompt, &self.out);
         self.push(id);
+        if let Some(g) = &mut self.grammar {
+            let eos = self.eos_ids.contains(&id);
+            if !eos {
+                g.consume(id)?;
+            }
+            self.done |= eos || g.is_stopped();
+        }
         Ok(Some(id))
     }
 
@@ -270,6 +293,13 @@ impl Prefix {
             .min(self.kv.len())
             .min(prompt.len().saturating_sub(1))
     }
+}
+
+/// A constraint with the model's prepared tokenizer.
+#[derive(Clone, Debug)]
+pub struct Constrained {
+    pub grammars: Grammars,
+    pub constraint: Constraint,
 }
 
 /// One loaded model serving sessions.

@@ -21,6 +21,8 @@ pub struct GenOptions {
     pub eos_ids: Vec<u32>,
     /// Draft tokens and verify them in one forward (lossless).
     pub speculation: crate::engine::Speculation,
+    /// Constrain the output to a grammar, a JSON schema or a regex.
+    pub constraint: Option<crate::engine::Constrained>,
 }
 
 /// Figures of one run; the stats line and `--json` `stats` print these.

@@ -32,6 +32,7 @@ fn opts(max_tokens: usize, seed: u64, temperature: f32) -> GenOptions {
         ignore_eos: true,
         eos_ids: Vec::new(),
         speculation: Default::default(),
+        constraint: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
         ignore_eos: true,
         eos_ids: vec![],
         speculation: Default::default(),
+        constraint: None,
     };
     generate(model, prompt, &opts, |_| Ok(()))
         .unwrap()

@@ -298,7 +298,8 @@ fn errors_have_the_openai_shape_and_status() {
         json!({"messages": []}),
         json!({"prompt": "x", "n": 2}),
         json!({"prompt": "x", "tools": [{"type": "function"}]}),
-        json!({"prompt": "x", "response_format": {"type": "json_object"}}),
+        json!({"prompt": "x", "response_format": {"type": "json_schema"}}),
+        json!({"prompt": "x", "response_format": {"type": "yaml"}}),
         json!({"prompt": "x", "temperature": -1}),
         json!({"prompt": "x", "max_tokens": 0}),
     ] {
@@ -386,6 +387,10 @@ fn a_client_that_disconnects_frees_its_slot() {
     let mut reader = resp.into_reader();
     let mut first = [0u8; 64];
     reader.read_exact(&mut first).unwrap();
+    // The metrics snapshot follows the step that sent those bytes.
+    while s.metric("busy_slots") < 1.0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     drop(reader);
     let deadline = Instant::now() + Duration::from_secs(30);
     while s.metric("busy_slots") > 0.0 {
@@ -607,4 +612,29 @@ fn a_waiting_stream_gets_keep_alive_comments() {
         "the queued request finished: {rest:?}"
     );
     assert_eq!(long.join().unwrap(), 200);
+}
+
+#[test]
+fn response_format_json_schema_constrains_the_answer() {
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    let schema = json!({"x-guidance": {"whitespace_flexible": false}, "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["ok", "n"], "additionalProperties": false});
+    for seed in 0..6 {
+        let mut body = chat("answer in JSON", 40);
+        body["temperature"] = json!(1);
+        body["seed"] = json!(seed);
+        body["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}});
+        let text = text_of(&s.post("/v1/chat/completions", &body));
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(
+            v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 9),
+            "{text}"
+        );
+    }
+    let mut body = chat("anything", 40);
+    body["response_format"] = json!({"type": "json_object"});
+    let text = text_of(&s.post("/v1/chat/completions", &body));
+    assert!(text.starts_with('{'), "{text:?}");
 }

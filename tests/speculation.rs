@@ -28,6 +28,7 @@ fn opts(max_tokens: usize, sampling: SamplingParams, speculation: Speculation) -
         ignore_eos: true,
         eos_ids: Vec::new(),
         speculation,
+        constraint: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn gen(model: &Model) -> moestream::Result<Vec<u32>> {
         ignore_eos: true,
         eos_ids: vec![],
         speculation: Default::default(),
+        constraint: None,
     };
     Ok(generate(model, &[5, 6, 7, 8], &opts, |_| Ok(()))?.token_ids)
 }

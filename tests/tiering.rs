@@ -20,6 +20,7 @@ fn gen(model: &Model, n: usize) -> Vec<u32> {
         ignore_eos: true,
         eos_ids: vec![],
         speculation: Default::default(),
+        constraint: None,
     };
     generate(model, &[5, 9, 2, 7], &opts, |_| Ok(()))
         .unwrap()

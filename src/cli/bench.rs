@@ -91,6 +91,7 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         ignore_eos: true,
         eos_ids: vec![],
         speculation: Default::default(),
+        constraint: None,
     };
     if a.warmup {
         // Warm means every buffer the cache will hold is in place: a gated

@@ -73,6 +73,7 @@ pub(super) fn cmd_bench_verify(mut a: VerifyArgs) -> Result<()> {
         ignore_eos: true,
         eos_ids: vec![],
         speculation: Default::default(),
+        constraint: None,
     };
     let engine = Engine::new(&model);
     let mut session = Session::new(&model, &prompt, &opts).map_err(with_flags)?;

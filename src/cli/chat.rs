@@ -100,6 +100,7 @@ pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
         ignore_eos: false,
         eos_ids: defaults.eos_ids.clone(),
         speculation: a.spec.speculation(),
+        constraint: None,
     };
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let model = load(&a.model)?;

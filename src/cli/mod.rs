@@ -399,6 +399,17 @@ struct GenArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     spec: SpecArgs,
+    /// Constrain the output to a grammar in llguidance's Lark dialect
+    /// (every token keeps the output inside the language; EOS only where
+    /// it is complete).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json_schema", "regex"])]
+    grammar: Option<PathBuf>,
+    /// Constrain the output to JSON matching this JSON schema.
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    json_schema: Option<PathBuf>,
+    /// Constrain the whole output to this regular expression.
+    #[arg(long, value_name = "RE")]
+    regex: Option<String>,
     /// Continue past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -701,7 +712,39 @@ fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
         ignore_eos: g.ignore_eos,
         eos_ids: defaults.eos_ids,
         speculation: g.spec.speculation(),
+        constraint: None,
     })
+}
+
+/// The output constraint of `--grammar`, `--json-schema` or `--regex`,
+/// prepared for `model`'s tokenizer (in `dir`).
+fn constrained(
+    g: &GenArgs,
+    dir: &Path,
+    model: &Model,
+    eos: &[u32],
+) -> Result<Option<moestream::engine::Constrained>> {
+    use moestream::engine::{Constrained, Constraint, Grammars};
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let constraint = match (&g.grammar, &g.json_schema, &g.regex) {
+        (Some(p), _, _) => Constraint::Lark(read(p)?),
+        (_, Some(p), _) => Constraint::JsonSchema(
+            serde_json::from_str(&read(p)?)
+                .with_context(|| format!("{}: not JSON", p.display()))?,
+        ),
+        (_, _, Some(r)) => Constraint::Regex(r.clone()),
+        _ => return Ok(None),
+    };
+    let tokenizer = dir.join("tokenizer.json");
+    let bytes =
+        std::fs::read(&tokenizer).with_context(|| format!("reading {}", tokenizer.display()))?;
+    let grammars = Grammars::new(&bytes, model.cfg.vocab_size, eos)?;
+    grammars.start(&constraint)?;
+    Ok(Some(Constrained {
+        grammars,
+        constraint,
+    }))
 }
 
 /// Evicts every file of `dir` from the page cache (synced first: dirty

@@ -55,7 +55,8 @@ pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
         a.model.context = Some((prompt.len() + a.gen.max_tokens).max(1));
     }
     let model = load(&a.model)?;
-    let opts = gen_options(&a.gen, &dir)?;
+    let mut opts = gen_options(&a.gen, &dir)?;
+    opts.constraint = constrained(&a.gen, &dir, &model, &opts.eos_ids)?;
     if a.gen.json {
         let g = generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
         save_history(&model, &a.model);
@@ -94,7 +95,8 @@ pub(super) fn serve_prompts(
         .filter(|(_, l)| !l.trim().is_empty())
         .collect();
     anyhow::ensure!(!lines.is_empty(), "{}: no prompts in it", path.display());
-    let opts = gen_options(&a.gen, &a.model.model)?;
+    let mut opts = gen_options(&a.gen, &a.model.model)?;
+    opts.constraint = constrained(&a.gen, &a.model.model, model, &opts.eos_ids)?;
     if a.batch > 1 {
         return serve_batched(model, tok, path, &lines, &opts, a);
     }

@@ -101,6 +101,7 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
         ignore_eos: true,
         eos_ids: eos_ids(&dir)?,
         speculation: Default::default(),
+        constraint: None,
     };
     print!("{}", a.prompt);
     let g = stream_text(&model, &tok, &prompt, &opts)?;

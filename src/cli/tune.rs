@@ -282,6 +282,7 @@ fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, depth: usize) -> Result<P
         ignore_eos: true,
         eos_ids: vec![],
         speculation: Default::default(),
+        constraint: None,
     };
     let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
     let s = &g.stats;

@@ -213,17 +213,34 @@ impl Request {
                 "tool calling is not supported yet",
             ));
         }
-        if self
-            .response_format
-            .as_ref()
-            .is_some_and(|f| f["type"] != "text")
-        {
-            return Err(ApiError::bad_param(
-                "response_format",
-                "response_format (JSON mode, JSON schema) is not supported yet",
-            ));
-        }
         Ok(())
+    }
+
+    /// The output constraint of `response_format`: none for `text`, any
+    /// JSON object for `json_object`, `json_schema.schema` for
+    /// `json_schema`; anything else is a 400 naming the field.
+    pub fn constraint(&self) -> Result<Option<crate::engine::Constraint>, ApiError> {
+        use crate::engine::Constraint;
+        let Some(f) = &self.response_format else {
+            return Ok(None);
+        };
+        let bad = |m: String| ApiError::bad_param("response_format", m);
+        match f["type"].as_str() {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(Constraint::JsonObject)),
+            Some("json_schema") => match f["json_schema"].get("schema") {
+                Some(schema) if schema.is_object() => {
+                    Ok(Some(Constraint::JsonSchema(schema.clone())))
+                }
+                _ => Err(bad(
+                    "json_schema needs json_schema.schema (an object)".into()
+                )),
+            },
+            _ => Err(bad(format!(
+                "type {}: expected text, json_object or json_schema",
+                f["type"]
+            ))),
+        }
     }
 
     /// The sampling fields set in the request.
@@ -332,10 +349,7 @@ mod tests {
             (r#"{"n": 2}"#, Some("n")),
             (r#"{"n": 1}"#, None),
             (r#"{"tools": []}"#, Some("tools")),
-            (
-                r#"{"response_format": {"type": "json_object"}}"#,
-                Some("response_format"),
-            ),
+            (r#"{"response_format": {"type": "json_object"}}"#, None),
             (r#"{"response_format": {"type": "text"}}"#, None),
         ];
         for (body, param) in cases {

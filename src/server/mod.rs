@@ -80,6 +80,9 @@ struct Shared {
     phase: AtomicU8,
     metrics: Arc<Mutex<Snapshot>>,
     next_id: AtomicU64,
+    /// The tokenizer prepared for constrained output, once the model is
+    /// loaded (or why it cannot be).
+    grammars: std::sync::OnceLock<Result<crate::engine::Grammars, String>>,
 }
 
 impl Shared {
@@ -164,6 +167,7 @@ pub fn serve_until(
         phase: AtomicU8::new(LOADING),
         metrics: metrics.clone(),
         next_id: AtomicU64::new(0),
+        grammars: std::sync::OnceLock::new(),
         config,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -199,6 +203,7 @@ fn spawn_engine(
                     return;
                 }
             };
+            let _ = shared.grammars.set(prepare_grammars(&shared, &model));
             if shared
                 .phase
                 .compare_exchange(LOADING, READY, Ordering::AcqRel, Ordering::Acquire)
@@ -213,6 +218,14 @@ fn spawn_engine(
             worker::run(&model, config, rx, shared.metrics.clone());
         })
         .expect("spawning the engine thread")
+}
+
+/// The model's tokenizer prepared for `response_format` constraints.
+fn prepare_grammars(shared: &Shared, model: &Model) -> Result<crate::engine::Grammars, String> {
+    let path = shared.config.model_dir.join("tokenizer.json");
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let eos = &shared.defaults.eos_ids;
+    crate::engine::Grammars::new(&bytes, model.cfg.vocab_size, eos).map_err(|e| e.to_string())
 }
 
 /// Serves HTTP until a signal (or a load failure, returned as the error).

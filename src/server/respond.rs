@@ -89,6 +89,7 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
             ignore_eos: req.ignore_eos,
             eos_ids: s.defaults.eos_ids.clone(),
             speculation: s.config.speculation,
+            constraint: constrained(s, req)?,
         },
         logprobs: req.logprobs(chat)?,
         stops: req.stops()?,
@@ -99,6 +100,29 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     })
+}
+
+/// The request's `response_format` constraint with the model's prepared
+/// tokenizer; one that does not compile is a 400 naming the reason.
+fn constrained(s: &Shared, req: &Request) -> Result<Option<crate::engine::Constrained>, ApiError> {
+    let Some(constraint) = req.constraint()? else {
+        return Ok(None);
+    };
+    let grammars = match s.grammars.get() {
+        Some(Ok(g)) => g.clone(),
+        Some(Err(e)) => {
+            let msg = format!("constrained output is unavailable for this model: {e}");
+            return Err(ApiError::bad(msg));
+        }
+        None => return Err(ApiError::unavailable("the model is loading")),
+    };
+    grammars
+        .start(&constraint)
+        .map_err(|e| ApiError::bad_param("response_format", e.to_string()))?;
+    Ok(Some(crate::engine::Constrained {
+        grammars,
+        constraint,
+    }))
 }
 
 fn chat_prompt(s: &Shared, req: &Request) -> Result<Vec<u32>, ApiError> {
