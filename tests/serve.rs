@@ -145,6 +145,15 @@ impl Server {
         line.rsplit(' ').next().unwrap().parse().unwrap()
     }
 
+    /// Waits (up to 30 s) until metric `name` satisfies `ok`.
+    fn wait_metric(&self, name: &str, ok: impl Fn(f64) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ok(self.metric(name)) {
+            assert!(Instant::now() < deadline, "{name} = {}", self.metric(name));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Sends SIGTERM; the exit status.
     fn stop(mut self) -> std::process::ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
@@ -450,7 +459,8 @@ fn the_second_turn_reuses_the_kv_and_a_restart_keeps_it() {
         cached >= first_prompt,
         "cached {cached} of a first prompt of {first_prompt}"
     );
-    assert!(s.metric("prompt_tokens_reused_total") >= first_prompt as f64);
+    // The metrics snapshot is published after the step that answered.
+    s.wait_metric("prompt_tokens_reused_total", |v| v >= first_prompt as f64);
     assert!(s.stop().success(), "SIGTERM exits 0");
     let saved: Vec<_> = std::fs::read_dir(kv.path()).unwrap().flatten().collect();
     assert!(!saved.is_empty(), "the kept KV was saved at shutdown");

@@ -103,13 +103,17 @@ pub fn run(
         }
         if !w.pool.is_idle() {
             let events = w.pool.step(&mut prof);
-            w.dispatch(events);
+            let events = w.count(events);
+            // Published before the events go out: a client that sees its
+            // answer finds it counted.
+            w.publish(model, &metrics);
+            w.deliver(events);
         } else if deadline.is_some() {
             break;
         } else {
             w.save_if_changed();
+            w.publish(model, &metrics);
         }
-        w.publish(model, &metrics);
     }
     w.save_if_changed();
 }
@@ -206,7 +210,10 @@ impl Worker<'_> {
         }
     }
 
-    fn dispatch(&mut self, events: Vec<PoolEvent>) {
+    /// Counts a step's events into the metrics; returns each request's
+    /// event to send.
+    fn count(&mut self, events: Vec<PoolEvent>) -> Vec<(RequestId, Event)> {
+        let mut out = Vec::with_capacity(events.len());
         for ev in events {
             let (id, event) = match ev {
                 PoolEvent::Token(id, t) => {
@@ -229,6 +236,15 @@ impl Worker<'_> {
                     (id, Event::Expired)
                 }
             };
+            out.push((id, event));
+        }
+        out
+    }
+
+    /// Sends each request its events; a request's last event closes its
+    /// channel.
+    fn deliver(&mut self, events: Vec<(RequestId, Event)>) {
+        for (id, event) in events {
             let last = !matches!(event, Event::Token(_) | Event::Logprobs(_));
             if let Some(tx) = self.senders.get(&id) {
                 let _ = tx.send(event);
