@@ -3,6 +3,7 @@
 
 use super::run::stream_text;
 use super::*;
+use moestream::synth::realistic::Knobs;
 use moestream::synth::SynthSpec;
 
 #[derive(Args)]
@@ -30,34 +31,55 @@ pub(super) struct SynthArgs {
     /// BF16 checkpoint `demo` uses.
     #[arg(long)]
     geometry: Option<String>,
-    /// Expert popularity of a geometry: zipf (skewed like a real model) or
-    /// uniform.
-    #[arg(long, value_enum, default_value_t = RoutingArg::Zipf)]
-    routing: RoutingArg,
+    /// How a geometry routes: realistic (the default for qwen3-30b-a3b:
+    /// popularity skew, next-token reuse and lookahead predictability as
+    /// --top10-share, --reuse and --lookahead-recall ask), zipf
+    /// (popularity only, exponent --zipf-s; the default for deepseek-v3 and
+    /// glm5, which realistic routing does not support) or uniform.
+    #[arg(long, value_enum)]
+    routing: Option<RoutingArg>,
     /// Zipf exponent of --routing zipf.
     #[arg(long, default_value_t = 1.0)]
     zipf_s: f64,
+    /// --routing realistic: share of selections the top 10% of each layer's
+    /// experts take (real models: 0.2-0.3).
+    #[arg(long, default_value_t = Knobs::DEFAULT.top10_share)]
+    top10_share: f64,
+    /// --routing realistic: share of a token's experts the next token
+    /// chooses again in the same layer (chance is about top-k/experts; the
+    /// default puts LRU's hit rate with twice top-k slots at 40-60%).
+    #[arg(long, default_value_t = Knobs::DEFAULT.reuse)]
+    reuse: f64,
+    /// --routing realistic: share of a layer's experts the router
+    /// lookahead (the layer's router on the previous layer's state) guesses
+    /// (real models: ~0.7).
+    #[arg(long, default_value_t = Knobs::DEFAULT.recall)]
+    lookahead_recall: f64,
     /// Vocabulary rows of a geometry (default: the real model's).
     #[arg(long)]
     vocab: Option<usize>,
-    #[arg(long, default_value_t = 512)]
-    hidden: usize,
+    /// Hidden size (default: 512, or the geometry's).
+    #[arg(long)]
+    hidden: Option<usize>,
     /// Decoder layers (default: 8, or the geometry's).
     #[arg(long)]
     layers: Option<usize>,
     /// Routed experts per layer (default: 32, or the geometry's).
     #[arg(long)]
     experts: Option<usize>,
-    #[arg(long, default_value_t = 4)]
-    top_k: usize,
-    #[arg(long, default_value_t = 256)]
-    moe_inter: usize,
+    /// Experts per token (default: 4, or the geometry's).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Routed experts' intermediate size (default: 256, or the geometry's).
+    #[arg(long)]
+    moe_inter: Option<usize>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(super) enum RoutingArg {
+    Realistic,
     Zipf,
     Uniform,
 }
@@ -111,27 +133,14 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
 
 pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {
     if let Some(name) = &a.geometry {
-        let spec = moestream::synth::geometry::GeometrySpec {
-            name: name.clone(),
-            layers: a.layers,
-            experts: a.experts,
-            vocab: a.vocab,
-            routing: match a.routing {
-                RoutingArg::Zipf => moestream::synth::geometry::Routing::Zipf(a.zipf_s),
-                RoutingArg::Uniform => moestream::synth::geometry::Routing::Uniform,
-            },
-            seed: a.seed,
-        };
-        moestream::synth::geometry::write(&a.out, &spec, true)?;
-        eprintln!("wrote a synthetic {name} container to {}", a.out.display());
-        return Ok(());
+        return synth_geometry(name, &a);
     }
     let spec = SynthSpec {
-        hidden: a.hidden,
+        hidden: a.hidden.unwrap_or(512),
         layers: a.layers.unwrap_or(8),
         experts: a.experts.unwrap_or(32),
-        top_k: a.top_k,
-        moe_inter: a.moe_inter,
+        top_k: a.top_k.unwrap_or(4),
+        moe_inter: a.moe_inter.unwrap_or(256),
         seed: a.seed,
         ..SynthSpec::default()
     };
@@ -140,5 +149,40 @@ pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {
     }
     moestream::synth::ensure(&a.out, &spec)?;
     eprintln!("wrote a synthetic model to {}", a.out.display());
+    Ok(())
+}
+
+/// `synth --geometry NAME`: a quantized container in a real model's shapes.
+fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
+    use moestream::synth::geometry::{self, GeometrySpec, Routing};
+    let realistic = Routing::Realistic(Knobs {
+        top10_share: a.top10_share,
+        reuse: a.reuse,
+        recall: a.lookahead_recall,
+    });
+    let routing = match a.routing {
+        Some(RoutingArg::Realistic) => realistic,
+        // Realistic routing needs GQA attention; the MLA geometries keep zipf.
+        None if name == "qwen3-30b-a3b" => realistic,
+        Some(RoutingArg::Zipf) | None => Routing::Zipf(a.zipf_s),
+        Some(RoutingArg::Uniform) => Routing::Uniform,
+    };
+    let spec = GeometrySpec {
+        name: name.to_owned(),
+        layers: a.layers,
+        experts: a.experts,
+        vocab: a.vocab,
+        hidden: a.hidden,
+        moe_inter: a.moe_inter,
+        top_k: a.top_k,
+        routing,
+        seed: a.seed,
+    };
+    geometry::write(&a.out, &spec, true)?;
+    eprintln!(
+        "wrote a synthetic {name} container to {} ({} routing)",
+        a.out.display(),
+        routing.name()
+    );
     Ok(())
 }

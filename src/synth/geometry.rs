@@ -4,8 +4,13 @@
 //! weights, f32 norms and routers), one tensor at a time, so a model of tens
 //! of GB is written without tens of GB of RAM.
 //!
-//! Routing is skewed like a real model's: expert popularity follows a Zipf
-//! law (`--routing zipf`, exponent `--zipf-s`), or is near-uniform. Qwen3-MoE
+//! Routing: `--routing realistic` (the Qwen3 geometry's default) builds the
+//! attention, embedding, lm_head and routers of [`super::realistic`], so
+//! that popularity skew, temporal reuse and cross-layer predictability come
+//! out as its knobs ask. `zipf` and `uniform` set popularity only — every
+//! token routes independently and a router lookahead guesses nearly all of
+//! the next layer's experts: expert popularity follows a Zipf law
+//! (`--routing zipf`, exponent `--zipf-s`), or is near-uniform. Qwen3-MoE
 //! routers have no bias term, so the skew goes in through the residual
 //! stream: every token embedding carries a constant in dimension 0 that
 //! dominates it, and each router row's weight on dimension 0 is the log of
@@ -19,8 +24,11 @@
 //! hidden 6144, 78 layers, 3 dense, 256 experts of 2048, MLA + the DSA
 //! indexer). The MLA families route by sigmoid scores plus a correction
 //! bias, which carries the popularity directly. `--layers` and `--experts`
-//! shrink a geometry for a smaller model of the same per-layer shapes.
+//! shrink a geometry for a smaller model of the same per-layer shapes;
+//! `--hidden`, `--moe-inter` and `--top-k` change those shapes (small test
+//! models).
 
+use super::realistic::{self, Knobs, Part, Plan};
 use super::{noise, write_json, write_tokenizer};
 use crate::convert::writer::{write_atomic, FileWriter, Layout, ALIGN};
 use crate::error::{Error, Result};
@@ -30,13 +38,27 @@ use crate::weights::index::{scales_name, QUANT_META_PREFIX};
 use serde_json::json;
 use std::path::Path;
 
-/// How routing popularity is skewed.
+/// How a geometry routes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Routing {
+    /// Popularity skew, temporal reuse and cross-layer predictability as
+    /// the knobs ask ([`super::realistic`]; the Qwen3 family only).
+    Realistic(Knobs),
     /// Popularity of the expert of rank r ∝ 1 / r^s.
     Zipf(f64),
     /// Every expert equally likely.
     Uniform,
+}
+
+impl Routing {
+    /// The spelling of `synth --routing`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Routing::Realistic(_) => "realistic",
+            Routing::Zipf(_) => "zipf",
+            Routing::Uniform => "uniform",
+        }
+    }
 }
 
 /// A geometry and how much of it to write.
@@ -50,6 +72,11 @@ pub struct GeometrySpec {
     /// Vocabulary rows of the embedding and lm_head (default: the real
     /// model's; the tokenizer itself is small).
     pub vocab: Option<usize>,
+    /// Hidden size, routed experts' width and experts per token (default:
+    /// the real model's; smaller ones make small test models).
+    pub hidden: Option<usize>,
+    pub moe_inter: Option<usize>,
+    pub top_k: Option<usize>,
     pub routing: Routing,
     pub seed: u64,
 }
@@ -68,6 +95,8 @@ struct Shape {
     vocab: usize,
     /// Multi-head latent attention and sigmoid routing (DeepSeek-V3, GLM-5).
     mla: Option<Mla>,
+    /// Attention, embedding, lm_head and routers from [`realistic`].
+    realistic: bool,
 }
 
 /// The MLA families' extra shapes.
@@ -104,6 +133,7 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
             head_dim: 128,
             vocab: 151_936,
             mla: None,
+            realistic: false,
         },
         // DeepSeek-V3 (671B): its config.json.
         "deepseek-v3" => Shape {
@@ -116,6 +146,7 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
             kv_heads: 128,
             head_dim: 192,
             vocab: 129_280,
+            realistic: false,
             mla: Some(Mla {
                 model_type: "deepseek_v3",
                 q_lora: 1536,
@@ -141,6 +172,7 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
             kv_heads: 64,
             head_dim: 256,
             vocab: 154_880,
+            realistic: false,
             mla: Some(Mla {
                 model_type: "glm_moe_dsa",
                 q_lora: 2048,
@@ -166,12 +198,22 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
         layers: spec.layers.unwrap_or(base.layers),
         experts: spec.experts.unwrap_or(base.experts),
         vocab: spec.vocab.unwrap_or(base.vocab).max(TOKENIZER_VOCAB),
+        hidden: spec.hidden.unwrap_or(base.hidden),
+        moe_inter: spec.moe_inter.unwrap_or(base.moe_inter),
+        top_k: spec.top_k.unwrap_or(base.top_k),
+        realistic: matches!(spec.routing, Routing::Realistic(_)),
         ..base
     };
-    if s.layers == 0 || s.experts < s.top_k {
+    if s.layers == 0 || s.top_k == 0 || s.experts < s.top_k || s.hidden < 2 || s.moe_inter == 0 {
         return Err(Error::Request(format!(
-            "layers must be positive and experts at least top-k ({})",
+            "layers, top-k, hidden and moe_inter must be positive and experts at least top-k ({})",
             s.top_k
+        )));
+    }
+    if s.realistic && s.mla.is_some() {
+        return Err(Error::Request(format!(
+            "--routing realistic needs the qwen3-30b-a3b geometry's attention (GQA with q/k norm); `{}` takes zipf or uniform",
+            spec.name
         )));
     }
     Ok(s)
@@ -209,6 +251,8 @@ enum Fill {
     Int8Router,
     /// The sigmoid router's `e_score_correction_bias` (f32): the popularity.
     RouterBias { layer: usize },
+    /// A tensor of realistic routing (int8 rows, or f32).
+    Real { part: Part, int8: bool },
 }
 
 struct Planned {
@@ -228,14 +272,18 @@ fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
         fill,
         aligned: false,
     };
-    let (h, hd) = (s.hidden, s.head_dim);
+    let h = s.hidden;
     let mut out = Vec::new();
+    let real = |part, int8, plain| match s.realistic {
+        true => Fill::Real { part, int8 },
+        false => plain,
+    };
     if f == 0 {
         out.push(t(
             "model.embed_tokens.weight".into(),
             s.vocab,
             h,
-            Fill::Embed,
+            real(Part::Embed, true, Fill::Embed),
         ));
     }
     let layers = f * LAYERS_PER_FILE..((f + 1) * LAYERS_PER_FILE).min(s.layers);
@@ -243,50 +291,7 @@ fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
         mla_layers(s, m, layers.clone(), &mut out);
     }
     for l in layers.clone().filter(|_| s.mla.is_none()) {
-        let p = format!("model.layers.{l}.");
-        let dense = (h as f32).sqrt().recip();
-        out.push(t(format!("{p}input_layernorm.weight"), h, 1, Fill::Ones));
-        out.push(t(
-            format!("{p}post_attention_layernorm.weight"),
-            h,
-            1,
-            Fill::Ones,
-        ));
-        out.push(t(format!("{p}self_attn.q_norm.weight"), hd, 1, Fill::Ones));
-        out.push(t(format!("{p}self_attn.k_norm.weight"), hd, 1, Fill::Ones));
-        let a = format!("{p}self_attn.");
-        out.push(t(
-            format!("{a}q_proj.weight"),
-            s.heads * hd,
-            h,
-            Fill::Int8(dense),
-        ));
-        out.push(t(
-            format!("{a}k_proj.weight"),
-            s.kv_heads * hd,
-            h,
-            Fill::Int8(dense),
-        ));
-        out.push(t(
-            format!("{a}v_proj.weight"),
-            s.kv_heads * hd,
-            h,
-            Fill::Int8(dense),
-        ));
-        // Small outputs keep the residual stream dominated by dimension 0.
-        let small = EMBED_STD / (s.heads * hd) as f32;
-        out.push(t(
-            format!("{a}o_proj.weight"),
-            h,
-            s.heads * hd,
-            Fill::Int8(small),
-        ));
-        out.push(t(
-            format!("{p}mlp.gate.weight"),
-            s.experts,
-            h,
-            Fill::Router { layer: l },
-        ));
+        gqa_layer(s, l, &mut out);
     }
     let first_moe = s.mla.as_ref().map_or(0, |m| m.dense_layers);
     for l in layers.filter(|&l| l >= first_moe) {
@@ -322,10 +327,83 @@ fn tensors_of_file(s: &Shape, f: usize, files: usize) -> Vec<Planned> {
             "lm_head.weight".into(),
             s.vocab,
             h,
-            Fill::Int8(EMBED_STD),
+            real(Part::LmHead, true, Fill::Int8(EMBED_STD)),
         ));
     }
     out
+}
+
+/// The norms, attention and router of GQA layer `l` (its routed experts
+/// follow, aligned); realistic routing's tensors where it is on.
+fn gqa_layer(s: &Shape, l: usize, out: &mut Vec<Planned>) {
+    let mut t = |name: String, (rows, cols): (usize, usize), fill, real: Option<(Part, bool)>| {
+        let fill = match real.filter(|_| s.realistic) {
+            Some((part, int8)) => Fill::Real { part, int8 },
+            None => fill,
+        };
+        out.push(Planned {
+            name,
+            rows,
+            cols,
+            fill,
+            aligned: false,
+        });
+    };
+    let (h, hd) = (s.hidden, s.head_dim);
+    let (qd, kd) = (s.heads * hd, s.kv_heads * hd);
+    let p = format!("model.layers.{l}.");
+    let a = format!("{p}self_attn.");
+    let dense = Fill::Int8((h as f32).sqrt().recip());
+    for norm in ["input_layernorm", "post_attention_layernorm"] {
+        t(format!("{p}{norm}.weight"), (h, 1), Fill::Ones, None);
+    }
+    let f32_part = |part| Some((part, false));
+    let int8_part = |part| Some((part, true));
+    t(
+        format!("{a}q_norm.weight"),
+        (hd, 1),
+        Fill::Ones,
+        f32_part(Part::QNorm(l)),
+    );
+    t(
+        format!("{a}k_norm.weight"),
+        (hd, 1),
+        Fill::Ones,
+        f32_part(Part::KNorm(l)),
+    );
+    t(
+        format!("{a}q_proj.weight"),
+        (qd, h),
+        dense.clone(),
+        int8_part(Part::QProj(l)),
+    );
+    t(
+        format!("{a}k_proj.weight"),
+        (kd, h),
+        dense.clone(),
+        int8_part(Part::KProj(l)),
+    );
+    t(
+        format!("{a}v_proj.weight"),
+        (kd, h),
+        dense,
+        int8_part(Part::VProj(l)),
+    );
+    // Small outputs keep the residual stream dominated by dimension 0.
+    let small = Fill::Int8(EMBED_STD / qd as f32);
+    t(
+        format!("{a}o_proj.weight"),
+        (h, qd),
+        small,
+        int8_part(Part::OProj(l)),
+    );
+    let router = Fill::Router { layer: l };
+    t(
+        format!("{p}mlp.gate.weight"),
+        (s.experts, h),
+        router,
+        f32_part(Part::Router(l)),
+    );
 }
 
 /// The attention, norms, dense MLPs, routers and shared experts of MLA
@@ -454,28 +532,27 @@ fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<
     }
 }
 
+/// The packing of a quantized fill; `None` for f32.
+fn bits(fill: &Fill) -> Option<QBits> {
+    match fill {
+        Fill::Int4(_) => Some(QBits::Int4),
+        Fill::Int8(_) | Fill::Embed | Fill::Real { int8: true, .. } => Some(QBits::Int8),
+        _ => None,
+    }
+}
+
 /// The (name, dtype, shape, bytes) output tensors of one planned tensor.
 fn outputs(p: &Planned) -> Vec<(String, &'static str, Vec<usize>, u64)> {
     let (r, c) = (p.rows, p.cols);
-    match p.fill {
-        Fill::Ones | Fill::Zeros | Fill::RouterBias { .. } => {
-            vec![(p.name.clone(), "F32", vec![r], r as u64 * 4)]
-        }
-        Fill::Int8Router => vec![(p.name.clone(), "F32", vec![r, c], (r * c) as u64 * 4)],
-        Fill::Router { .. } => vec![(p.name.clone(), "F32", vec![r, c], (r * c) as u64 * 4)],
-        Fill::Int8(_) | Fill::Embed | Fill::Int4(_) => {
-            let bits = if matches!(p.fill, Fill::Int4(_)) {
-                QBits::Int4
-            } else {
-                QBits::Int8
-            };
-            let rb = bits.row_bytes(c);
-            vec![
-                (p.name.clone(), "U8", vec![r, rb], (r * rb) as u64),
-                (scales_name(&p.name), "F32", vec![r], r as u64 * 4),
-            ]
-        }
+    if let Some(bits) = bits(&p.fill) {
+        let rb = bits.row_bytes(c);
+        return vec![
+            (p.name.clone(), "U8", vec![r, rb], (r * rb) as u64),
+            (scales_name(&p.name), "F32", vec![r], r as u64 * 4),
+        ];
     }
+    let shape = if c == 1 { vec![r] } else { vec![r, c] };
+    vec![(p.name.clone(), "F32", shape, (r * c) as u64 * 4)]
 }
 
 /// Log-popularity of every expert of `layer`: Zipf ranks under a per-layer
@@ -501,6 +578,7 @@ fn fill(
     p: &Planned,
     s: &Shape,
     spec: &GeometrySpec,
+    real: Option<&Plan>,
     rng: &mut Rng,
 ) -> Result<()> {
     let (rows, cols) = (p.rows, p.cols);
@@ -554,28 +632,46 @@ fn fill(
             w.write(&p.name, &data)?;
             w.write(&scales_name(&p.name), &f32_bytes(&vec![scale; rows]))
         }
-        Fill::Int8(_) | Fill::Embed => {
-            // Quantized a block of rows at a time (the embedding is large).
-            const BLOCK: usize = 4096;
-            let mut scales = Vec::with_capacity(rows);
-            for r0 in (0..rows).step_by(BLOCK) {
-                let n = BLOCK.min(rows - r0);
-                let mut v = match p.fill {
-                    Fill::Int8(std) => noise(rng, n * cols, std),
-                    _ => noise(rng, n * cols, EMBED_STD),
-                };
-                if matches!(p.fill, Fill::Embed) {
-                    for r in 0..n {
-                        v[r * cols] = EMBED_DIM0;
-                    }
-                }
-                let q = QMatrix::quantize(&v, n, cols, QBits::Int8);
-                w.write_part(&p.name, &q.data)?;
-                scales.extend_from_slice(&q.scales);
+        Fill::Int8(std) => write_int8(w, p, |n| noise(rng, n * cols, std)),
+        Fill::Embed => write_int8(w, p, |n| {
+            let mut v = noise(rng, n * cols, EMBED_STD);
+            for r in 0..n {
+                v[r * cols] = EMBED_DIM0;
             }
-            w.write(&scales_name(&p.name), &f32_bytes(&scales))
+            v
+        }),
+        Fill::Real { part, int8 } => {
+            let plan = real.expect("realistic tensors are planned with a realistic plan");
+            if int8 {
+                let mut r0 = 0;
+                write_int8(w, p, |n| {
+                    r0 += n;
+                    plan.rows(part, r0 - n, n, cols)
+                })
+            } else {
+                w.write(&p.name, &f32_bytes(&plan.rows(part, 0, rows, cols)))
+            }
         }
     }
+}
+
+/// Quantizes `p` to int8 a block of rows at a time (an embedding is
+/// large), `block(n)` giving the next `n` rows.
+fn write_int8(
+    w: &mut FileWriter,
+    p: &Planned,
+    mut block: impl FnMut(usize) -> Vec<f32>,
+) -> Result<()> {
+    const BLOCK: usize = 4096;
+    let mut scales = Vec::with_capacity(p.rows);
+    for r0 in (0..p.rows).step_by(BLOCK) {
+        let n = BLOCK.min(p.rows - r0);
+        let q = QMatrix::quantize(&block(n), n, p.cols, QBits::Int8);
+        w.write_part(&p.name, &q.data)?;
+        scales.extend_from_slice(&q.scales);
+    }
+    let bytes: Vec<u8> = scales.iter().flat_map(|x| x.to_le_bytes()).collect();
+    w.write(&scales_name(&p.name), &bytes)
 }
 
 /// RMS of an embedding row: dimension 0 constant, the rest noise.
@@ -593,6 +689,10 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
             dir.display()
         )));
     }
+    let real = match spec.routing {
+        Routing::Realistic(knobs) => Some(Plan::new(&realistic_dims(&s), knobs, spec.seed)?),
+        _ => None,
+    };
     std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
     let files = s.layers.div_ceil(LAYERS_PER_FILE);
     let plans: Vec<Vec<Planned>> = (0..files).map(|f| tensors_of_file(&s, f, files)).collect();
@@ -627,15 +727,10 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
                 layout.push(name.clone(), dtype, shape, len);
                 weight_map.insert(name, fname.clone().into());
             }
-            if let Fill::Int8(_) | Fill::Embed | Fill::Int4(_) = p.fill {
-                let bits = if matches!(p.fill, Fill::Int4(_)) {
-                    4
-                } else {
-                    8
-                };
+            if let Some(bits) = bits(&p.fill) {
                 layout.metadata.insert(
                     format!("{QUANT_META_PREFIX}{}", p.name),
-                    json!({"bits": bits, "cols": p.cols}).to_string(),
+                    json!({"bits": bits.bits(), "cols": p.cols}).to_string(),
                 );
             }
         }
@@ -644,7 +739,7 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
         let mut w = FileWriter::create(&dir.join(&fname), layout)?;
         for p in plan {
             while w.write_padding()? {}
-            fill(&mut w, p, &s, spec, &mut rng)?;
+            fill(&mut w, p, &s, spec, real.as_ref(), &mut rng)?;
             bar.inc(outputs(p).iter().map(|o| o.3).sum());
         }
         while w.write_padding()? {}
@@ -657,7 +752,9 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
         &serde_json::to_vec_pretty(&index).expect("JSON serializes"),
     )?;
     write_tokenizer(dir, TOKENIZER_VOCAB)?;
-    write_json(&dir.join("config.json"), &config(&s))?;
+    let mut cfg = config(&s);
+    cfg["moestream_routing"] = routing_json(spec.routing, real.as_ref());
+    write_json(&dir.join("config.json"), &cfg)?;
     write_json(
         &dir.join("generation_config.json"),
         &json!({"eos_token_id": 0, "bos_token_id": 0}),
@@ -666,6 +763,50 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
         &dir.join("tokenizer_config.json"),
         &json!({"eos_token": "<|endoftext|>", "model_max_length": 40960}),
     )
+}
+
+/// RoPE base of the Qwen3 geometry.
+const QWEN3_ROPE_THETA: f64 = 1_000_000.0;
+
+/// The shapes realistic routing is built into.
+fn realistic_dims(s: &Shape) -> realistic::Dims {
+    realistic::Dims {
+        hidden: s.hidden,
+        layers: s.layers,
+        experts: s.experts,
+        top_k: s.top_k,
+        heads: s.heads,
+        kv_heads: s.kv_heads,
+        head_dim: s.head_dim,
+        rope_theta: QWEN3_ROPE_THETA,
+    }
+}
+
+/// How the model routes, for config.json (informational: the loader
+/// ignores it): the routing, its knobs and realistic routing's calibration.
+fn routing_json(routing: Routing, real: Option<&Plan>) -> serde_json::Value {
+    let mut v = json!({"routing": routing.name()});
+    if let Routing::Zipf(z) = routing {
+        v["zipf_s"] = z.into();
+    }
+    if let Some(p) = real {
+        let (c, k) = (p.calibration, p.knobs);
+        let (width, rho) = p.window();
+        v["knobs"] = json!({"top10_share": k.top10_share, "reuse": k.reuse, "recall": k.recall});
+        v["calibration"] = json!({
+            "pop_scale": c.pop_scale,
+            "fresh": c.fresh,
+            "persist": c.persist,
+            "window_tokens": width,
+            "window_rho": rho,
+            "predicted": {
+                "top10_share": c.predicted.top10_share,
+                "reuse": c.predicted.reuse,
+                "recall": c.predicted.recall,
+            },
+        });
+    }
+    v
 }
 
 fn config(s: &Shape) -> serde_json::Value {
@@ -689,7 +830,7 @@ fn config(s: &Shape) -> serde_json::Value {
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000.0,
+        "rope_theta": QWEN3_ROPE_THETA,
         "max_position_embeddings": 40960,
         "tie_word_embeddings": false,
         "attention_bias": false,
@@ -755,6 +896,9 @@ mod tests {
             layers: Some(1),
             experts: Some(16),
             vocab: None,
+            hidden: None,
+            moe_inter: None,
+            top_k: None,
             routing: Routing::Zipf(1.0),
             seed: 1,
         })
@@ -781,6 +925,9 @@ mod tests {
                 layers: Some(5),
                 experts: Some(16),
                 vocab: None,
+                hidden: None,
+                moe_inter: None,
+                top_k: None,
                 routing: Routing::Zipf(1.0),
                 seed: 1,
             };
@@ -805,12 +952,43 @@ mod tests {
     }
 
     #[test]
+    fn realistic_routing_plans_its_tensors_for_qwen3_only() {
+        let spec = |name: &str| GeometrySpec {
+            name: name.into(),
+            layers: Some(3),
+            experts: Some(8),
+            vocab: None,
+            hidden: Some(256),
+            moe_inter: Some(32),
+            top_k: Some(2),
+            routing: Routing::Realistic(Knobs::DEFAULT),
+            seed: 1,
+        };
+        let s = shape(&spec("qwen3-30b-a3b")).unwrap();
+        assert_eq!((s.hidden, s.moe_inter, s.top_k), (256, 32, 2));
+        let real = tensors_of_file(&s, 0, 1)
+            .iter()
+            .filter(|p| matches!(p.fill, Fill::Real { .. }))
+            .count();
+        // The embedding and lm_head, and per layer q/k/v/o, q/k norms and
+        // the router.
+        assert_eq!(real, 2 + 3 * 7);
+        for name in ["deepseek-v3", "glm5"] {
+            let e = shape(&spec(name)).unwrap_err().to_string();
+            assert!(e.contains("zipf or uniform"), "{e}");
+        }
+    }
+
+    #[test]
     fn unknown_geometries_and_empty_shapes_are_refused() {
         let spec = |name: &str, experts| GeometrySpec {
             name: name.into(),
             layers: None,
             experts,
             vocab: None,
+            hidden: None,
+            moe_inter: None,
+            top_k: None,
             routing: Routing::Uniform,
             seed: 1,
         };

@@ -8,6 +8,7 @@
 //! interrupted generation never leaves a half-written model behind.
 
 pub mod geometry;
+pub mod realistic;
 
 use crate::error::{Error, Result};
 use crate::sampler::Rng;
