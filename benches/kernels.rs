@@ -11,6 +11,11 @@
 //!   really come from memory. Throughput = packed bytes + scales per call.
 //!   int8/int4 run the integer path (`kernels::quant::matmul_int`);
 //!   `int4_float_path` is the `--no-int-dot` path for comparison.
+//! - `ggml_{q4_0,q8_0,q4_k,q5_k,q6_k}`: the GGUF block types
+//!   (`kernels::ggml::matmul`, activations quantized per call as ggml does)
+//!   at the Qwen3-30B-A3B expert shapes (768x2048, 2048x768) and 6144x2048,
+//!   batch 1/4, cycling through >= 256 MiB of matrices. Throughput = block
+//!   bytes per call (scales included).
 //! - `decode_sequence`: 24 back-to-back Qwen3 expert matvecs (8 experts x
 //!   gate/up 768x2048 + down 2048x768, int4) under each `Threading`, from
 //!   memory (a fresh set of experts per iteration) and from cache (one set).
@@ -21,6 +26,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use moestream::kernels::f32::{dot, dot_scalar, matvec};
+use moestream::kernels::ggml::{self, BlockType};
 use moestream::kernels::quant::{matmul_float, matmul_int};
 use moestream::kernels::{f32 as kf32, set_threading, Threading};
 use moestream::quant::QBits;
@@ -196,6 +202,54 @@ fn threading_from_env() -> Threading {
     }
 }
 
+/// Shapes of the GGUF block benches: Qwen3-30B-A3B expert gate/up and down,
+/// and a GLM-5-sized one.
+const GGML_SHAPES: [(usize, usize); 3] = [(768, 2048), (2048, 768), (6144, 2048)];
+
+/// A `(rows, cols)` matrix of random `ty` blocks whose f16 scales are set
+/// to small finite values (random bytes elsewhere are valid levels).
+fn ggml_matrix(ty: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut w = bytes(rows * ty.row_bytes(cols).expect("whole blocks"), seed);
+    let scale_at: &[usize] = match ty {
+        BlockType::Q4_0 | BlockType::Q8_0 => &[0],
+        BlockType::Q4K | BlockType::Q5K => &[0, 2],
+        BlockType::Q6K => &[bb - 2],
+    };
+    for blk in w.chunks_exact_mut(bb) {
+        for &at in scale_at {
+            blk[at + 1] = 0x1c | (blk[at + 1] & 0x80); // |d| in [2^-8, 2^-7)
+        }
+    }
+    w
+}
+
+fn bench_ggml(c: &mut Criterion) {
+    set_threading(threading_from_env());
+    for ty in BlockType::ALL {
+        let mut g = c.benchmark_group(format!("ggml_{}", ty.name().to_lowercase()));
+        for (rows, cols) in GGML_SHAPES {
+            let per = rows * ty.row_bytes(cols).expect("whole blocks");
+            let mats: Vec<Vec<u8>> = (0..WORKING_SET_BYTES.div_ceil(per))
+                .map(|k| ggml_matrix(ty, rows, cols, k as u64 + 11))
+                .collect();
+            g.throughput(Throughput::Bytes(per as u64));
+            for n in [1usize, 4] {
+                let x = weights(n * cols);
+                let mut y = vec![0f32; n * rows];
+                let mut i = 0;
+                g.bench_function(BenchmarkId::new(format!("{rows}x{cols}"), n), |b| {
+                    b.iter(|| {
+                        i = (i + 1) % mats.len();
+                        ggml::matmul(ty, &mats[i], rows, cols, black_box(&x), n, &mut y)
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
 /// 24 back-to-back int4 expert matvecs, as one MoE layer of Qwen3-30B-A3B
 /// decodes one token (8 experts x gate, up, down).
 fn bench_decode_sequence(c: &mut Criterion) {
@@ -269,6 +323,7 @@ criterion_group!(
     bench_int8,
     bench_int4,
     bench_int4_float,
+    bench_ggml,
     bench_decode_sequence
 );
 criterion_main!(benches);

@@ -155,6 +155,7 @@ class Shape:
     index_head_dim: int = 32
     index_topk: int = 4
     prompt: str = SHORT_PROMPT
+    qwen3_dense_layer: bool = True  # qwen3_moe: layer 1 a dense MLP (llama.cpp cannot run that)
 
 
 # Committed fixtures: family -> (start seed, shape). `--all` regenerates exactly these.
@@ -206,7 +207,7 @@ def build_config(family: str, s: Shape, eos_id: int):
             num_experts_per_tok=s.top_k,
             norm_topk_prob=s.norm_topk_prob,
             # layer 1 is a dense MLP, the others are sparse MoE blocks
-            mlp_only_layers=[1] if s.layers >= 2 else [],
+            mlp_only_layers=[1] if s.layers >= 2 and s.qwen3_dense_layer else [],
             decoder_sparse_step=1,
             rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
@@ -1155,6 +1156,8 @@ def parse_args(argv=None):
     p.add_argument("--topk-group", dest="topk_group", type=int)
     p.add_argument("--index-topk", dest="index_topk", type=int)
     p.add_argument("--prompt", type=str)
+    p.add_argument("--all-sparse", dest="all_sparse", action="store_true",
+                   help="qwen3_moe: no dense layer (every layer MoE, as llama.cpp's qwen3moe requires)")
     return p.parse_args(argv)
 
 
@@ -1182,6 +1185,8 @@ def main(argv=None) -> None:
         )
         if getattr(args, k) is not None
     }
+    if args.all_sparse:
+        overrides["qwen3_dense_layer"] = False
     if args.norm_topk_prob is not None:
         overrides["norm_topk_prob"] = bool(args.norm_topk_prob)
     shape = replace(shape, **overrides)

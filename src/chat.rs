@@ -103,7 +103,7 @@ impl ChatTemplate {
             None => SpecialTokens::default(),
         };
         let file = dir.join(CHAT_TEMPLATE_FILE);
-        if file.is_file() {
+        if dir.is_dir() && file.is_file() {
             let source = crate::config::read_capped(&file)?;
             return ChatTemplate::new(source, tokens, file.display().to_string()).map(Some);
         }
@@ -199,11 +199,10 @@ struct TokenizerConfig {
 impl TokenizerConfig {
     /// dir/tokenizer_config.json, or None if the model has none.
     fn read(dir: &Path) -> Result<Option<TokenizerConfig>> {
-        let path = dir.join("tokenizer_config.json");
-        if !path.exists() {
+        let Some(doc) = crate::model_files::read(dir, "tokenizer_config.json")? else {
             return Ok(None);
-        }
-        let text = crate::config::read_capped(&path)?;
+        };
+        let (path, text) = (doc.path, doc.text);
         let json = serde_json::from_str(&text)
             .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
         Ok(Some(TokenizerConfig { path, json }))

@@ -376,8 +376,13 @@ fn check_in(f: &Fields, name: &str, x: f64, (lo, hi): (f64, f64)) -> Result<f64>
 impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn load(dir: &Path) -> Result<ModelConfig> {
-        let path = dir.join("config.json");
-        let text = read_capped(&path)?;
+        let doc = crate::model_files::read(dir, "config.json")?.ok_or_else(|| {
+            Error::file(
+                crate::model_files::expected_path(dir, "config.json"),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })?;
+        let (path, text) = (doc.path, doc.text);
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
         ModelConfig::from_json(&path, &v)
@@ -434,7 +439,9 @@ impl ModelConfig {
                     family == Family::GlmMoeDsa || f.bool_or(&["rope_interleave"], true)?;
                 rope_config(&f, m.qk_rope_head_dim, interleaved)?
             }
-            None => rope_config(&f, head_dim, false)?,
+            // Hub GQA checkpoints rotate halves; a GGUF llama file stores
+            // q/k rows permuted for interleaved pairs (its config says so).
+            None => rope_config(&f, head_dim, f.bool_or(&["rope_interleave"], false)?)?,
         };
         let mla = mla.map(|m| MlaConfig {
             softmax_scale: mla_softmax_scale(&m, &rope),

@@ -28,6 +28,7 @@ use crate::model::{Model, PREFILL_CHUNK};
 use crate::profile::Profile;
 use crate::sampler::Sampler;
 
+pub mod gbnf;
 mod grammar;
 mod logprobs;
 mod pool;

@@ -14,7 +14,6 @@
 //! The end-of-sequence ids come along: the file's `eos_token_id` (an id or
 //! a list), else config.json's, as [`crate::tokenizer::eos_ids`] reads them.
 
-use crate::config::read_capped;
 use crate::error::{Error, Result};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::eos_ids_of;
@@ -93,12 +92,9 @@ impl GenerationDefaults {
     /// the end-of-sequence ids. A value of the wrong type or out of range
     /// is an error naming the file and the key.
     pub fn load(dir: &Path) -> Result<GenerationDefaults> {
-        let path = dir.join(GENERATION_CONFIG_FILE);
-        let text = if path.exists() {
-            Some(read_capped(&path)?)
-        } else {
-            None
-        };
+        let doc = crate::model_files::read(dir, GENERATION_CONFIG_FILE)?;
+        let path = crate::model_files::expected_path(dir, GENERATION_CONFIG_FILE);
+        let text = doc.map(|d| d.text);
         let mut defaults = match &text {
             Some(text) => parse(&path, text)?,
             None => GenerationDefaults::default(),
@@ -238,11 +234,10 @@ fn eos_ids(dir: &Path, path: &Path, text: Option<&str>) -> Result<Vec<u32>> {
             return Ok(ids);
         }
     }
-    let model = dir.join("config.json");
-    if !model.exists() {
-        return Ok(Vec::new());
+    match crate::model_files::read(dir, "config.json")? {
+        Some(doc) => Ok(eos_ids_of(&doc.path, &doc.text)?.unwrap_or_default()),
+        None => Ok(Vec::new()),
     }
-    Ok(eos_ids_of(&model, &read_capped(&model)?)?.unwrap_or_default())
 }
 
 #[cfg(test)]

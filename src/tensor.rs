@@ -3,11 +3,14 @@
 //! needs no widening on a cache miss); F16 is widened to f32 on load; packed
 //! int8/int4/int2 container tensors stay packed. BF16 products are identical
 //! to the f32 path on the widened weights; packed products run the integer
-//! kernels.
+//! kernels; GGUF block matrices (Q4_0 … Q6_K) stay in their blocks and
+//! multiply through [`crate::kernels::ggml`].
 
+use crate::kernels::ggml::{self, BlockType};
 use crate::kernels::{bf16, f32 as kf32, matmul_rows, quant};
 use crate::quant::policy::Width;
 use crate::quant::QMatrix;
+use crate::quant::Words;
 use crate::weights::dtype::{self, DType};
 
 /// The elements of a matrix.
@@ -18,6 +21,11 @@ pub enum MatData {
     Bf16(Vec<u16>),
     /// Packed integers with per-row scales.
     Q(QMatrix),
+    /// llama.cpp blocks, `rows * ty.row_bytes(cols)` bytes.
+    Ggml {
+        ty: BlockType,
+        data: Words<u8>,
+    },
 }
 
 /// A row-major `(rows, cols)` weight matrix, as PyTorch's `Linear` stores it.
@@ -41,6 +49,7 @@ impl Mat {
                 .iter()
                 .position(|x| !x.is_finite())
                 .map(|row| row * self.cols),
+            MatData::Ggml { ty, data } => ggml::first_non_finite(*ty, data),
         }
     }
 
@@ -91,6 +100,17 @@ impl Mat {
         }
     }
 
+    /// A matrix of llama.cpp blocks; `None` when `data` is not exactly
+    /// `rows` rows of `cols` elements of `ty`.
+    pub fn ggml(ty: BlockType, rows: usize, cols: usize, data: Words<u8>) -> Option<Mat> {
+        let want = ty.row_bytes(cols)?.checked_mul(rows)?;
+        (data.len() == want).then_some(Mat {
+            rows,
+            cols,
+            data: MatData::Ggml { ty, data },
+        })
+    }
+
     /// Stores row-major f32 `w` `(rows, cols)` at `width`: the one encoder
     /// of the converter and the runtime quantizer.
     pub fn encode(w: Vec<f32>, rows: usize, cols: usize, width: Width) -> Mat {
@@ -109,12 +129,14 @@ impl Mat {
         }
     }
 
-    /// The width the matrix is kept at.
-    pub fn width(&self) -> Width {
+    /// The container width the matrix is kept at; `None` for GGUF blocks,
+    /// which no container width describes.
+    pub fn width(&self) -> Option<Width> {
         match &self.data {
-            MatData::F32(_) => Width::F32,
-            MatData::Bf16(_) => Width::Bf16,
-            MatData::Q(q) => Width::Int(q.bits),
+            MatData::F32(_) => Some(Width::F32),
+            MatData::Bf16(_) => Some(Width::Bf16),
+            MatData::Q(q) => Some(Width::Int(q.bits)),
+            MatData::Ggml { .. } => None,
         }
     }
 
@@ -124,6 +146,7 @@ impl Mat {
             MatData::F32(v) => v.len() * 4,
             MatData::Bf16(v) => v.len() * 2,
             MatData::Q(q) => q.data.len() + q.scales.len() * 4,
+            MatData::Ggml { data, .. } => data.len(),
         }
     }
 
@@ -133,6 +156,13 @@ impl Mat {
             MatData::F32(v) => v.clone(),
             MatData::Bf16(v) => v.iter().map(|b| bf16::widen(*b)).collect(),
             MatData::Q(q) => q.dequantize(),
+            MatData::Ggml { .. } => {
+                let mut out = vec![0f32; self.rows * self.cols];
+                for (r, row) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+                    self.row_into(r, row);
+                }
+                out
+            }
         }
     }
 
@@ -148,6 +178,10 @@ impl Mat {
                 }
             }
             MatData::Q(q) => q.dequant_row(r, out),
+            MatData::Ggml { ty, data } => {
+                let rb = ty.row_bytes(c).expect("checked in Mat::ggml");
+                ggml::dequantize_row(*ty, &data[r * rb..(r + 1) * rb], out);
+            }
         }
     }
 
@@ -160,6 +194,7 @@ impl Mat {
                 bf16::dot(&w[r * c..(r + 1) * c], xr)
             }),
             MatData::Q(q) => quant::matmul_qmatrix(q, x, n, y),
+            MatData::Ggml { ty, data } => ggml::matmul(*ty, data, self.rows, c, x, n, y),
         }
     }
 }

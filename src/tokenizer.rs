@@ -14,15 +14,13 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Loads `dir/tokenizer.json`.
     pub fn load(dir: &Path) -> Result<Tokenizer> {
-        let path = dir.join("tokenizer.json");
-        if !path.exists() {
-            return Err(Error::Tokenizer {
-                path,
+        match crate::model_files::read(dir, "tokenizer.json")? {
+            Some(doc) => Tokenizer::from_json(&doc.path, &doc.text),
+            None => Err(Error::Tokenizer {
+                path: crate::model_files::expected_path(dir, "tokenizer.json"),
                 reason: "file not found".into(),
-            });
+            }),
         }
-        let text = crate::config::read_capped(&path)?;
-        Tokenizer::from_json(&path, &text)
     }
 
     /// Parses a tokenizer.json's text (`path` names errors). The
@@ -75,12 +73,10 @@ impl Tokenizer {
 /// else config.json's; empty if neither names one.
 pub fn eos_ids(dir: &Path) -> Result<Vec<u32>> {
     for file in ["generation_config.json", "config.json"] {
-        let path = dir.join(file);
-        if !path.exists() {
+        let Some(doc) = crate::model_files::read(dir, file)? else {
             continue;
-        }
-        let text = crate::config::read_capped(&path)?;
-        if let Some(ids) = eos_ids_of(&path, &text)? {
+        };
+        if let Some(ids) = eos_ids_of(&doc.path, &doc.text)? {
             return Ok(ids);
         }
     }

@@ -80,6 +80,13 @@ pub fn model_key(dir: &Path) -> Result<u64> {
     let canon = dir.canonicalize().map_err(|e| Error::file(dir, e))?;
     let mut h = Fnv::default();
     h.update(canon.as_os_str().as_encoded_bytes());
+    if crate::gguf::is_gguf(dir) {
+        let len = std::fs::metadata(dir)
+            .map_err(|e| Error::file(dir, e))?
+            .len();
+        h.update(&len.to_le_bytes());
+        return Ok(h.0);
+    }
     let config = dir.join("config.json");
     h.update(crate::config::read_capped(&config)?.as_bytes());
     let mut shards: Vec<(String, u64)> = std::fs::read_dir(dir)

@@ -93,3 +93,88 @@ fn a_bad_constraint_is_refused_by_name() {
     assert!(!out.ok);
     assert!(out.stderr.contains("constraint"), "{}", out.stderr);
 }
+
+/// Sums of small numbers, one per line, as llama.cpp reads GBNF: the
+/// parentheses make `sum` and `term` recursive (grammar rules, not one
+/// lexeme), and `line` spans two lines.
+const SUMS_GBNF: &str = r#"# one or two lines of sums
+root ::= line{1,2}
+line ::= "- " sum
+         "\n"
+sum  ::= term (" + " term){0,2}
+term ::= [0-9] [0-9]? | "(" sum ")"
+"#;
+
+/// Whether `text` is one or two lines of [`SUMS_GBNF`] (a hand-written
+/// parser: the grammar is deterministic).
+fn is_sums(text: &str) -> bool {
+    fn term(s: &[u8], i: usize) -> Option<usize> {
+        match s.get(i)? {
+            b'(' => {
+                let j = sum(s, i + 1)?;
+                (s.get(j) == Some(&b')')).then_some(j + 1)
+            }
+            c if c.is_ascii_digit() => {
+                let two = s.get(i + 1).is_some_and(u8::is_ascii_digit);
+                Some(i + 1 + usize::from(two))
+            }
+            _ => None,
+        }
+    }
+    fn sum(s: &[u8], i: usize) -> Option<usize> {
+        let mut j = term(s, i)?;
+        for _ in 0..2 {
+            if !s[j..].starts_with(b" + ") {
+                break;
+            }
+            j = term(s, j + 3)?;
+        }
+        Some(j)
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    (1..=2).contains(&lines.len())
+        && lines.iter().all(|l| {
+            let s = l.as_bytes();
+            s.starts_with(b"- ") && sum(s, 2).is_some_and(|j| &s[j..] == b"\n")
+        })
+}
+
+#[test]
+fn every_seed_matches_the_gbnf_grammar() {
+    let dir = tempfile::tempdir().unwrap();
+    let grammar = dir.path().join("sums.gbnf");
+    std::fs::write(&grammar, SUMS_GBNF).unwrap();
+    let mut nested = false;
+    for seed in 0..12 {
+        let v = run(&["--grammar", grammar.to_str().unwrap()], seed);
+        let text = v["text"].as_str().unwrap();
+        assert!(is_sums(text), "seed {seed}: {text:?}");
+        nested |= text.contains('(');
+    }
+    assert!(is_sums("- (1 + 23) + 4\n- 5\n") && !is_sums("- 123\n"));
+    assert!(nested, "no seed used the recursive rule");
+}
+
+#[test]
+fn a_bad_gbnf_grammar_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let grammar = dir.path().join("bad.gbnf");
+    std::fs::write(&grammar, "root ::= item+\nitem ::= [a-z\n").unwrap();
+    let model = fixture("qwen3_moe");
+    let out = moestream(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--grammar",
+        grammar.to_str().unwrap(),
+    ]);
+    assert!(!out.ok);
+    assert!(
+        out.stderr
+            .contains("constraint: GBNF grammar: line 2, column 10: unterminated character class"),
+        "{}",
+        out.stderr
+    );
+}

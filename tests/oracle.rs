@@ -6,17 +6,9 @@
 
 mod common;
 
-use common::{eval_json, fixture, ids, moestream, oracle_at, u32s};
+use common::{eval_json, f64s, fixture, ids, moestream, oracle_at, u32s};
 use serde_json::Value;
 use std::path::Path;
-
-fn f64s(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
 
 fn check_greedy(family: &str, extra: &[&str]) {
     check_greedy_at(&fixture(family), extra)

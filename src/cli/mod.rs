@@ -27,6 +27,7 @@ mod chat;
 mod convert;
 mod doctor;
 mod eval;
+mod export_gguf;
 mod plan;
 mod progress;
 mod replay;
@@ -78,6 +79,9 @@ enum Cmd {
     /// several cache sizes: misses and bytes per token, each against
     /// Belady's optimum; CSV and SVG plot.
     Replay(replay::ReplayArgs),
+    /// Write a Qwen3-MoE model (hub checkpoint or container) as a GGUF
+    /// file llama.cpp runs: the same weights for both engines.
+    ExportGguf(export_gguf::ExportArgs),
     /// Measurements of this machine.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -399,9 +403,10 @@ struct GenArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     spec: SpecArgs,
-    /// Constrain the output to a grammar in llguidance's Lark dialect
-    /// (every token keeps the output inside the language; EOS only where
-    /// it is complete).
+    /// Constrain the output to a grammar: GBNF (llama.cpp's format; a
+    /// file whose first rule is `name ::= ...`) or llguidance's Lark
+    /// dialect (every token keeps the output inside the language; EOS
+    /// only where it is complete).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["json_schema", "regex"])]
     grammar: Option<PathBuf>,
     /// Constrain the output to JSON matching this JSON schema.
@@ -541,6 +546,7 @@ pub fn main() -> ExitCode {
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
         Cmd::Replay(a) => replay::cmd_replay(a),
+        Cmd::ExportGguf(a) => export_gguf::cmd_export(a),
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
         Cmd::Tune(a) => tune::cmd_tune(a),
@@ -728,7 +734,14 @@ fn constrained(
     let read =
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let constraint = match (&g.grammar, &g.json_schema, &g.regex) {
-        (Some(p), _, _) => Constraint::Lark(read(p)?),
+        (Some(p), _, _) => Constraint::Lark(match read(p)? {
+            text if moestream::engine::gbnf::is_gbnf(&text) => {
+                moestream::engine::gbnf::to_lark(&text)
+                    .map_err(moestream::Error::from)
+                    .with_context(|| p.display().to_string())?
+            }
+            text => text,
+        }),
         (_, Some(p), _) => Constraint::JsonSchema(
             serde_json::from_str(&read(p)?)
                 .with_context(|| format!("{}: not JSON", p.display()))?,
@@ -736,9 +749,10 @@ fn constrained(
         (_, _, Some(r)) => Constraint::Regex(r.clone()),
         _ => return Ok(None),
     };
-    let tokenizer = dir.join("tokenizer.json");
-    let bytes =
-        std::fs::read(&tokenizer).with_context(|| format!("reading {}", tokenizer.display()))?;
+    let bytes = moestream::model_files::read(dir, "tokenizer.json")?
+        .with_context(|| format!("{}: no tokenizer.json", dir.display()))?
+        .text
+        .into_bytes();
     let grammars = Grammars::new(&bytes, model.cfg.vocab_size, eos)?;
     grammars.start(&constraint)?;
     Ok(Some(Constrained {

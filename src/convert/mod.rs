@@ -519,6 +519,7 @@ fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
                     q.data.to_vec(),
                     q.scales.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 ],
+                MatData::Ggml { .. } => unreachable!("Mat::encode never makes GGUF blocks"),
             }
         }
     })

@@ -222,8 +222,12 @@ fn spawn_engine(
 
 /// The model's tokenizer prepared for `response_format` constraints.
 fn prepare_grammars(shared: &Shared, model: &Model) -> Result<crate::engine::Grammars, String> {
-    let path = shared.config.model_dir.join("tokenizer.json");
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dir = &shared.config.model_dir;
+    let bytes = match crate::model_files::read(dir, "tokenizer.json") {
+        Ok(Some(doc)) => doc.text.into_bytes(),
+        Ok(None) => return Err(format!("{}: no tokenizer.json", dir.display())),
+        Err(e) => return Err(e.to_string()),
+    };
     let eos = &shared.defaults.eos_ids;
     crate::engine::Grammars::new(&bytes, model.cfg.vocab_size, eos).map_err(|e| e.to_string())
 }

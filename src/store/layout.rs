@@ -47,12 +47,13 @@ impl ExpertLocation {
         spans(self).iter().map(|s| s.len as u64).sum()
     }
 
-    /// Whether every part is a packed container tensor (decoded in place
-    /// in its read slab: zero copy).
+    /// Whether every part is a packed container tensor or GGUF blocks
+    /// (decoded in place in its read slab: zero copy).
     pub fn packed(&self) -> bool {
+        use crate::weights::index::Stored;
         self.parts
             .iter()
-            .all(|r| matches!(r.stored, crate::weights::index::Stored::Quant { .. }))
+            .all(|r| matches!(r.stored, Stored::Quant { .. } | Stored::Ggml(_)))
     }
 
     /// Bytes the expert takes in RAM once cached: its decoded parts, or,

@@ -6,8 +6,11 @@
 //! and no tensor name appears in two shards. Only headers are read here;
 //! tensor bytes are read on demand through `moestream-io` readers.
 
+mod gguf;
+
 use super::dtype::{self, DType};
 use crate::error::{Error, Result};
+use crate::kernels::ggml::BlockType;
 use crate::quant::policy::{Policy, Width};
 use crate::quant::{fp8, QBits, QMatrix, Words};
 use crate::tensor::Mat;
@@ -36,6 +39,9 @@ pub struct TensorEntry {
     pub len: usize,
     /// Set for a packed integer tensor of the moestream container.
     pub quant: Option<QuantMeta>,
+    /// Set for a GGUF tensor of a block type (not F32/F16/BF16): its ggml
+    /// type id; `shape` is then the logical `[rows, cols]`.
+    pub ggml: Option<u32>,
 }
 
 /// What the container's header metadata says of a packed tensor.
@@ -72,6 +78,8 @@ pub enum Stored {
     },
     /// FP8 e4m3 with an F32 `weight_scale_inv` grid of 128×128 blocks.
     Fp8 { scale_inv: TensorEntry },
+    /// llama.cpp blocks (a GGUF tensor), kept and multiplied as they are.
+    Ggml(BlockType),
 }
 
 /// A resolved tensor: its entry, storage and logical shape.
@@ -87,7 +95,7 @@ impl Resolved {
     /// The companion tensor (scales), if any.
     pub fn companion(&self) -> Option<&TensorEntry> {
         match &self.stored {
-            Stored::Float(_) => None,
+            Stored::Float(_) | Stored::Ggml(_) => None,
             Stored::Quant { scales, .. } => Some(scales),
             Stored::Fp8 { scale_inv } => Some(scale_inv),
         }
@@ -149,6 +157,9 @@ impl WeightIndex {
         mode: ReadMode,
         partial_ok: bool,
     ) -> Result<(WeightIndex, Vec<ShardExtent>)> {
+        if crate::gguf::is_gguf(dir) {
+            return Self::open_gguf(dir, mode);
+        }
         crate::convert::check_finished(dir)?;
         let paths = shard_paths(dir)?;
         let mut shards = Vec::with_capacity(paths.len());
@@ -242,6 +253,9 @@ impl WeightIndex {
     /// with every stored shape checked against the others.
     pub fn resolve(&self, name: &str) -> Result<Resolved> {
         let e = self.entry(name)?;
+        if let Some(id) = e.ggml {
+            return self.resolve_ggml(name, e, id);
+        }
         let companion = |cname: &str| -> Result<TensorEntry> {
             let c = self.entry(cname).map_err(|_| {
                 self.shard_error(e, name, format!("its companion `{cname}` is missing"))
@@ -307,6 +321,39 @@ impl WeightIndex {
         })
     }
 
+    /// A GGUF block tensor: a type the kernels run, as a matrix.
+    fn resolve_ggml(&self, name: &str, e: &TensorEntry, id: u32) -> Result<Resolved> {
+        let ty = BlockType::from_ggml_id(id).ok_or_else(|| {
+            let known = crate::gguf::file::ggml_type(id).map_or("?", |t| t.0);
+            let supported: Vec<&str> = BlockType::ALL.iter().map(|t| t.name()).collect();
+            self.shard_error(
+                e,
+                name,
+                format!(
+                    "stored as {known}, which moestream does not compute (supported: F32, F16, BF16, {})",
+                    supported.join(", ")
+                ),
+            )
+        })?;
+        if e.shape.len() != 2 {
+            return Err(self.shard_error(
+                e,
+                name,
+                format!(
+                    "{} blocks in shape {:?}; only matrices may be block-quantized",
+                    ty.name(),
+                    e.shape
+                ),
+            ));
+        }
+        Ok(Resolved {
+            name: name.to_string(),
+            entry: e.clone(),
+            stored: Stored::Ggml(ty),
+            shape: e.shape.clone(),
+        })
+    }
+
     /// Resolves `name` and checks its logical shape is exactly `shape`.
     pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<Resolved> {
         let r = self.resolve(name)?;
@@ -355,6 +402,15 @@ impl WeightIndex {
             }
         };
         Ok(match (r.stored.clone(), width) {
+            (Stored::Ggml(ty), _) => {
+                Mat::ggml(ty, rows, cols, data.to_vec().into()).ok_or_else(|| {
+                    self.shard_error(
+                        &r.entry,
+                        &r.name,
+                        "byte length does not match the shape".into(),
+                    )
+                })?
+            }
             (Stored::Quant { meta, .. }, _) => {
                 let q = QMatrix {
                     bits: meta.bits,
@@ -383,6 +439,22 @@ impl WeightIndex {
         (slab, window): (&Arc<Slab>, Range<usize>),
         companion: Option<(&Arc<Slab>, Range<usize>)>,
     ) -> Result<Mat> {
+        if let Stored::Ggml(ty) = r.stored {
+            let data = Words::shared(slab, window).ok_or_else(|| {
+                self.shard_error(
+                    &r.entry,
+                    &r.name,
+                    "the read does not cover the tensor".into(),
+                )
+            })?;
+            return Mat::ggml(ty, r.shape[0], r.shape[1], data).ok_or_else(|| {
+                self.shard_error(
+                    &r.entry,
+                    &r.name,
+                    "byte length does not match the shape".into(),
+                )
+            });
+        }
         if let (Stored::Quant { meta, .. }, Some((cs, cw))) = (&r.stored, &companion) {
             let data = Words::shared(slab, window.clone());
             let scales = Words::shared(cs, cw.clone());
@@ -418,6 +490,7 @@ impl WeightIndex {
             .map(|a| a.policy.width_of(&r.name, &r.shape, a.layers));
         let packed = |q: QBits| (rows * q.row_bytes(cols) + rows * 4) as u64;
         match (&r.stored, width) {
+            (Stored::Ggml(_), _) => r.entry.len as u64,
             (Stored::Quant { meta, .. }, _) => packed(meta.bits),
             (_, Some(Width::Int(q))) => packed(q),
             (_, Some(Width::Bf16)) | (Stored::Float(DType::BF16), None) => n as u64 * 2,
@@ -663,6 +736,7 @@ pub fn parse_header(
                 offset: data_start + begin as u64,
                 len: end - begin,
                 quant: q,
+                ggml: None,
             },
         ));
     }

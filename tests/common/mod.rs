@@ -110,6 +110,15 @@ pub fn oracle_at(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// A JSON array of numbers.
+pub fn f64s(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
 /// A JSON array of ids.
 pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()

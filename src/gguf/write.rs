@@ -1,0 +1,258 @@
+//! Writes a GGUF file (version 3, little-endian, 32-byte alignment): the
+//! header from the metadata and tensor list, then each tensor's bytes as a
+//! callback streams them, so a file far larger than RAM can be written.
+//! The file is written under a unique temporary name beside the target and
+//! renamed into place when complete: a crash never leaves half a model.
+
+use super::file::{ggml_type, Value, MAGIC};
+use crate::error::{Error, Result};
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+/// Data alignment of the files written here (GGUF's default).
+const ALIGNMENT: u64 = 32;
+
+/// One tensor to write.
+#[derive(Clone, Debug)]
+pub struct TensorSpec {
+    pub name: String,
+    /// ggml order: `dims[0]` is the row length.
+    pub dims: Vec<u64>,
+    /// ggml type id.
+    pub ty: u32,
+}
+
+impl TensorSpec {
+    /// Bytes of its data.
+    pub fn bytes(&self) -> u64 {
+        let (_, block_elems, block_bytes) = ggml_type(self.ty).expect("a known ggml type");
+        let numel: u64 = self.dims.iter().product();
+        assert_eq!(
+            self.dims[0] % block_elems,
+            0,
+            "{}: rows of whole blocks",
+            self.name
+        );
+        numel / block_elems * block_bytes
+    }
+}
+
+/// Writes `path`: `metadata`, `tensors`, and for tensor `i` exactly
+/// `tensors[i].bytes()` bytes from `fill(i, sink)`.
+pub fn write_gguf(
+    path: &Path,
+    metadata: &[(String, Value)],
+    tensors: &[TensorSpec],
+    mut fill: impl FnMut(usize, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let tmp = path.with_extension(format!("gguf.tmp-{}-{}", std::process::id(), unique()));
+    let result = (|| {
+        let file = std::fs::File::create(&tmp).map_err(|e| Error::file(&tmp, e))?;
+        let mut w = Counting {
+            inner: BufWriter::with_capacity(8 << 20, file),
+            written: 0,
+        };
+        header(&mut w, metadata, tensors).map_err(|e| Error::file(&tmp, e))?;
+        pad(&mut w).map_err(|e| Error::file(&tmp, e))?;
+        for (i, t) in tensors.iter().enumerate() {
+            let start = w.written;
+            fill(i, &mut w)?;
+            let got = w.written - start;
+            if got != t.bytes() {
+                return Err(Error::Request(format!(
+                    "GGUF writer: tensor `{}` got {got} bytes, its type and shape need {}",
+                    t.name,
+                    t.bytes()
+                )));
+            }
+            pad(&mut w).map_err(|e| Error::file(&tmp, e))?;
+        }
+        let file = w
+            .inner
+            .into_inner()
+            .map_err(|e| Error::file(&tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::file(&tmp, e))
+    })();
+    match result {
+        Ok(()) => std::fs::rename(&tmp, path).map_err(|e| Error::file(path, e)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A writer that counts bytes (for offsets and padding).
+struct Counting<W> {
+    inner: W,
+    written: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn pad<W: Write>(w: &mut Counting<W>) -> std::io::Result<()> {
+    let n = w.written.next_multiple_of(ALIGNMENT) - w.written;
+    w.write_all(&vec![0u8; n as usize])
+}
+
+fn header<W: Write>(
+    w: &mut W,
+    metadata: &[(String, Value)],
+    tensors: &[TensorSpec],
+) -> std::io::Result<()> {
+    w.write_all(&MAGIC)?;
+    w.write_all(&3u32.to_le_bytes())?;
+    w.write_all(&(tensors.len() as u64).to_le_bytes())?;
+    w.write_all(&(metadata.len() as u64).to_le_bytes())?;
+    for (k, v) in metadata {
+        string(w, k)?;
+        w.write_all(&type_id(v).to_le_bytes())?;
+        value(w, v)?;
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        string(w, &t.name)?;
+        w.write_all(&(t.dims.len() as u32).to_le_bytes())?;
+        for d in &t.dims {
+            w.write_all(&d.to_le_bytes())?;
+        }
+        w.write_all(&t.ty.to_le_bytes())?;
+        w.write_all(&offset.to_le_bytes())?;
+        offset = (offset + t.bytes()).next_multiple_of(ALIGNMENT);
+    }
+    Ok(())
+}
+
+fn string<W: Write>(w: &mut W, s: &str) -> std::io::Result<()> {
+    w.write_all(&(s.len() as u64).to_le_bytes())?;
+    w.write_all(s.as_bytes())
+}
+
+fn type_id(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::Str(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn value<W: Write>(w: &mut W, v: &Value) -> std::io::Result<()> {
+    match v {
+        Value::U8(x) => w.write_all(&[*x]),
+        Value::I8(x) => w.write_all(&x.to_le_bytes()),
+        Value::U16(x) => w.write_all(&x.to_le_bytes()),
+        Value::I16(x) => w.write_all(&x.to_le_bytes()),
+        Value::U32(x) => w.write_all(&x.to_le_bytes()),
+        Value::I32(x) => w.write_all(&x.to_le_bytes()),
+        Value::U64(x) => w.write_all(&x.to_le_bytes()),
+        Value::I64(x) => w.write_all(&x.to_le_bytes()),
+        Value::F32(x) => w.write_all(&x.to_le_bytes()),
+        Value::F64(x) => w.write_all(&x.to_le_bytes()),
+        Value::Bool(x) => w.write_all(&[*x as u8]),
+        Value::Str(s) => string(w, s),
+        Value::Array(items) => {
+            let elem = items.first().map_or(8, type_id);
+            w.write_all(&elem.to_le_bytes())?;
+            w.write_all(&(items.len() as u64).to_le_bytes())?;
+            items.iter().try_for_each(|x| value(w, x))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::file::GgufFile;
+    use super::*;
+
+    #[test]
+    fn a_written_file_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.gguf");
+        let metadata = vec![
+            (
+                "general.architecture".to_string(),
+                Value::Str("qwen3moe".into()),
+            ),
+            (
+                "x.list".to_string(),
+                Value::Array(vec![Value::I32(-1), Value::I32(7)]),
+            ),
+            ("x.f".to_string(), Value::F32(0.5)),
+        ];
+        let tensors = vec![
+            TensorSpec {
+                name: "a".into(),
+                dims: vec![3, 2],
+                ty: 0,
+            },
+            TensorSpec {
+                name: "b".into(),
+                dims: vec![32, 1],
+                ty: 8,
+            },
+        ];
+        write_gguf(&path, &metadata, &tensors, |i, w| {
+            let n = tensors[i].bytes() as usize;
+            w.write_all(&vec![i as u8 + 1; n])
+                .map_err(|e| Error::file("t", e))
+        })
+        .unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.version, 3);
+        for (k, v) in &metadata {
+            assert_eq!(f.get(k), Some(v), "{k}");
+        }
+        assert_eq!(f.tensors.len(), 2);
+        let bytes = std::fs::read(&path).unwrap();
+        for (t, fill) in f.tensors.iter().zip([1u8, 2]) {
+            let data = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+            assert!(data.iter().all(|&b| b == fill), "{}", t.name);
+        }
+        assert_eq!(f.tensors[1].bytes, 34);
+        let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(leftovers, 1, "no temp file left behind");
+    }
+
+    #[test]
+    fn a_short_fill_is_an_error_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.gguf");
+        let tensors = vec![TensorSpec {
+            name: "a".into(),
+            dims: vec![4],
+            ty: 0,
+        }];
+        let err = write_gguf(&path, &[], &tensors, |_, w| {
+            w.write_all(&[0u8; 3]).map_err(|e| Error::file("t", e))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("tensor `a` got 3 bytes"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,415 @@
+//! The bytes of ggml's blocks (ggml-common.h) and their conversions to and
+//! from f32: the f16 scales, the packed 6-bit scales of Q4_K/Q5_K,
+//! `dequantize_row_*` exactly as ggml evaluates it, and the weight encoders.
+//!
+//! Dequantization is ggml's C, operation for operation and unfused (ggml's
+//! base library, where `dequantize_row_*` lives, is built without FMA on
+//! x86, so `d1 * q - m1` rounds twice there too): every f32 equals ggml's
+//! bit for bit.
+//!
+//! Encoders: Q4_0 and Q8_0 are ggml's `quantize_row_q4_0_ref` /
+//! `quantize_row_q8_0_ref` (same bytes). The K types use a simpler scale
+//! search than ggml's iterative `make_qkx2_quants` / `make_qx_quants`, but
+//! produce valid blocks with a proven error bound:
+//! - Q4_K/Q5_K: per 32-value sub-block, `lo = min(0, min x)` and
+//!   `step = (max x − lo) / nmax`; the super-block scales `d`, `dmin` are
+//!   the f16 values at or above `max step / 63` and `max(−lo) / 63`; the
+//!   6-bit scale is `ceil(step / d)` (so the grid spans the sub-block) and the
+//!   6-bit min `round(−lo / dmin)`; each value then takes the nearest level
+//!   of the final grid. Error per value ≤ `d·sc / 2 + dmin / 2`.
+//! - Q6_K: per 16-value sub-block the value of largest magnitude maps to
+//!   −32 (`s = max / −32`, as ggml); `d` is the f16 at or above
+//!   `max |s| / 127`, the 8-bit scale `round(s / d)`, and each value the
+//!   nearest level in −32..=31. Error per value ≤ `d·|sc| + 16·d`.
+//!
+//! Non-finite inputs give non-finite scales ([`first_non_finite`] finds
+//! them); nothing panics on them.
+
+use super::BlockType;
+
+/// Values per block of the 32-wide types.
+pub(super) const QK: usize = 32;
+/// Values per super-block of the K types.
+pub(super) const QK_K: usize = 256;
+
+/// Q4_0: `d: f16`, `qs: [u8; 16]` (value `i` in the low nibble of byte `i`,
+/// value `16 + i` in its high nibble, each `q + 8`).
+pub(super) mod q4_0 {
+    pub const D: usize = 0;
+    pub const QS: usize = 2;
+    pub const BYTES: usize = QS + super::QK / 2;
+}
+/// Q8_0: `d: f16`, `qs: [i8; 32]`.
+pub(super) mod q8_0 {
+    pub const D: usize = 0;
+    pub const QS: usize = 2;
+    pub const BYTES: usize = QS + super::QK;
+}
+/// Q4_K: `d, dmin: f16`, `scales: [u8; 12]` (eight 6-bit scales and mins),
+/// `qs: [u8; 128]` (byte `32c + l`: value `64c + l` low, `64c + 32 + l` high).
+pub(super) mod q4_k {
+    pub const D: usize = 0;
+    pub const DMIN: usize = 2;
+    pub const SCALES: usize = 4;
+    pub const QS: usize = 16;
+    pub const BYTES: usize = QS + super::QK_K / 2;
+}
+/// Q5_K: as Q4_K plus `qh: [u8; 32]` before `qs`: bit `2c` of `qh[l]` is the
+/// fifth bit of value `64c + l`, bit `2c + 1` that of `64c + 32 + l`.
+pub(super) mod q5_k {
+    pub const D: usize = 0;
+    pub const DMIN: usize = 2;
+    pub const SCALES: usize = 4;
+    pub const QH: usize = 16;
+    pub const QS: usize = QH + super::QK_K / 8;
+    pub const BYTES: usize = QS + super::QK_K / 2;
+}
+/// Q6_K: `ql: [u8; 128]`, `qh: [u8; 64]`, `scales: [i8; 16]`, `d: f16`. In
+/// half `h`, value `128h + 32s + l` (s = 0..4) is nibble `s / 2` of
+/// `ql[64h + 32(s % 2) + l]` plus bits `2s..2s+2` of `qh[32h + l]` as bits
+/// 4..6, minus 32; sub-block `v / 16` has scale `scales[v / 16]`.
+pub(super) mod q6_k {
+    pub const QL: usize = 0;
+    pub const QH: usize = 128;
+    pub const SCALES: usize = 192;
+    pub const D: usize = 208;
+    pub const BYTES: usize = D + 2;
+}
+
+const _: () = {
+    assert!(q4_0::BYTES == 18 && q8_0::BYTES == 34);
+    assert!(q4_k::BYTES == 144 && q5_k::BYTES == 176 && q6_k::BYTES == 210);
+    assert!(q4_k::SCALES + 12 == q4_k::QS && q5_k::SCALES + 12 == q5_k::QH);
+    assert!(q6_k::QH == q6_k::QL + QK_K / 2 && q6_k::SCALES == q6_k::QH + QK_K / 4);
+};
+
+/// The little-endian `u16` at `b[at..at + 2]`.
+#[inline]
+pub(super) fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// IEEE binary16 → binary32, exact for every input (NaN payloads kept).
+#[inline]
+pub(super) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    match exp {
+        // Zero and subnormals: man · 2^-24, exact in f32.
+        0 => f32::from_bits(sign | (man as f32 * (1.0 / 16_777_216.0)).to_bits()),
+        0x1f => f32::from_bits(sign | 0x7f80_0000 | (man << 13)),
+        _ => f32::from_bits(sign | ((exp + 112) << 23) | (man << 13)),
+    }
+}
+
+/// The nearest f16 (ties to even), as bits.
+#[inline]
+pub(super) fn f32_to_f16(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// The smallest f16 at or above `v` (for `v ≥ 0`), as bits: a scale that
+/// never shrinks the grid the encoder planned.
+fn f16_at_least(v: f32) -> u16 {
+    let h = f32_to_f16(v);
+    if f16_to_f32(h) < v && h < 0x7c00 {
+        h + 1
+    } else {
+        h
+    }
+}
+
+/// ggml's `nearest_int`: round half to even through the f32 adder, exact
+/// for `|v| < 2^22` (what every caller passes).
+#[inline]
+pub(super) fn nearest_int(v: f32) -> i32 {
+    let t = v + 12_582_912.0; // 1.5 · 2^23
+    (t.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block from its 12 bytes
+/// (ggml's `get_scale_min_k4` for j = 0..8, four at a time): `(sc, m)`.
+#[inline]
+pub(super) fn scales_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (s0, s1, s2) = (word(0), word(1), word(2));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let sc_hi = (s2 & LOW4) | ((s0 >> 6) & TOP2) << 4;
+    let m_hi = ((s2 >> 4) & LOW4) | ((s1 >> 6) & TOP2) << 4;
+    let join = |lo: u32, hi: u32| ((hi as u64) << 32 | lo as u64).to_le_bytes();
+    (join(s0 & LOW6, sc_hi), join(s1 & LOW6, m_hi))
+}
+
+/// Packs eight 6-bit scales and mins into the 12 bytes [`scales_k4`] reads.
+fn pack_scales_k4(sc: &[u8; 8], m: &[u8; 8], out: &mut [u8]) {
+    for j in 0..4 {
+        out[j] = sc[j] | (sc[j + 4] >> 4) << 6;
+        out[j + 4] = m[j] | (m[j + 4] >> 4) << 6;
+        out[j + 8] = (sc[j + 4] & 15) | (m[j + 4] & 15) << 4;
+    }
+}
+
+/// See [`super::dequantize_row`].
+pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    for (blk, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        match ty {
+            BlockType::Q4_0 => dequant_q4_0(blk, o),
+            BlockType::Q8_0 => dequant_q8_0(blk, o),
+            BlockType::Q4K => dequant_q4_k(blk, o),
+            BlockType::Q5K => dequant_q5_k(blk, o),
+            BlockType::Q6K => dequant_q6_k(blk, o),
+        }
+    }
+}
+
+fn dequant_q4_0(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q4_0::D));
+    let qs = &blk[q4_0::QS..q4_0::BYTES];
+    for j in 0..QK / 2 {
+        o[j] = ((qs[j] & 15) as i32 - 8) as f32 * d;
+        o[j + QK / 2] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+    }
+}
+
+fn dequant_q8_0(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q8_0::D));
+    for (o, &q) in o.iter_mut().zip(&blk[q8_0::QS..q8_0::BYTES]) {
+        *o = q as i8 as f32 * d;
+    }
+}
+
+fn dequant_q4_k(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q4_k::D));
+    let min = f16_to_f32(le16(blk, q4_k::DMIN));
+    let (sc, m) = scales_k4(&blk[q4_k::SCALES..q4_k::QS]);
+    for c in 0..4 {
+        let q = &blk[q4_k::QS + 32 * c..q4_k::QS + 32 * c + 32];
+        let (d1, m1) = (d * sc[2 * c] as f32, min * m[2 * c] as f32);
+        let (d2, m2) = (d * sc[2 * c + 1] as f32, min * m[2 * c + 1] as f32);
+        for l in 0..32 {
+            o[64 * c + l] = d1 * (q[l] & 15) as f32 - m1;
+            o[64 * c + 32 + l] = d2 * (q[l] >> 4) as f32 - m2;
+        }
+    }
+}
+
+fn dequant_q5_k(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q5_k::D));
+    let min = f16_to_f32(le16(blk, q5_k::DMIN));
+    let (sc, m) = scales_k4(&blk[q5_k::SCALES..q5_k::QH]);
+    let qh = &blk[q5_k::QH..q5_k::QS];
+    for c in 0..4 {
+        let q = &blk[q5_k::QS + 32 * c..q5_k::QS + 32 * c + 32];
+        let (d1, m1) = (d * sc[2 * c] as f32, min * m[2 * c] as f32);
+        let (d2, m2) = (d * sc[2 * c + 1] as f32, min * m[2 * c + 1] as f32);
+        for l in 0..32 {
+            let h1 = ((qh[l] >> (2 * c)) & 1) << 4;
+            let h2 = ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            o[64 * c + l] = d1 * ((q[l] & 15) + h1) as f32 - m1;
+            o[64 * c + 32 + l] = d2 * ((q[l] >> 4) + h2) as f32 - m2;
+        }
+    }
+}
+
+/// The 6-bit level (0..64) of value `v` of a Q6_K block.
+#[inline]
+pub(super) fn q6_level(blk: &[u8], v: usize) -> u8 {
+    let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
+    let ql = blk[q6_k::QL + 64 * h + 32 * (s % 2) + l];
+    let nib = if s < 2 { ql & 15 } else { ql >> 4 };
+    let hi = (blk[q6_k::QH + 32 * h + l] >> (2 * s)) & 3;
+    nib | hi << 4
+}
+
+fn dequant_q6_k(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q6_k::D));
+    for (v, o) in o.iter_mut().enumerate() {
+        let sc = blk[q6_k::SCALES + v / 16] as i8;
+        let q = q6_level(blk, v) as i32 - 32;
+        *o = d * sc as f32 * q as f32;
+    }
+}
+
+/// See [`super::first_non_finite`].
+pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
+    let scale_offsets: &[usize] = match ty {
+        BlockType::Q4_0 => &[q4_0::D],
+        BlockType::Q8_0 => &[q8_0::D],
+        BlockType::Q4K => &[q4_k::D, q4_k::DMIN],
+        BlockType::Q5K => &[q5_k::D, q5_k::DMIN],
+        BlockType::Q6K => &[q6_k::D],
+    };
+    // An f16 is NaN or ±Inf exactly when its exponent bits are all ones.
+    let bad = |blk: &[u8]| {
+        scale_offsets
+            .iter()
+            .any(|&at| le16(blk, at) & 0x7c00 == 0x7c00)
+    };
+    bytes
+        .chunks_exact(ty.block_bytes())
+        .position(bad)
+        .map(|b| b * ty.block_elems())
+}
+
+/// See [`super::quantize_row`].
+pub(super) fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    for (x, blk) in x.chunks_exact(be).zip(out.chunks_exact_mut(bb)) {
+        match ty {
+            BlockType::Q4_0 => encode_q4_0(x, blk),
+            BlockType::Q8_0 => encode_q8_0(x, blk),
+            BlockType::Q4K => encode_q4_k(x, blk),
+            BlockType::Q5K => encode_q5_k(x, blk),
+            BlockType::Q6K => encode_q6_k(x, blk),
+        }
+    }
+}
+
+/// The first value of largest magnitude (NaN never counts), 0 if none.
+fn signed_absmax(x: &[f32]) -> f32 {
+    let mut best = 0f32;
+    for &v in x {
+        if v.abs() > best.abs() {
+            best = v;
+        }
+    }
+    best
+}
+
+/// ggml's `quantize_row_q4_0_ref`.
+fn encode_q4_0(x: &[f32], blk: &mut [u8]) {
+    let d = signed_absmax(x) / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    blk[q4_0::D..q4_0::D + 2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    // (x·id + 8.5) truncated: round half up onto 0..=16, then capped at 15.
+    let level = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+    for j in 0..QK / 2 {
+        blk[q4_0::QS + j] = level(x[j]) | level(x[j + QK / 2]) << 4;
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref` (`roundf`: half away from zero).
+fn encode_q8_0(x: &[f32], blk: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    blk[q8_0::D..q8_0::D + 2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    for (o, &v) in blk[q8_0::QS..].iter_mut().zip(x) {
+        *o = (v * id).round() as i8 as u8;
+    }
+}
+
+/// A K-type super-block with per-sub-block scale and min, planned as the
+/// module doc describes: `(d, dmin, sc, m, levels)` for `nmax` = 15 or 31.
+struct KMinPlan {
+    d: u16,
+    dmin: u16,
+    sc: [u8; 8],
+    m: [u8; 8],
+    levels: [u8; QK_K],
+}
+
+fn plan_kmin(x: &[f32], nmax: u8) -> KMinPlan {
+    let mut step = [0f32; 8];
+    let mut neg_lo = [0f32; 8];
+    for (j, sub) in x.chunks_exact(32).enumerate() {
+        let lo = sub.iter().fold(0f32, |a, &v| a.min(v));
+        let hi = sub.iter().fold(lo, |a, &v| a.max(v));
+        step[j] = (hi - lo) / nmax as f32;
+        neg_lo[j] = -lo;
+    }
+    let d = f16_at_least(step.iter().fold(0f32, |a, &v| a.max(v)) / 63.0);
+    let dmin = f16_at_least(neg_lo.iter().fold(0f32, |a, &v| a.max(v)) / 63.0);
+    let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
+    let six_bits = |v: f32| v.clamp(0.0, 63.0) as u8;
+    let sc = step.map(|s| {
+        if df > 0.0 {
+            six_bits((s / df).ceil())
+        } else {
+            0
+        }
+    });
+    let m = neg_lo.map(|v| {
+        if dminf > 0.0 {
+            six_bits((v / dminf).round())
+        } else {
+            0
+        }
+    });
+    let mut levels = [0u8; QK_K];
+    for (v, l) in levels.iter_mut().enumerate() {
+        let (dl, ml) = (df * sc[v / 32] as f32, dminf * m[v / 32] as f32);
+        if dl > 0.0 {
+            *l = nearest_int(((x[v] + ml) / dl).clamp(0.0, nmax as f32)) as u8;
+        }
+    }
+    KMinPlan {
+        d,
+        dmin,
+        sc,
+        m,
+        levels,
+    }
+}
+
+fn encode_q4_k(x: &[f32], blk: &mut [u8]) {
+    let p = plan_kmin(x, 15);
+    blk[q4_k::D..q4_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
+    blk[q4_k::DMIN..q4_k::DMIN + 2].copy_from_slice(&p.dmin.to_le_bytes());
+    pack_scales_k4(&p.sc, &p.m, &mut blk[q4_k::SCALES..q4_k::QS]);
+    for c in 0..4 {
+        for l in 0..32 {
+            let (a, b) = (p.levels[64 * c + l], p.levels[64 * c + 32 + l]);
+            blk[q4_k::QS + 32 * c + l] = a | b << 4;
+        }
+    }
+}
+
+fn encode_q5_k(x: &[f32], blk: &mut [u8]) {
+    let p = plan_kmin(x, 31);
+    blk[q5_k::D..q5_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
+    blk[q5_k::DMIN..q5_k::DMIN + 2].copy_from_slice(&p.dmin.to_le_bytes());
+    pack_scales_k4(&p.sc, &p.m, &mut blk[q5_k::SCALES..q5_k::QH]);
+    blk[q5_k::QH..q5_k::QS].fill(0);
+    for c in 0..4 {
+        for l in 0..32 {
+            let (a, b) = (p.levels[64 * c + l], p.levels[64 * c + 32 + l]);
+            blk[q5_k::QS + 32 * c + l] = (a & 15) | (b & 15) << 4;
+            blk[q5_k::QH + l] |= (a >> 4) << (2 * c) | (b >> 4) << (2 * c + 1);
+        }
+    }
+}
+
+fn encode_q6_k(x: &[f32], blk: &mut [u8]) {
+    let s: [f32; 16] = std::array::from_fn(|j| signed_absmax(&x[16 * j..16 * j + 16]) / -32.0);
+    let d = f16_at_least(s.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0);
+    let df = f16_to_f32(d);
+    let sc = s.map(|s| {
+        if df > 0.0 {
+            nearest_int((s / df).clamp(-127.0, 127.0))
+        } else {
+            0
+        }
+    });
+    blk.fill(0);
+    blk[q6_k::D..q6_k::D + 2].copy_from_slice(&d.to_le_bytes());
+    for (j, &sc) in sc.iter().enumerate() {
+        blk[q6_k::SCALES + j] = sc as i8 as u8;
+    }
+    for (v, &xv) in x.iter().enumerate() {
+        let dl = df * sc[v / 16] as f32;
+        let q = if dl != 0.0 {
+            nearest_int((xv / dl).clamp(-32.0, 31.0)) + 32
+        } else {
+            32
+        };
+        let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
+        let nib = (q as u8 & 15) << (4 * (s / 2));
+        blk[q6_k::QL + 64 * h + 32 * (s % 2) + l] |= nib;
+        blk[q6_k::QH + 32 * h + l] |= (q as u8 >> 4) << (2 * s);
+    }
+}

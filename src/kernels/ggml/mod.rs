@@ -1,0 +1,363 @@
+//! llama.cpp's GGUF block types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), run as they
+//! are stored: [`dequantize_row`] (ggml's, bit for bit), [`matmul`] on the
+//! integer block dots, and an encoder ([`quantize_row`]) for tests and
+//! synthetic files. Block layouts live in `codec`.
+//!
+//! Activations follow ggml's `vec_dot_type` so results track llama.cpp's:
+//! - Q4_0 and Q8_0 weights meet Q8_0 activations, quantized like ggml's x86
+//!   `quantize_row_q8_0`: per 32 values `d = amax / 127` rounded to f16 (the
+//!   dot uses the f16 value, as ggml does), `q = round(x · 127 / amax)` half
+//!   to even;
+//! - the K types meet Q8_K activations, ggml's `quantize_row_q8_K_ref`: per
+//!   256 values `d = max / −127` with `max` the (signed) value of largest
+//!   magnitude, `q = nearest_int(x / d)`, and `bsums` per 16 values.
+//!
+//! Each activation row is quantized once per [`matmul`] call. A row's dot is
+//! exact integer sums per block (sub-block) combined in f32 by a fixed
+//! sequence of operations (see `scalar`), so the scalar twin, AVX2 and
+//! AVX-512 VNNI give the same bits, and threading never changes a result.
+//!
+//! Error against the f32 product of the dequantized weights: the activation
+//! rounding, at most `e_c = d_x/2` per value (Q8_K; plus `127·|d − d16|` for
+//! Q8_0's f16 scale), so `|y − Σ ŵ_c·x_c| ≤ Σ_c |ŵ_c|·e_c`, plus f32 rounding
+//! of the block combination, a few `2^-24` of `Σ_c (|d·sc·q| + |dmin·m|)·|x_c|`
+//! per block (the tests check this bound).
+//!
+//! Dispatch, picked once: the AVX-512 VNNI dots (`vpdpbusd`/`vpdpwssd`)
+//! and AVX-512 activation quantizers where `cpu::isa` reports VNNI (and the
+//! CPU has AVX2 and F16C, which they also use); else the AVX2 dots (also on
+//! AVX-512 without VNNI, or under `MOESTREAM_ISA=avx2|avx512`) with the
+//! scalar quantizers; else the scalar twins.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod codec;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+#[cfg(target_arch = "x86_64")]
+use super::cpu::{self, Isa};
+use super::par_row_blocks;
+use codec::{QK, QK_K};
+use scalar::ActRow;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+/// A GGUF block type this engine runs directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockType {
+    Q4_0,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl BlockType {
+    pub const ALL: [BlockType; 5] = [Self::Q4_0, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
+
+    /// The GGUF (`ggml_type`) id.
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            Self::Q4_0 => 2,
+            Self::Q8_0 => 8,
+            Self::Q4K => 12,
+            Self::Q5K => 13,
+            Self::Q6K => 14,
+        }
+    }
+
+    /// The type with GGUF id `id`, if it is one of ours.
+    pub fn from_ggml_id(id: u32) -> Option<BlockType> {
+        Self::ALL.into_iter().find(|t| t.ggml_id() == id)
+    }
+
+    /// ggml's name for the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q4_0 => "Q4_0",
+            Self::Q8_0 => "Q8_0",
+            Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
+            Self::Q6K => "Q6_K",
+        }
+    }
+
+    /// Values per block.
+    pub fn block_elems(self) -> usize {
+        match self {
+            Self::Q4_0 | Self::Q8_0 => QK,
+            _ => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => codec::q4_0::BYTES,
+            Self::Q8_0 => codec::q8_0::BYTES,
+            Self::Q4K => codec::q4_k::BYTES,
+            Self::Q5K => codec::q5_k::BYTES,
+            Self::Q6K => codec::q6_k::BYTES,
+        }
+    }
+
+    /// Bytes of a row of `cols` values; `None` unless whole blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(self.block_elems())
+            .then(|| cols / self.block_elems() * self.block_bytes())
+    }
+
+    /// `row_bytes(cols)`, asserting whole blocks.
+    fn row_bytes_checked(self, cols: usize) -> usize {
+        self.row_bytes(cols).unwrap_or_else(|| {
+            panic!(
+                "{}: {cols} columns is not a whole number of {}-value blocks",
+                self.name(),
+                self.block_elems()
+            )
+        })
+    }
+}
+
+/// Exactly ggml's `dequantize_row_*` (same f32 results bit for bit):
+/// `bytes` holds `out.len() / block_elems` blocks.
+pub fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
+    let rb = ty.row_bytes_checked(out.len());
+    assert_eq!(
+        bytes.len(),
+        rb,
+        "{}: {} bytes for {} values",
+        ty.name(),
+        bytes.len(),
+        out.len()
+    );
+    codec::dequantize_row(ty, bytes, out)
+}
+
+/// Element index of the first element whose block scale (f16 `d` / `dmin`)
+/// is NaN or Inf, if any (`bytes` is whole blocks).
+pub fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
+    assert_eq!(
+        bytes.len() % ty.block_bytes(),
+        0,
+        "{}: partial block",
+        ty.name()
+    );
+    codec::first_non_finite(ty, bytes)
+}
+
+/// A valid encoder: ggml's `quantize_row_*_ref` for Q4_0 and Q8_0, a
+/// simpler scale search with a stated error bound for the K types (see
+/// `codec`). `out` holds `x.len() / block_elems` blocks.
+pub fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
+    let rb = ty.row_bytes_checked(x.len());
+    assert_eq!(
+        out.len(),
+        rb,
+        "{}: {} bytes for {} values",
+        ty.name(),
+        out.len(),
+        x.len()
+    );
+    codec::quantize_row(ty, x, out)
+}
+
+/// `Y[t, r] = W[r, :] · X[t, :]` for a row-major `(rows, cols)` matrix of
+/// `ty` blocks (`w.len() == rows · row_bytes`), `n` activation rows `x (n,
+/// cols)` into `y (n, rows)`. Quantizes each activation row once per call
+/// the way ggml's `vec_dot_type` does, then integer block dots; row blocks
+/// run through [`par_row_blocks`] (each activation row meets a whole block
+/// of weight rows, a few pages that stay in L2). Bit-identical on every ISA.
+pub fn matmul(
+    ty: BlockType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    let rb = ty.row_bytes_checked(cols);
+    assert_eq!(
+        w.len(),
+        rows * rb,
+        "{}: weight bytes for {rows}x{cols}",
+        ty.name()
+    );
+    assert_eq!(x.len(), n * cols, "activation shape");
+    assert_eq!(y.len(), n * rows, "output shape");
+    ACTS.with_borrow_mut(|acts| {
+        acts.prepare(ty, cols, x, n);
+        let acts = &*acts;
+        par_row_blocks(rows, cols, n, rb, y, |blk| {
+            let rs = blk.rows();
+            let mut out = [0f32; ROWS_PER_CALL];
+            for t in 0..n {
+                for r0 in rs.clone().step_by(ROWS_PER_CALL) {
+                    let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
+                    let out = &mut out[..r1 - r0];
+                    dot_rows(ty, &w[r0 * rb..r1 * rb], &acts.row(t), out);
+                    for (r, &v) in (r0..r1).zip(out.iter()) {
+                        blk.set(t, r, v);
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// Weight rows one [`dot_rows`] call covers (its results live on the stack).
+const ROWS_PER_CALL: usize = 64;
+
+thread_local! {
+    /// The caller's quantized activations, reused across calls.
+    static ACTS: RefCell<Activations> = RefCell::new(Activations::default());
+}
+
+/// `n` activation rows quantized for one weight type (see [`ActRow`]).
+#[derive(Default)]
+pub(crate) struct Activations {
+    ty: Option<BlockType>,
+    cols: usize,
+    /// Per row: blocks, `bsums` entries, `c8` entries.
+    nb: usize,
+    nbs: usize,
+    nc8: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    bsums: Vec<i16>,
+    c8: Vec<i32>,
+    tmp: Vec<i8>,
+}
+
+impl Activations {
+    /// Quantizes `x (n, cols)` for weights of type `ty`.
+    pub(crate) fn prepare(&mut self, ty: BlockType, cols: usize, x: &[f32], n: usize) {
+        let nb = cols / ty.block_elems();
+        let (nbs, nc8) = match ty {
+            BlockType::Q4_0 => (0, 4 * nb),
+            BlockType::Q8_0 => (0, 0),
+            _ => (cols / 16, 0),
+        };
+        (self.ty, self.cols) = (Some(ty), cols);
+        (self.nb, self.nbs, self.nc8) = (nb, nbs, nc8);
+        self.qs.resize(n * cols, 0);
+        self.d.resize(n * nb, 0.0);
+        self.bsums.resize(n * nbs, 0);
+        self.c8.resize(n * nc8, 0);
+        self.tmp.resize(cols, 0);
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let qs = &mut self.qs[t * cols..(t + 1) * cols];
+            let d = &mut self.d[t * nb..(t + 1) * nb];
+            let bsums = &mut self.bsums[t * nbs..(t + 1) * nbs];
+            match ty {
+                BlockType::Q8_0 => quantize_q8_0(xt, qs, d),
+                BlockType::Q4_0 => {
+                    quantize_q8_0(xt, &mut self.tmp, d);
+                    scalar::split_q4_0(&self.tmp, qs);
+                    c8_sums(qs, &mut self.c8[t * nc8..(t + 1) * nc8]);
+                }
+                BlockType::Q6K => quantize_q8_k(xt, qs, d, bsums),
+                BlockType::Q4K | BlockType::Q5K => {
+                    quantize_q8_k(xt, &mut self.tmp, d, bsums);
+                    scalar::permute_kmin(&self.tmp, qs);
+                }
+            }
+        }
+    }
+
+    /// Activation row `t`.
+    pub(crate) fn row(&self, t: usize) -> ActRow<'_> {
+        assert!(self.ty.is_some(), "activations not prepared");
+        let slice = |len: usize| t * len..(t + 1) * len;
+        ActRow {
+            qs: &self.qs[slice(self.cols)],
+            d: &self.d[slice(self.nb)],
+            bsums: &self.bsums[slice(self.nbs)],
+            c8: &self.c8[slice(self.nc8)],
+        }
+    }
+}
+
+/// The kernel family [`dot_rows`] runs, picked once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    Scalar,
+    Avx2,
+    Vnni,
+}
+
+fn simd() -> Simd {
+    static SIMD: OnceLock<Simd> = OnceLock::new();
+    *SIMD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // The VNNI kernels also use AVX2 and F16C instructions.
+            let avx2 = cpu::has_avx2();
+            let f16c = is_x86_feature_detected!("f16c");
+            match cpu::isa() {
+                Isa::Avx512Vnni if avx2 && f16c => return Simd::Vnni,
+                Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni if avx2 => return Simd::Avx2,
+                _ => {}
+            }
+        }
+        Simd::Scalar
+    })
+}
+
+/// `scalar::quantize_q8_0`, dispatched.
+fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd() == Simd::Vnni {
+        // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+        return unsafe { avx512::quantize_q8_0(x, qs, d) };
+    }
+    scalar::quantize_q8_0(x, qs, d)
+}
+
+/// `scalar::quantize_q8_k`, dispatched.
+fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd() == Simd::Vnni {
+        // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+        return unsafe { avx512::quantize_q8_k(x, qs, d, bsums) };
+    }
+    scalar::quantize_q8_k(x, qs, d, bsums)
+}
+
+/// `scalar::c8_sums`, dispatched.
+fn c8_sums(qs: &[i8], c8: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd() == Simd::Vnni {
+        // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+        return unsafe { avx512::c8_sums(qs, c8) };
+    }
+    scalar::c8_sums(qs, c8)
+}
+
+/// `out[k]` = the dot of row `k` of `w` (`out.len()` rows of `ty` blocks)
+/// with activation row `a`, dispatched (see the module doc).
+pub(crate) fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
+    let rb = w.len() / out.len().max(1);
+    assert_eq!(w.len(), rb * out.len(), "ggml dot_rows: whole rows");
+    if rb == 0 {
+        // No rows, or rows of no blocks: every dot is the empty sum.
+        out.fill(0.0);
+        return;
+    }
+    a.check(ty, &w[..rb]);
+    #[cfg(target_arch = "x86_64")]
+    match simd() {
+        // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+        Simd::Vnni => return unsafe { avx512::dot_rows(ty, w, a, out) },
+        // SAFETY: `simd()` saw AVX2.
+        Simd::Avx2 => return unsafe { avx2::dot_rows(ty, w, a, out) },
+        Simd::Scalar => {}
+    }
+    scalar::dot_rows(ty, w, a, out)
+}
