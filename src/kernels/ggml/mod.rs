@@ -17,11 +17,15 @@
 //! sequence of operations (see `scalar`), so the scalar twin, AVX2 and
 //! AVX-512 VNNI give the same bits, and threading never changes a result.
 //!
-//! Error against the f32 product of the dequantized weights: the activation
-//! rounding, at most `e_c = d_x/2` per value (Q8_K; plus `127·|d − d16|` for
-//! Q8_0's f16 scale), so `|y − Σ ŵ_c·x_c| ≤ Σ_c |ŵ_c|·e_c`, plus f32 rounding
-//! of the block combination, a few `2^-24` of `Σ_c (|d·sc·q| + |dmin·m|)·|x_c|`
-//! per block (the tests check this bound).
+//! Error against the f32 product of the dequantized weights `ŵ` (each `ŵ
+//! = a − b`: the scale part `d·sc·q` and the min part `dmin·m`), with `e_c`
+//! the activation rounding of value `c` (Q8_K: `|d_x|/2`; Q8_0: `d/2 +
+//! 127·|d − d16|` with `d = amax/127` and `d16` its f16) and `ρ = (nb +
+//! 12)·2^-23` for `nb` blocks a row (the f32 steps: one product and one sum
+//! a block and lane, four reduction levels, ggml's own rounding of `ŵ`):
+//! `|y − Σ_c ŵ_c·x_c| ≤ Σ_c |ŵ_c|·e_c + ρ·Σ_c (|a_c| + |b_c|)·(|x_c| +
+//! e_c)`; against the quantized activation `x̃` only the `ρ` term is left.
+//! The tests check both.
 //!
 //! Dispatch, picked once: the AVX-512 VNNI dots (`vpdpbusd`/`vpdpwssd`)
 //! and AVX-512 activation quantizers where `cpu::isa` reports VNNI (and the
