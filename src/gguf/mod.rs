@@ -209,6 +209,12 @@ fn split_siblings(first: &GgufFile) -> Result<Vec<PathBuf>> {
     if count <= 1 {
         return Ok(Vec::new());
     }
+    // gguf-split numbers files with five digits.
+    if count > 99_999 {
+        return Err(first.error(format!(
+            "metadata `split.count` {count} exceeds 99999 files"
+        )));
+    }
     let name = first
         .path
         .file_name()
