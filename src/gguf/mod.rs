@@ -388,29 +388,31 @@ fn vocab_keys(f: &GgufFile) -> Result<VocabKeys> {
         .ok_or_else(|| f.error("metadata `tokenizer.ggml.model` is missing"))?;
     let tokens =
         strings("tokens")?.ok_or_else(|| f.error("metadata `tokenizer.ggml.tokens` is missing"))?;
-    let token_types = array("token_type")?
-        .map(|a| {
-            a.iter()
-                .map(|v| {
-                    v.as_i64()
-                        .map(|x| x as i32)
-                        .ok_or_else(|| each("token_type", a, "an integer"))
-                })
-                .collect::<Result<Vec<i32>>>()
-        })
-        .transpose()?;
-    let scores = array("scores")?
-        .map(|a| {
-            a.iter()
-                .map(|v| {
-                    v.as_f64()
-                        .map(|x| x as f32)
-                        .ok_or_else(|| each("scores", a, "a number"))
-                })
-                .collect::<Result<Vec<f32>>>()
-        })
-        .transpose()?;
-    let id = |k: &str| key(k).and_then(Value::as_u64).map(|v| v as u32);
+    let numbers = |k: &str, want: &str| -> Result<Option<Vec<f64>>> {
+        array(k)?
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_f64().ok_or_else(|| each(k, a, want)))
+                    .collect()
+            })
+            .transpose()
+    };
+    let token_types =
+        numbers("token_type", "an integer")?.map(|v| v.into_iter().map(|x| x as i32).collect());
+    let scores = numbers("scores", "a number")?.map(|v| v.into_iter().map(|x| x as f32).collect());
+    let id = |k: &str| -> Result<Option<u32>> {
+        key(k)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        f.error(format!(
+                            "metadata `tokenizer.ggml.{k}`: {v:?} is not a token id"
+                        ))
+                    })
+            })
+            .transpose()
+    };
     let flag = |k: &str| key(k).and_then(Value::as_bool);
     Ok(VocabKeys {
         model: model.to_string(),
@@ -420,10 +422,10 @@ fn vocab_keys(f: &GgufFile) -> Result<VocabKeys> {
         scores,
         merges: strings("merges")?,
         ids: [
-            id("bos_token_id"),
-            id("eos_token_id"),
-            id("unknown_token_id"),
-            id("padding_token_id"),
+            id("bos_token_id")?,
+            id("eos_token_id")?,
+            id("unknown_token_id")?,
+            id("padding_token_id")?,
         ],
         flags: [
             flag("add_bos_token"),

@@ -66,12 +66,13 @@ impl WeightIndex {
         for (layer, k_info, v_info) in &model.kv_b_parts {
             let (k, ks) = self.dequantize(k_info, model)?;
             let (v, vs) = self.dequantize(v_info, model)?;
-            let (heads, lora, nope, vd) = (ks[0], ks[1], ks[2], vs[1]);
-            if ks.len() != 3 || vs.len() != 3 || vs[0] != heads || vs[2] != lora {
+            let fits = ks.len() == 3 && vs.len() == 3 && vs[0] == ks[0] && vs[2] == ks[1];
+            if !fits {
                 return Err(model.files[0].error(format!(
                     "layer {layer}: attn_k_b {ks:?} and attn_v_b {vs:?} do not fit one MLA geometry"
                 )));
             }
+            let (heads, lora, nope, vd) = (ks[0], ks[1], ks[2], vs[1]);
             let mut kv_b = Vec::with_capacity(heads * (nope + vd) * lora);
             for h in 0..heads {
                 let kh = &k[h * lora * nope..(h + 1) * lora * nope];
