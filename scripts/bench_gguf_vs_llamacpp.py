@@ -9,9 +9,11 @@ median decode tok/s over the rounds, and the device's bytes read per decoded tok
 divided by the decoded tokens).
 
 llama.cpp runs through llama-cpp-python (built from source, GGML_NATIVE), plain
-mmap, 2 threads, greedy, in two settings: as installed (the disk's read-ahead
-untouched) and with the disk's read_ahead_kb cut to 128. moestream runs with
---ram-gb equal to the cap and otherwise default flags.
+mmap, 2 threads, greedy. Cold, its weights stay in the mapping (--no-repack:
+its default copies the weights into repacked anonymous memory, which a cap below
+the file's size cannot hold), with the disk's read-ahead as it is and cut to 128
+KB. Warm, with and without repacking. moestream runs with --ram-gb equal to the
+cap and otherwise default flags.
 
 Needs root (drop_caches, read_ahead_kb, cgroups). Usage::
 
@@ -34,24 +36,48 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOESTREAM = os.path.join(REPO, "target", "release", "moestream")
 IN_CGROUP = os.path.join(REPO, "scripts", "in_cgroup.sh")
 PROMPT = list(range(100, 116))
+WARM_PROMPT = "The history of the printing press begins in the fifteenth century, when"
 
 LLAMA_CODE = r"""
 import json, sys, time, llama_cpp
-path, tokens = sys.argv[1], int(sys.argv[2])
+path, tokens, warmup, repack = sys.argv[1], int(sys.argv[2]), sys.argv[4] == "1", sys.argv[5] == "1"
 prompt = [int(x) for x in sys.argv[3].split(",")]
+if not repack:
+    # llama.cpp's --no-repack: weights stay in the mapping, as the file has them.
+    # Its default copies every Q4_0/Q4_K weight into a repacked anonymous buffer,
+    # which cannot fit a cgroup smaller than the file.
+    import llama_cpp.llama_cpp as low  # what Llama() takes its default parameters from
+    default_params = low.llama_model_default_params
+    def no_repack():
+        p = default_params()
+        p.use_extra_bufts = False
+        return p
+    low.llama_model_default_params = no_repack
 t0 = time.time()
 llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_threads=2, n_threads_batch=2, use_mmap=True,
                       verbose=False, logits_all=False)
+assert llm.model_params.use_extra_bufts == repack, "the repack setting did not take"
 t1 = time.time()
-n, t2 = 0, None
-for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
-    n += 1
-    if n == 1:
-        t2 = time.time()  # prefill and the first token
-    if n == tokens:
-        break
-t3 = time.time()
-print(json.dumps({"load_s": t1 - t0, "prefill_s": t2 - t1, "decode_s": t3 - t2, "tok_s": (tokens - 1) / (t3 - t2)}))
+
+def timed():
+    # generate() yields a token once it is sampled and evaluates it when asked
+    # for the next one: the time between the first and the last yield is
+    # tokens - 1 decode steps.
+    n, t2, t3 = 0, None, None
+    start = time.time()
+    for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        n += 1
+        if n == 1:
+            t2 = time.time()  # prefill and the first token
+        if n == tokens:
+            t3 = time.time()
+            break
+    return start, t2, t3
+
+if warmup:
+    timed()
+start, t2, t3 = timed()
+print(json.dumps({"load_s": t1 - t0, "prefill_s": t2 - start, "decode_s": t3 - t2, "tok_s": (tokens - 1) / (t3 - t2)}))
 """
 
 
@@ -95,6 +121,18 @@ def run_capped(cmd: list[str], cap: float | None) -> tuple[str, str]:
     return p.stdout, p.stderr
 
 
+def moestream_warm(gguf: str, tokens: int) -> dict:
+    """Every expert the measured decode needs in RAM: the same greedy
+    generation once before, in the same process (`bench decode --warmup`)."""
+    out, _ = run_capped(
+        [MOESTREAM, "bench", "decode", "--model", gguf, "--prompt", WARM_PROMPT, "--tokens", str(tokens),
+         "--warmup", "--ram-gb", "20"], None)
+    row = dict(kv.split("=", 1) for kv in out.split())
+    if float(row["hit_rate"]) < 0.999:
+        raise RuntimeError(f"warm run missed the cache: {out}")
+    return {"tok_s": float(row["decode_tok_s"])}
+
+
 def moestream(gguf: str, cap: float | None, tokens: int) -> dict:
     ram = str(cap) if cap is not None else "20"
     out, _ = run_capped(
@@ -105,15 +143,55 @@ def moestream(gguf: str, cap: float | None, tokens: int) -> dict:
     return {"tok_s": (tokens - 1) / decode_s if tokens > 1 else s["tok_per_s"]}
 
 
-def llama(gguf: str, cap: float | None, tokens: int) -> dict:
-    out, _ = run_capped([sys.executable, "-c", LLAMA_CODE, gguf, str(tokens), ",".join(map(str, PROMPT))], cap)
+def llama(gguf: str, cap: float | None, tokens: int, warmup: bool = False, repack: bool = False) -> dict:
+    out, _ = run_capped(
+        [sys.executable, "-c", LLAMA_CODE, gguf, str(tokens), ",".join(map(str, PROMPT)), "1" if warmup else "0",
+         "1" if repack else "0"],
+        cap)
     return json.loads(out.strip().splitlines()[-1])
+
+
+# (label, engine, read-ahead: None = as the disk has it, llama.cpp's weight repacking)
+COLD = [("moestream", "moestream", None, False),
+        ("llama.cpp no-repack", "llama.cpp", None, False),
+        ("llama.cpp no-repack ra128", "llama.cpp", 128, False)]
+WARM = [("moestream", "moestream", None, False),
+        ("llama.cpp", "llama.cpp", None, True),
+        ("llama.cpp no-repack", "llama.cpp", None, False)]
+
+
+def measure(a, disk: str, ra0: int, cap, setting, tokens: int) -> dict:
+    label, engine, ra, repack = setting
+    set_read_ahead(disk, ra if ra is not None else ra0)
+    if cap == "warm" and engine == "llama.cpp":
+        # The whole file in the page cache, which its mapping reads. Each
+        # engine warm generates once before the timed generation, in the same
+        # process: moestream's expert cache (O_DIRECT, no page cache) then
+        # holds every expert the timed one needs, so its page cache is dropped
+        # instead, leaving it the memory.
+        subprocess.run(["cat", a.gguf], stdout=subprocess.DEVNULL, check=True)
+    else:
+        drop_caches()
+    before = sectors_read(disk)
+    t = time.time()
+    try:
+        if engine == "moestream":
+            res = moestream_warm(a.gguf, tokens) if cap == "warm" else moestream(a.gguf, cap, tokens)
+        else:
+            res = llama(a.gguf, None if cap == "warm" else cap, tokens, warmup=cap == "warm", repack=repack)
+        note = ""
+    except RuntimeError as e:
+        res, note = {"tok_s": 0.0}, "killed (out of memory)" if "oom kills 1" in str(e) else "failed"
+        print(str(e)[-400:], file=sys.stderr)
+    mb = (sectors_read(disk) - before) * 512 / 1e6 / tokens if cap != "warm" else 0.0
+    return {"cap_gb": cap, "setting": label, "read_ahead_kb": ra or ra0, "tok_s": res["tok_s"],
+            "mb_per_token": mb, "wall_s": time.time() - t, "note": note}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", required=True)
-    p.add_argument("--caps", default="3,6", help="memory caps in GB, comma-separated")
+    p.add_argument("--caps", default="3,6", help="memory caps in GB, comma-separated; empty for none")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tokens", type=int, default=12)
     p.add_argument("--warm", action="store_true", help="also run warm (file in page cache, no cap)")
@@ -121,30 +199,15 @@ def main() -> None:
     a = p.parse_args()
     disk = disk_of(a.gguf)
     ra0 = int(open(f"/sys/block/{disk}/queue/read_ahead_kb").read())
-    settings = [("moestream", None), ("llama.cpp", ra0), ("llama.cpp", 128)]
+    plan = [(float(c), COLD, a.tokens) for c in a.caps.split(",") if c]
+    if a.warm:
+        plan.append(("warm", WARM, 2 * a.tokens))
     rows = []
     try:
-        for cap in [float(c) for c in a.caps.split(",")]:
+        for cap, settings, tokens in plan:
             for r in range(a.rounds):
-                for engine, ra in settings:
-                    set_read_ahead(disk, ra if ra is not None else ra0)
-                    drop_caches()
-                    before = sectors_read(disk)
-                    t = time.time()
-                    res = (moestream if engine == "moestream" else llama)(a.gguf, cap, a.tokens)
-                    mb = (sectors_read(disk) - before) * 512 / 1e6 / a.tokens
-                    row = {"cap_gb": cap, "round": r, "engine": engine, "read_ahead_kb": ra or ra0,
-                           "tok_s": res["tok_s"], "mb_per_token": mb, "wall_s": time.time() - t}
-                    print(row, flush=True)
-                    rows.append(row)
-        if a.warm:
-            set_read_ahead(disk, ra0)
-            subprocess.run(["cat", a.gguf], stdout=subprocess.DEVNULL, check=True)
-            for r in range(a.rounds):
-                for engine, ra in settings[:2]:
-                    res = (moestream if engine == "moestream" else llama)(a.gguf, None, a.tokens * 2)
-                    row = {"cap_gb": "warm", "round": r, "engine": engine, "read_ahead_kb": ra0,
-                           "tok_s": res["tok_s"], "mb_per_token": 0.0, "wall_s": 0.0}
+                for setting in settings:
+                    row = {"round": r, **measure(a, disk, ra0, cap, setting, tokens)}
                     print(row, flush=True)
                     rows.append(row)
     finally:
@@ -154,9 +217,9 @@ def main() -> None:
         w.writeheader()
         w.writerows(rows)
     print("\nmedians:")
-    keys = sorted({(r["cap_gb"], r["engine"], r["read_ahead_kb"]) for r in rows}, key=str)
+    keys = sorted({(r["cap_gb"], r["setting"]) for r in rows}, key=str)
     for k in keys:
-        sel = [r for r in rows if (r["cap_gb"], r["engine"], r["read_ahead_kb"]) == k]
+        sel = [r for r in rows if (r["cap_gb"], r["setting"]) == k]
         print(k, "tok/s", round(statistics.median(r["tok_s"] for r in sel), 3),
               "MB/token", round(statistics.median(r["mb_per_token"] for r in sel), 1))
 

@@ -13,8 +13,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The `*.safetensors` files of `dir`, sorted.
+/// The weight files of a model: `dir`'s `*.safetensors` files, sorted, or
+/// the files of a GGUF model (one, or a split set in order).
 pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    if crate::gguf::is_gguf(dir) {
+        let model = crate::gguf::GgufModel::open(dir)?;
+        return Ok(model.files.iter().map(|f| f.path.clone()).collect());
+    }
     let mut out = Vec::new();
     for ent in std::fs::read_dir(dir).map_err(|e| Error::file(dir, e))? {
         let p = ent.map_err(|e| Error::file(dir, e))?.path();

@@ -216,6 +216,18 @@ fn split_set_opens_from_its_first_file() {
     let first = gguf("olmoe-split-00001-of-00003.gguf");
     let got = greedy(&first, &u32s(&o["prompt_ids"]), want.len(), &[]);
     assert_eq!(got, want);
+    // The disk probes (plan, doctor, sweep) read the set's files.
+    let files = moestream::disk::shard_files(&first).unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        (1..=3)
+            .map(|i| format!("olmoe-split-0000{i}-of-00003.gguf"))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// A copy of fixture `name` in a temp dir, for breaking on purpose.

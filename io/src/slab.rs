@@ -266,6 +266,26 @@ impl SlabPool {
         }
     }
 
+    /// Lowers the limit on idle bytes to at most `bytes` (never raises it),
+    /// freeing idle buffers beyond it at once. For a caller whose RAM plan
+    /// covers only that much idle memory.
+    pub fn limit_idle(&self, bytes: usize) {
+        let _ = self
+            .pooled_bytes_max
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |max| {
+                Some(max.min(bytes))
+            });
+        let mut free = self.lock();
+        while free.bytes > bytes {
+            let Some(buf) = free.bufs.pop() else { break };
+            free.bytes -= buf.capacity();
+            free.class_bufs -= usize::from(self.is_class(&buf));
+            drop(free);
+            self.free_buf(buf);
+            free = self.lock();
+        }
+    }
+
     /// Blocks until every warming thread is done (for measurements that
     /// want all the memory in place first, such as a warm-decode
     /// benchmark); at most `timeout`. Returns whether warming finished.
@@ -433,6 +453,27 @@ mod tests {
     fn vec_slab() {
         let slab = Slab::from_vec(vec![1, 2, 3]);
         assert_eq!(slab.bytes(), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn limit_idle_frees_beyond_the_limit_and_keeps_it() {
+        let pool = SlabPool::new(1 << 20);
+        let bufs: Vec<_> = (0..4).map(|_| pool.take(8192).unwrap()).collect();
+        bufs.into_iter().for_each(|b| pool.give(b));
+        assert_eq!(
+            (pool.pooled_bytes(), pool.live_bytes()),
+            (4 * 8192, 4 * 8192)
+        );
+        pool.limit_idle(2 * 8192);
+        assert_eq!(
+            (pool.pooled_bytes(), pool.live_bytes()),
+            (2 * 8192, 2 * 8192)
+        );
+        let fresh: Vec<_> = (0..3).map(|_| pool.take(8192).unwrap()).collect();
+        fresh.into_iter().for_each(|b| pool.give(b));
+        assert_eq!(pool.pooled_bytes(), 2 * 8192, "the lower limit stays");
+        pool.limit_idle(1 << 30);
+        assert_eq!(pool.pooled_bytes_max(), 2 * 8192, "never raised");
     }
 
     #[test]

@@ -43,6 +43,7 @@ impl ExpertStore {
         };
         let spans = self.plan(layer, 0);
         if !self.zero_copy() || spans.len() != 1 {
+            self.limit_idle_buffers();
             return;
         }
         // A direct read covers the 4096-aligned superset of its span.
@@ -57,5 +58,23 @@ impl ExpertStore {
             cache.lock().expect("cache lock").gate(0);
         }
         self.gated.store(true, Ordering::Relaxed);
+    }
+
+    /// Without warming (float experts, or experts read as several spans,
+    /// such as a GGUF expert's three slices), the buffers the cache holds
+    /// are allocated by the reads themselves, and the pool must keep no more
+    /// idle than the plan's in-flight item (2 x top-k experts plus the
+    /// prefetch reads) covers: its default idle limit (256 MiB) is not in
+    /// the RAM plan, and a prefill's burst of reads would leave that much
+    /// idle for the rest of the run.
+    fn limit_idle_buffers(&self) {
+        let Some((ram, _)) = self.expert_bytes() else {
+            return;
+        };
+        let experts = (2 * self.top_k).saturating_add(self.schedule.prefetch_experts_max);
+        let bytes = usize::try_from(ram)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(experts);
+        moestream_io::shared_pool().limit_idle(bytes);
     }
 }

@@ -57,14 +57,33 @@ impl ExpertLocation {
     }
 
     /// Bytes the expert takes in RAM once cached: its decoded parts, or,
-    /// zero copy, its whole read buffer (4096-rounded).
+    /// zero copy, its read buffers (see [`ExpertLocation::read_buffer_bytes`]).
     pub fn ram_bytes(&self, index: &crate::weights::WeightIndex) -> u64 {
         let kept: u64 = self.parts.iter().map(|r| index.kept_bytes(r)).sum();
         if self.packed() {
-            kept.max(moestream_io::align_up(self.disk_bytes() as usize) as u64)
+            kept.max(self.read_buffer_bytes())
         } else {
             kept
         }
+    }
+
+    /// Bytes of the buffers its reads land in, at most: each span's direct
+    /// read covers the 4096-aligned superset of the span, one page more
+    /// than the span rounded up when the span starts off a page boundary
+    /// (GGUF tensors are 32-aligned; container experts start on a page).
+    pub fn read_buffer_bytes(&self) -> u64 {
+        use moestream_io::{align_up, ALIGN};
+        spans(self)
+            .iter()
+            .map(|s| {
+                let straddle = if s.offset % ALIGN as u64 == 0 {
+                    0
+                } else {
+                    ALIGN
+                };
+                (align_up(s.len) + straddle) as u64
+            })
+            .sum()
     }
 }
 
