@@ -88,6 +88,9 @@ pub enum Error {
     /// conversion (`conversion`) that resuming would continue.
     #[error("the output {} already holds {}; refusing to overwrite it (forcing replaces it once the new container is complete), or choose an empty directory", path.display(), if *conversion { "a conversion (moestream-convert.json) that resuming continues" } else { "files (a model?)" })]
     OutputOccupied { path: PathBuf, conversion: bool },
+    /// A load or run setting with a value it cannot take.
+    #[error("setting `{name}`: {reason}")]
+    Setting { name: &'static str, reason: String },
     /// A request asks for something the engine cannot do.
     #[error("bad request: {0}")]
     Request(String),

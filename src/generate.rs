@@ -86,6 +86,10 @@ pub struct RunStats {
     pub decode_bytes_read: u64,
     pub decode_disk_busy_s: f64,
     pub decode_disk_wait_s: f64,
+    /// Cache-aware routing: chosen experts that exact routing would not
+    /// have chosen, and all it chose (both 0 when it is off).
+    pub leaned_moved: u64,
+    pub leaned_chosen: u64,
     /// Speculative decoding's drafts and acceptance (`None` when off).
     pub speculation: Option<crate::engine::SpecStats>,
 }
@@ -94,7 +98,15 @@ impl RunStats {
     /// The summary every run ends with: one line, and a second with the
     /// speculation figures when drafting was on.
     pub fn line(&self) -> String {
-        let main = self.main_line();
+        let mut main = self.main_line();
+        if self.leaned_chosen > 0 {
+            main.push_str(&format!(
+                " | cache-aware routing moved {} of {} choices ({:.1}%)",
+                self.leaned_moved,
+                self.leaned_chosen,
+                100.0 * self.leaned_moved as f64 / self.leaned_chosen as f64
+            ));
+        }
         match &self.speculation {
             Some(sp) => format!("{main}\n{}", sp.line()),
             None => main,
@@ -331,6 +343,8 @@ impl Probe {
             decode_bytes_read: after.bytes_read - at_decode.bytes_read,
             decode_disk_busy_s: (after.disk_busy - at_decode.disk_busy).as_secs_f64(),
             decode_disk_wait_s: (after.disk_time - at_decode.disk_time).as_secs_f64(),
+            leaned_moved: after.leaned_moved - before.leaned_moved,
+            leaned_chosen: after.leaned_chosen - before.leaned_chosen,
             speculation: None,
         }
     }
@@ -350,8 +364,22 @@ pub struct Evaluation {
     pub logits: Vec<f32>,
 }
 
-/// Runs `ids` through the model in one forward and scores every position.
+/// Runs `ids` through the model in prefill chunks and scores every
+/// position.
 pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
+    evaluate_in_chunks(model, ids, PREFILL_CHUNK)
+}
+
+/// [`evaluate`] with `chunk` positions per forward (1: as decoding sees
+/// them, one token at a time). The logits do not depend on `chunk` under
+/// exact routing; the expert reads, and cache-aware routing, do.
+pub fn evaluate_in_chunks(model: &Model, ids: &[u32], chunk: usize) -> Result<Evaluation> {
+    if chunk == 0 {
+        return Err(Error::Setting {
+            name: "chunk",
+            reason: "positions per forward must be at least 1".into(),
+        });
+    }
     if ids.is_empty() {
         return Err(Error::Request("no token ids to evaluate".into()));
     }
@@ -364,7 +392,7 @@ pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
     }
     let mut kv = model.new_kv(ids.len());
     let mut prof = Profile::default();
-    let logits = model.forward_chunked(ids, &mut kv, true, &mut prof, PREFILL_CHUNK)?;
+    let logits = model.forward_chunked(ids, &mut kv, true, &mut prof, chunk)?;
     let v = model.cfg.vocab_size;
     let rows: Vec<&[f32]> = logits.chunks_exact(v).collect();
     let argmax = rows.iter().map(|r| argmax(r)).collect();

@@ -223,3 +223,113 @@ fn the_cli_defaults_to_realistic_routing_for_qwen3_and_refuses_it_for_mla() {
         "a refused model leaves nothing behind"
     );
 }
+
+/// `run --json` on `dir` with `extra`: (token ids, stats).
+fn run_stats(dir: &Path, extra: &[&str]) -> (Vec<u64>, serde_json::Value) {
+    let mut args = vec![
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "17,4,250,33,101,9,77,300",
+        "--max-tokens",
+        "96",
+        "--ignore-eos",
+        "--expert-cache",
+        "3",
+        "--json",
+    ];
+    args.extend(extra);
+    let out = moestream(&args);
+    assert!(out.ok, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let tokens = v["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    (tokens, v["stats"].clone())
+}
+
+/// Cache-aware routing (issue 14 item 5) is opt-in: λ = 0 routes exactly
+/// (same tokens, nothing moved, every choice counted); λ > 0 moves choices
+/// to cached experts and misses less; a negative λ is refused by name.
+#[test]
+fn cache_aware_routing_trades_exactness_for_misses_only_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    model(&dir, 8, 2, Knobs::DEFAULT);
+    let (exact, s0) = run_stats(&dir, &[]);
+    assert_eq!(
+        (s0["leaned_moved"].as_u64(), s0["leaned_chosen"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let (zero, sz) = run_stats(&dir, &["--cache-aware-routing", "0"]);
+    assert_eq!(zero, exact, "λ = 0 is exact routing");
+    assert_eq!(sz["leaned_moved"], 0);
+    assert!(sz["leaned_chosen"].as_u64().unwrap() >= 96 * 4 * 2);
+    let (_, s1) = run_stats(&dir, &["--cache-aware-routing", "1"]);
+    let (moved, misses) = (
+        s1["leaned_moved"].as_u64().unwrap(),
+        s1["expert_misses"].as_u64().unwrap(),
+    );
+    let exact_misses = s0["expert_misses"].as_u64().unwrap();
+    eprintln!("λ=1: moved {moved}, misses {misses} (exact {exact_misses})");
+    assert!(
+        moved > 0 && misses < exact_misses,
+        "moved {moved}, misses {misses} vs {exact_misses}"
+    );
+    let bad = moestream(&[
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--cache-aware-routing=-1",
+    ]);
+    common::assert_clean_failure(&bad, &["cache_lean", "-1"]);
+}
+
+/// The sigmoid, group-limited router (DeepSeek-V3) leans the same way: λ = 0
+/// gives transformers' greedy tokens, a large λ moves choices.
+#[test]
+fn cache_aware_routing_on_a_grouped_sigmoid_router() {
+    let dir = common::fixture("deepseek_v3");
+    let o = common::oracle_at(&dir);
+    let prompt = common::ids(&common::u32s(&o["prompt_ids"]));
+    let want: Vec<u64> = common::u32s(&o["greedy_ids"])
+        .iter()
+        .map(|&t| t as u64)
+        .collect();
+    let n = want.len().to_string();
+    let run = |lambda: &str| {
+        let out = moestream(&[
+            "run",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt,
+            "--max-tokens",
+            &n,
+            "--ignore-eos",
+            "--expert-cache",
+            "2",
+            "--cache-aware-routing",
+            lambda,
+            "--json",
+        ]);
+        assert!(out.ok, "{}", out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let ids: Vec<u64> = v["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect();
+        (ids, v["stats"]["leaned_moved"].as_u64().unwrap())
+    };
+    assert_eq!(run("0"), (want, 0));
+    let (_, moved) = run("4");
+    assert!(moved > 0, "λ = 4 moved nothing");
+}

@@ -145,6 +145,7 @@ fn pipeline_and_prefetch_change_no_token_in_any_mode() {
                             lookahead,
                             prefetch_experts_max: 0,
                             recall: pipeline,
+                            cache_lean: None,
                         },
                         ..LoadOptions::default()
                     };

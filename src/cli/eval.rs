@@ -40,6 +40,13 @@ pub(super) struct EvalArgs {
     /// agreement, mean and max KL divergence) to the output.
     #[arg(long, value_name = "FILE")]
     ref_logits: Option<PathBuf>,
+    /// Positions per forward of --prompt-ids (1: one token at a time, as
+    /// decoding reads experts; default: the prefill chunk). Waits for the
+    /// expert cache's buffers to be faulted in first, and adds `store`
+    /// (expert hits, misses, bytes read, cache-aware routing's moves) to
+    /// the output.
+    #[arg(long, value_name = "N")]
+    chunk: Option<usize>,
 }
 
 pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
@@ -47,8 +54,27 @@ pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
     if let Some(path) = &a.text {
         return eval_text(&model, path, &a);
     }
-    let e = evaluate(&model, &a.prompt_ids)?;
+    if a.chunk.is_some() {
+        // Measured hits and misses: every cache buffer faulted in first, so
+        // the caches' growth does not depend on the warming thread's pace.
+        moestream_io::shared_pool().wait_warmed(std::time::Duration::from_secs(600));
+    }
+    let before = model.store.counters();
+    let e = match a.chunk {
+        Some(chunk) => moestream::generate::evaluate_in_chunks(&model, &a.prompt_ids, chunk)?,
+        None => evaluate(&model, &a.prompt_ids)?,
+    };
     let mut v = serde_json::to_value(&e)?;
+    if a.chunk.is_some() {
+        let c = model.store.counters();
+        v["store"] = serde_json::json!({
+            "expert_hits": c.hits + c.pinned_hits - before.hits - before.pinned_hits,
+            "expert_misses": c.misses - before.misses,
+            "bytes_read": c.bytes_read - before.bytes_read,
+            "leaned_moved": c.leaned_moved - before.leaned_moved,
+            "leaned_chosen": c.leaned_chosen - before.leaned_chosen,
+        });
+    }
     if let Some(path) = &a.save_logits {
         quality::save_logits(path, &a.prompt_ids, &e.logits, model.cfg.vocab_size)?;
     }

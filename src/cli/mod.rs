@@ -185,6 +185,12 @@ struct ModelArgs {
     /// the stats, at the cost of two extra router products per layer.
     #[arg(long)]
     recall: bool,
+    /// Opt-in cache-aware routing (lossy: changes tokens): every expert a
+    /// layer's cache holds has its routing score multiplied by 1 + λ when
+    /// the router picks its top-k (the weights stay the experts' own). Off
+    /// by default: routing is exactly the model's.
+    #[arg(long, value_name = "λ")]
+    cache_aware_routing: Option<f32>,
     /// Quantize a float or FP8 checkpoint while loading: routed experts at
     /// BITS, the rest by the converter's default policy (identical bytes to
     /// `convert --expert-bits BITS`).
@@ -390,6 +396,7 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
         lookahead: r.prefetch,
         prefetch_experts_max: 0, // resolved at load from prefetch_experts
         recall: m.recall,
+        cache_lean: m.cache_aware_routing,
     };
     (r.read_mode, schedule, note)
 }

@@ -103,6 +103,14 @@ impl Model {
     /// Loads config, indexes shards, reads the resident weights and locates
     /// (and shape-checks) every routed expert, including the MTP layer's.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        if let Some(lambda) = opts.schedule.cache_lean {
+            if !(lambda.is_finite() && lambda >= 0.0) {
+                return Err(Error::Setting {
+                    name: "cache_lean",
+                    reason: format!("λ must be a finite number ≥ 0, not {lambda}"),
+                });
+            }
+        }
         let cfg = ModelConfig::load(dir)?;
         let mut index = WeightIndex::open(dir, opts.read_mode)?;
         index.set_at_load(opts.quantize_at_load.clone().map(|policy| AtLoad {

@@ -433,7 +433,7 @@ impl Model {
                     continue;
                 };
                 rms_norm(x, &next.post_attn_norm, self.cfg.rms_norm_eps, &mut xn);
-                block.router.route_into(&xn, &mut guess);
+                block.router.route_into(&xn, None, &mut guess);
                 if prefetch.is_some() {
                     self.store.prefetch(j, &guess.experts);
                 }

@@ -5,8 +5,7 @@
 //! gated shared expert).
 
 use super::mlp::Mlp;
-use super::router::Route;
-use super::router::Router;
+use super::router::{Lean, Route, Router};
 use crate::error::Result;
 use crate::kernels::f32::dot;
 use crate::profile::Profile;
@@ -75,10 +74,22 @@ impl MoeBlock {
     ) -> Result<()> {
         let h = x.len() / n;
         let tracing = store.tracing();
+        let lambda = store.schedule.cache_lean;
+        if lambda.is_some() {
+            store.cached_mask(layer, &mut w.held);
+        }
         // (expert, token, weight), sorted by expert then token: the order
         // transformers sums them in.
         for t in 0..n {
-            self.router.route_into(&x[t * h..(t + 1) * h], &mut w.route);
+            let lean = lambda.map(|lambda| Lean {
+                cached: &w.held,
+                lambda,
+            });
+            self.router
+                .route_into(&x[t * h..(t + 1) * h], lean, &mut w.route);
+            if lean.is_some() {
+                store.count_leaned(w.route.moved, w.route.experts.len());
+            }
             store.record_usage(layer, &w.route.experts);
             if tracing {
                 let r = &w.route;
@@ -181,6 +192,8 @@ struct Work {
     pairs: Vec<(usize, usize, f32)>,
     ids: Vec<usize>,
     cached: Vec<Option<Arc<Mlp>>>,
+    /// Per expert, whether the layer's cache holds it (cache-aware routing).
+    held: Vec<bool>,
 }
 
 thread_local! {

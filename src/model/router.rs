@@ -7,6 +7,11 @@
 //!   two best choices; the best `topk_group` groups stay; top-k by choice
 //!   among them; weights are the unbiased s of the winners, divided by their
 //!   sum (+1e-20) if `norm_topk_prob`, times `routed_scaling_factor`.
+//!
+//! Opt-in cache-aware routing ([`Lean`]) multiplies the selection score of
+//! each expert the cache holds by 1 + λ (before the groups for sigmoid
+//! routers); the weights stay the winners' own scores, as the correction
+//! bias changes selection only. Off, routing is exactly transformers'.
 
 use super::attention::softmax;
 use crate::config::RouterKind;
@@ -22,6 +27,34 @@ pub struct Route {
     /// best unchosen one's (softmax probability; sigmoid score plus
     /// correction bias, groups applied); +inf when none was left out.
     pub margin: f32,
+    /// Chosen experts that exact routing would not have chosen (always 0
+    /// without [`Lean`]).
+    pub moved: usize,
+}
+
+/// Cache-aware routing: lean selection toward the experts a cache holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Lean<'a> {
+    /// Per expert, whether the layer's cache holds it.
+    pub cached: &'a [bool],
+    /// λ ≥ 0: a cached expert's selection score is multiplied by 1 + λ.
+    pub lambda: f32,
+}
+
+impl Lean<'_> {
+    /// Leans selection scores in place: cached experts' times 1 + λ.
+    fn boost(&self, scores: &mut [f32]) {
+        for (s, &held) in scores.iter_mut().zip(self.cached) {
+            if held {
+                *s *= 1.0 + self.lambda;
+            }
+        }
+    }
+}
+
+/// Of `chosen`, those not in `exact`.
+fn moved(chosen: &[usize], exact: &[usize]) -> usize {
+    chosen.iter().filter(|e| !exact.contains(e)).count()
 }
 
 /// One MoE layer's router.
@@ -42,19 +75,25 @@ impl Router {
             experts: Vec::with_capacity(self.top_k),
             weights: Vec::with_capacity(self.top_k),
             margin: 0.0,
+            moved: 0,
         };
-        self.route_into(x, &mut r);
+        self.route_into(x, None, &mut r);
         r
     }
 
     /// [`Router::route`] into `out`, reusing its vectors (and scratch
-    /// buffers): no allocation once they have grown.
-    pub fn route_into(&self, x: &[f32], out: &mut Route) {
+    /// buffers): no allocation once they have grown. With `lean`, selection
+    /// leans toward cached experts ([`Lean`]; lossy, opt-in).
+    pub fn route_into(&self, x: &[f32], lean: Option<Lean>, out: &mut Route) {
+        assert!(
+            lean.is_none_or(|l| l.cached.len() == self.num_experts),
+            "one cached flag per expert"
+        );
         let mut logits = Scratch::zeroed(self.num_experts);
         matvec(&self.weight, self.num_experts, x.len(), x, &mut logits);
         match self.kind {
             RouterKind::SoftmaxTopK { norm_topk_prob } => {
-                self.softmax_route(&mut logits, norm_topk_prob, out)
+                self.softmax_route(&mut logits, norm_topk_prob, lean, out)
             }
             RouterKind::SigmoidGrouped {
                 n_group,
@@ -66,14 +105,26 @@ impl Router {
                 (n_group, topk_group),
                 norm_topk_prob,
                 routed_scaling_factor,
+                lean,
                 out,
             ),
         }
     }
 
-    fn softmax_route(&self, probs: &mut [f32], norm: bool, out: &mut Route) {
+    fn softmax_route(&self, probs: &mut [f32], norm: bool, lean: Option<Lean>, out: &mut Route) {
         softmax(probs);
-        out.margin = top_k_margin_into(probs, self.top_k, &mut out.experts);
+        out.moved = 0;
+        match lean {
+            None => out.margin = top_k_margin_into(probs, self.top_k, &mut out.experts),
+            Some(lean) => scratch::with_vec::<usize, _>(|exact| {
+                top_k_into(probs, self.top_k, exact);
+                let mut choice = Scratch::zeroed(probs.len());
+                choice.copy_from_slice(probs);
+                lean.boost(&mut choice);
+                out.margin = top_k_margin_into(&choice, self.top_k, &mut out.experts);
+                out.moved = moved(&out.experts, exact);
+            }),
+        }
         out.weights.clear();
         out.weights.extend(out.experts.iter().map(|&e| probs[e]));
         if norm {
@@ -90,20 +141,55 @@ impl Router {
         (n_group, topk_group): (usize, usize),
         norm: bool,
         scale: f32,
+        lean: Option<Lean>,
         out: &mut Route,
     ) {
         let mut scores = Scratch::zeroed(logits.len());
         for (s, l) in scores.iter_mut().zip(logits) {
             *s = 1.0 / (1.0 + (-l).exp());
         }
-        let mut choice = Scratch::zeroed(logits.len());
+        let groups = (n_group, topk_group);
+        out.moved = 0;
+        match lean {
+            None => out.margin = self.sigmoid_select(&scores, groups, &mut out.experts),
+            Some(lean) => scratch::with_vec::<usize, _>(|exact| {
+                self.sigmoid_select(&scores, groups, exact);
+                let mut leaned = Scratch::zeroed(scores.len());
+                leaned.copy_from_slice(&scores);
+                lean.boost(&mut leaned);
+                out.margin = self.sigmoid_select(&leaned, groups, &mut out.experts);
+                out.moved = moved(&out.experts, exact);
+            }),
+        }
+        out.weights.clear();
+        out.weights.extend(out.experts.iter().map(|&e| scores[e]));
+        if norm {
+            let denom = out.weights.iter().sum::<f32>() + 1e-20;
+            for w in &mut out.weights {
+                *w /= denom;
+            }
+        }
+        for w in &mut out.weights {
+            *w *= scale;
+        }
+    }
+
+    /// Sigmoid selection from scores (the correction bias added, groups
+    /// applied) into `out`; returns the top-k margin.
+    fn sigmoid_select(
+        &self,
+        scores: &[f32],
+        (n_group, topk_group): (usize, usize),
+        out: &mut Vec<usize>,
+    ) -> f32 {
+        let mut choice = Scratch::zeroed(scores.len());
         match self.correction_bias.as_deref() {
             Some(b) => {
                 for ((c, s), b) in choice.iter_mut().zip(scores.iter()).zip(b) {
                     *c = s + b;
                 }
             }
-            None => choice.copy_from_slice(&scores),
+            None => choice.copy_from_slice(scores),
         }
         let per_group = self.num_experts / n_group;
         let mut group_scores = Scratch::zeroed(n_group);
@@ -118,18 +204,7 @@ impl Router {
                 }
             }
         });
-        out.margin = top_k_margin_into(&choice, self.top_k, &mut out.experts);
-        out.weights.clear();
-        out.weights.extend(out.experts.iter().map(|&e| scores[e]));
-        if norm {
-            let denom = out.weights.iter().sum::<f32>() + 1e-20;
-            for w in &mut out.weights {
-                *w /= denom;
-            }
-        }
-        for w in &mut out.weights {
-            *w *= scale;
-        }
+        top_k_margin_into(&choice, self.top_k, out)
     }
 }
 
@@ -214,6 +289,43 @@ mod tests {
         let route = r.route(&[2.0, 0.0]);
         assert_eq!(route.experts, vec![0, 2]);
         assert!((route.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    /// Leaning toward cached experts: (probabilities via identity logits,
+    /// cached, λ) → (experts, moved). Weights stay the unleaned softmax.
+    #[test]
+    fn softmax_leans_toward_cached_experts_within_lambda() {
+        let r = Router {
+            weight: (0..16).map(|i| f32::from(i % 5 == 0)).collect(),
+            correction_bias: None,
+            kind: RouterKind::SoftmaxTopK {
+                norm_topk_prob: false,
+            },
+            num_experts: 4,
+            top_k: 2,
+        };
+        // logits 2.0, 1.9, 1.0, 0.0: probabilities ≈ .415, .376, .153, .056.
+        let x = [2.0f32, 1.9, 1.0, 0.0];
+        let exact = r.route(&x);
+        let table: [(&[bool], f32, &[usize], usize); 5] = [
+            (&[false; 4], 5.0, &[0, 1], 0),
+            (&[false, false, true, false], 0.0, &[0, 1], 0),
+            (&[false, false, true, false], 1.0, &[0, 1], 0),
+            (&[false, false, true, false], 2.0, &[2, 0], 1),
+            (&[false, false, true, true], 9.0, &[2, 3], 2),
+        ];
+        for (cached, lambda, want, moved) in table {
+            let mut route = Route::default();
+            r.route_into(&x, Some(Lean { cached, lambda }), &mut route);
+            assert_eq!(route.experts, want, "{cached:?} λ={lambda}");
+            assert_eq!(route.moved, moved, "{cached:?} λ={lambda}");
+            for (e, w) in route.experts.iter().zip(&route.weights) {
+                let i = exact.experts.iter().position(|x| x == e);
+                if let Some(i) = i {
+                    assert_eq!(*w, exact.weights[i], "unleaned weight");
+                }
+            }
+        }
     }
 
     /// 4 experts in 2 groups; the bias favours expert 3 for choice, but the

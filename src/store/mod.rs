@@ -94,13 +94,17 @@ pub struct ExpertStore {
     /// See [`StoreCounters::layer_fetches`] and
     /// [`StoreCounters::demand_reads`].
     layer_fetches: std::sync::atomic::AtomicU64,
+    /// Cache-aware routing: selections moved off exact routing, and all
+    /// selections it made (see [`StoreCounters::leaned_moved`]).
+    leaned_moved: std::sync::atomic::AtomicU64,
+    leaned_chosen: std::sync::atomic::AtomicU64,
     pub(crate) demand_reads: std::sync::atomic::AtomicU64,
     /// The routing trace being recorded (`--trace`), if any.
     trace: Option<Mutex<crate::trace::record::Recorder>>,
 }
 
 /// How the MoE layers use the store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Schedule {
     /// Compute hits while misses are read, then each miss as it lands;
     /// otherwise wait for every read, then compute.
@@ -117,6 +121,10 @@ pub struct Schedule {
     /// (f32 routers: ~1 GB per token on GLM-5). Without it only the
     /// variant prefetch uses is scored.
     pub recall: bool,
+    /// Opt-in cache-aware routing (lossy): λ ≥ 0 multiplies the selection
+    /// score of every expert a layer's cache holds by 1 + λ (the weights
+    /// stay the experts' own). `None`: exact routing, transformers' tokens.
+    pub cache_lean: Option<f32>,
 }
 
 impl Default for Schedule {
@@ -126,6 +134,7 @@ impl Default for Schedule {
             lookahead: None,
             prefetch_experts_max: 0,
             recall: false,
+            cache_lean: None,
         }
     }
 }
@@ -212,6 +221,8 @@ impl ExpertStore {
             gated: std::sync::atomic::AtomicBool::new(false),
             read_path,
             layer_fetches: Default::default(),
+            leaned_moved: Default::default(),
+            leaned_chosen: Default::default(),
             demand_reads: Default::default(),
             trace: None,
         })
@@ -220,6 +231,22 @@ impl ExpertStore {
     /// Number of experts in `layer` (0 for dense layers).
     pub fn experts_in(&self, layer: usize) -> usize {
         self.locations[layer].len()
+    }
+
+    /// Per expert of `layer`, whether its cache holds it (nothing counted),
+    /// into `out`.
+    pub(crate) fn cached_mask(&self, layer: usize, out: &mut Vec<bool>) {
+        let cache = self.caches[layer].lock().expect("cache lock");
+        out.clear();
+        out.extend((0..self.locations[layer].len()).map(|e| cache.contains(e)));
+    }
+
+    /// Counts one token's cache-aware routing: `moved` of its `chosen`
+    /// experts differ from exact routing's.
+    pub(crate) fn count_leaned(&self, moved: usize, chosen: usize) {
+        self.leaned_moved.fetch_add(moved as u64, Ordering::Relaxed);
+        self.leaned_chosen
+            .fetch_add(chosen as u64, Ordering::Relaxed);
     }
 
     /// Those of `experts` the layer's cache does not hold (nothing counted).

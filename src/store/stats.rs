@@ -35,6 +35,10 @@ pub struct StoreCounters {
     pub layer_fetches: u64,
     /// Experts submitted as demand reads.
     pub demand_reads: u64,
+    /// Cache-aware routing: chosen experts exact routing would not have
+    /// chosen, and all experts it chose (both 0 when it is off).
+    pub leaned_moved: u64,
+    pub leaned_chosen: u64,
 }
 
 impl StoreCounters {
@@ -118,6 +122,8 @@ impl ExpertStore {
         c.prefetch_late = t.late;
         c.layer_fetches = self.layer_fetches.load(Ordering::Relaxed);
         c.demand_reads = self.demand_reads.load(Ordering::Relaxed);
+        c.leaned_moved = self.leaned_moved.load(Ordering::Relaxed);
+        c.leaned_chosen = self.leaned_chosen.load(Ordering::Relaxed);
         // Issued and never asked for, less what was cancelled unread (a
         // wrong guess still in flight counts: it will be read).
         c.prefetch_wasted_bytes = t
