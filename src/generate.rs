@@ -76,6 +76,9 @@ pub struct RunStats {
     /// (`output`); single-token forwards only; `None` without any.
     pub recall_attn: Option<f64>,
     pub recall_output: Option<f64>,
+    /// The same for the learned predictor's guesses (`--prefetch
+    /// learned:FILE`; `None` without one).
+    pub recall_learned: Option<f64>,
     /// The same per layer (cumulative over the process), `[attn, output]`.
     pub recall_per_layer: Vec<[Option<f64>; 2]>,
     /// The decode phase alone (after the prefill, the first token's
@@ -99,6 +102,9 @@ impl RunStats {
     /// speculation figures when drafting was on.
     pub fn line(&self) -> String {
         let mut main = self.main_line();
+        if let Some(r) = self.recall_learned {
+            main.push_str(&format!(" learned {:.1}%", 100.0 * r));
+        }
         if self.leaned_chosen > 0 {
             main.push_str(&format!(
                 " | cache-aware routing moved {} of {} choices ({:.1}%)",
@@ -231,6 +237,7 @@ struct Probe {
     start: Instant,
     before: crate::store::StoreCounters,
     recall_before: [(u64, u64); 2],
+    learned_before: (u64, u64),
     device_before: u64,
     prefill_seconds: f64,
     at_decode: crate::store::StoreCounters,
@@ -244,6 +251,7 @@ impl Probe {
             start: Instant::now(),
             before,
             recall_before: model.store.recall_totals(),
+            learned_before: model.store.learned_recall(),
             device_before: device_read_bytes(),
             prefill_seconds: 0.0,
             at_decode: before,
@@ -263,6 +271,7 @@ impl Probe {
             start,
             before,
             recall_before,
+            learned_before,
             device_before,
             prefill_seconds,
             at_decode,
@@ -335,6 +344,11 @@ impl Probe {
             prefetch_wasted_bytes: after
                 .prefetch_wasted_bytes
                 .saturating_sub(before.prefetch_wasted_bytes),
+            recall_learned: {
+                let (hit, all) = model.store.learned_recall();
+                let (hit, all) = (hit - learned_before.0, all - learned_before.1);
+                (all > 0).then(|| hit as f64 / all as f64)
+            },
             recall_attn: recall(0),
             recall_output: recall(1),
             recall_per_layer: model.store.recall(),

@@ -333,3 +333,59 @@ fn cache_aware_routing_on_a_grouped_sigmoid_router() {
     let (_, moved) = run("4");
     assert!(moved > 0, "λ = 4 moved nothing");
 }
+
+/// The learned lookahead predictor (issue 14 item 4): trained on a
+/// recorded trace it names about as many held-out experts as the router
+/// lookahead it reads (the synthetic model's unpredictable share is noise
+/// by construction), far more than chance; a run prefetching with it scores
+/// its guesses; a predictor of another shape is refused by name.
+#[test]
+fn a_learned_predictor_trains_on_a_trace_and_prefetches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    model(&dir, 8, 2, Knobs::DEFAULT);
+    let trace = tmp.path().join("t.parquet");
+    traced_run(&dir, &trace);
+    let p = tmp.path().join("p.json");
+    let out = moestream(&[
+        "train-predictor",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--out",
+        p.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let total = &v["total"];
+    let (learned, attn) = (
+        total["learned"].as_f64().unwrap(),
+        total["lookahead_attn"].as_f64().unwrap(),
+    );
+    eprintln!("held-out recall: learned {learned:.3}, lookahead {attn:.3}");
+    assert_eq!(
+        v["layers"].as_array().unwrap().len(),
+        3,
+        "layers 1-3 follow an MoE layer"
+    );
+    assert!(
+        learned > 0.5 && learned > attn - 0.1,
+        "learned {learned}, lookahead {attn}"
+    );
+    let prefetch = format!("learned:{}", p.display());
+    let (_, stats) = run_stats(&dir, &["--prefetch", &prefetch]);
+    let live = stats["recall_learned"].as_f64().unwrap();
+    assert!(live > 0.5, "live recall {live}");
+    let other = tmp.path().join("o");
+    model(&other, 16, 2, Knobs::DEFAULT);
+    let bad = moestream(&[
+        "run",
+        "--model",
+        other.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--prefetch",
+        &prefetch,
+    ]);
+    common::assert_clean_failure(&bad, &["predictor", "16"]);
+}

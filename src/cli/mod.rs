@@ -35,6 +35,7 @@ mod run;
 mod serve;
 mod sweep;
 mod synth;
+mod train_predictor;
 mod tune;
 
 use bench::{cmd_bench_decode, cmd_bench_mem, DecodeArgs, MemArgs};
@@ -79,6 +80,9 @@ enum Cmd {
     /// several cache sizes: misses and bytes per token, each against
     /// Belady's optimum; CSV and SVG plot.
     Replay(replay::ReplayArgs),
+    /// Train the learned lookahead predictor on a routing trace: recall@k
+    /// on held-out segments beside the router lookahead's.
+    TrainPredictor(train_predictor::TrainPredictorArgs),
     /// Write a Qwen3-MoE model (hub checkpoint or container) as a GGUF
     /// file llama.cpp runs: the same weights for both engines.
     ExportGguf(export_gguf::ExportArgs),
@@ -166,9 +170,12 @@ struct ModelArgs {
     pipeline: Toggle,
     /// Router-lookahead prefetch: read the experts the next layers' routers
     /// pick from this layer's state, at lower priority than demand reads
-    /// (on), or not (off); auto takes the tuned profile's choice.
-    #[arg(long, value_enum, default_value_t = Toggle::Auto)]
-    prefetch: Toggle,
+    /// (on), or not (off); auto takes the tuned profile's choice;
+    /// learned:FILE reads the next MoE layer's experts a predictor trained
+    /// by `train-predictor` guesses (from this layer's choice, the next
+    /// layer's choice for the previous token and the lookahead's guess).
+    #[arg(long, value_parser = parse_prefetch, default_value = "auto")]
+    prefetch: PrefetchArg,
     /// The state the lookahead applies the next router to: attn (this
     /// layer's post-attention residual: more lead time) or output (this
     /// layer's output: better guesses).
@@ -315,6 +322,26 @@ enum PrefetchFrom {
     Output,
 }
 
+/// `--prefetch`: router lookahead on, off or the profile's, or a learned
+/// predictor.
+#[derive(Clone, Debug, PartialEq)]
+enum PrefetchArg {
+    Lookahead(Toggle),
+    Learned(PathBuf),
+}
+
+fn parse_prefetch(s: &str) -> std::result::Result<PrefetchArg, String> {
+    match s {
+        "auto" => Ok(PrefetchArg::Lookahead(Toggle::Auto)),
+        "on" => Ok(PrefetchArg::Lookahead(Toggle::On)),
+        "off" => Ok(PrefetchArg::Lookahead(Toggle::Off)),
+        _ => match s.strip_prefix("learned:") {
+            Some(path) if !path.is_empty() => Ok(PrefetchArg::Learned(path.into())),
+            _ => Err(format!("`{s}`: expected auto, on, off or learned:FILE")),
+        },
+    }
+}
+
 /// `--io`: a read mode, or the tuned profile's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IoChoice {
@@ -351,7 +378,11 @@ fn requested(m: &ModelArgs) -> Requested {
             IoChoice::Mode(mode) => Choice::Set(mode),
         },
         pipeline: toggle(m.pipeline),
-        prefetch: match toggle(m.prefetch) {
+        prefetch: match toggle(match &m.prefetch {
+            PrefetchArg::Lookahead(t) => *t,
+            // The predictor replaces the router lookahead's reads.
+            PrefetchArg::Learned(_) => Toggle::Off,
+        }) {
             Choice::Set(true) => Choice::Set(Some(asked)),
             Choice::Set(false) => Choice::Set(None),
             Choice::Auto => Choice::Auto,
@@ -553,6 +584,7 @@ pub fn main() -> ExitCode {
         Cmd::Synth(a) => cmd_synth(a),
         Cmd::Convert(a) => cmd_convert(a),
         Cmd::Replay(a) => replay::cmd_replay(a),
+        Cmd::TrainPredictor(a) => train_predictor::cmd_train_predictor(a),
         Cmd::ExportGguf(a) => export_gguf::cmd_export(a),
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
@@ -685,6 +717,12 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
         pin_history: !m.no_history,
         context: m.context.unwrap_or(CONTEXT_DEFAULT),
         prefetch_experts: m.prefetch_experts,
+        predictor: match &m.prefetch {
+            PrefetchArg::Learned(path) => Some(std::sync::Arc::new(
+                moestream::store::predictor::Predictor::load(path)?,
+            )),
+            PrefetchArg::Lookahead(_) => None,
+        },
         progress: progress::hook(),
     };
     Ok((opts, note))

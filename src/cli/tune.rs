@@ -265,7 +265,7 @@ fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, depth: usize) -> Result<P
     let mut m = a.model.clone();
     m.io = IoChoice::Mode(mode);
     m.pipeline = if pipeline { Toggle::On } else { Toggle::Off };
-    m.prefetch = if depth > 0 { Toggle::On } else { Toggle::Off };
+    m.prefetch = super::PrefetchArg::Lookahead(if depth > 0 { Toggle::On } else { Toggle::Off });
     m.prefetch_from = super::PrefetchFrom::Attn;
     m.prefetch_depth = depth.max(1);
     drop_page_cache(&m.model)?;

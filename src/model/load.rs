@@ -54,6 +54,10 @@ pub struct LoadOptions {
     /// Prefetch reads alive at once while a lookahead prefetches; `None`
     /// gives `depth × top_k`.
     pub prefetch_experts: Option<usize>,
+    /// A learned lookahead predictor: after each MoE layer routes a decode
+    /// token, the next MoE layer's guessed experts are read ahead (in
+    /// place of the router lookahead's reads).
+    pub predictor: Option<std::sync::Arc<crate::store::predictor::Predictor>>,
     /// Where loading reports the resident bytes read so far (and the model
     /// keeps it for prefill progress); off by default.
     pub progress: Progress,
@@ -63,11 +67,12 @@ impl LoadOptions {
     /// Prefetch reads alive at once for a model routing `top_k` experts
     /// per token: 0 without lookahead prefetch.
     pub fn prefetch_experts_max(&self, top_k: usize) -> usize {
-        match self.schedule.lookahead {
-            Some(a) => self
+        match (self.schedule.lookahead, &self.predictor) {
+            (Some(a), _) => self
                 .prefetch_experts
                 .unwrap_or(a.depth.max(1).saturating_mul(top_k)),
-            None => 0,
+            (None, Some(_)) => self.prefetch_experts.unwrap_or(top_k),
+            (None, None) => 0,
         }
     }
 }
@@ -87,6 +92,7 @@ impl Default for LoadOptions {
             context: 4096,
             schedule: Schedule::default(),
             prefetch_experts: None,
+            predictor: None,
             progress: Progress::default(),
         }
     }
@@ -179,8 +185,11 @@ impl Model {
         let mut store = store;
         store.schedule = Schedule {
             prefetch_experts_max: opts.prefetch_experts_max(cfg.top_k),
+            // The predictor reads the lookahead's guess among its inputs.
+            recall: opts.schedule.recall || opts.predictor.is_some(),
             ..opts.schedule
         };
+        store.set_predictor(opts.predictor.clone())?;
         let shapes = shapes(&cfg, opts);
         let mut model = Model {
             shapes,

@@ -97,6 +97,7 @@ impl MoeBlock {
             }
             if n == 1 {
                 store.score_predictions(layer, &w.route.experts);
+                store.learned_step(layer, &w.route.experts);
             }
             for (&e, &wt) in w.route.experts.iter().zip(&w.route.weights) {
                 w.pairs.push((e, t, wt));

@@ -24,6 +24,7 @@
 pub mod knobs;
 pub mod plot;
 pub mod report;
+pub mod train;
 
 use crate::store::cache::SlotCache;
 use crate::store::policy::{self, View};

@@ -26,8 +26,10 @@ mod buffers;
 pub mod cache;
 pub mod fetch;
 mod layout;
+mod learned;
 mod pins;
 pub mod policy;
+pub mod predictor;
 mod prefetch;
 mod stats;
 mod tracing;
@@ -81,6 +83,10 @@ pub struct ExpertStore {
     prefetch: Mutex<PrefetchTally>,
     /// Predictions waiting to be scored, and recall so far, per layer.
     recall: Mutex<Vec<LayerRecall>>,
+    /// The learned lookahead predictor, if prefetch uses one, and its
+    /// per-layer state.
+    predictor: Option<Arc<predictor::Predictor>>,
+    learned: Mutex<Vec<learned::LearnedLayer>>,
     /// How layers use the store (pipelining, lookahead).
     pub schedule: Schedule,
     /// Stands in, during a cache replay, for an expert that is evicted
@@ -210,6 +216,8 @@ impl ExpertStore {
             prefetch_live: AtomicUsize::new(0),
             prefetch: Mutex::new(PrefetchTally::default()),
             recall: Mutex::new(vec![LayerRecall::default(); layers]),
+            predictor: None,
+            learned: Mutex::new(vec![Default::default(); layers]),
             schedule: Schedule::default(),
             placeholder: Arc::new(Mlp {
                 gate: Mat::f32(0, 0, Vec::new()),

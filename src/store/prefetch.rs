@@ -112,6 +112,14 @@ impl ExpertStore {
         self.trace_guess(layer, variant as usize, experts);
     }
 
+    /// The lookahead's guess of `layer` from `variant`, while it awaits
+    /// scoring (made for the token now being routed).
+    pub(super) fn pending_guess(&self, layer: usize, variant: Variant) -> Option<Vec<usize>> {
+        let recall = self.recall.lock().expect("recall lock");
+        let (pending, guess) = &recall[layer].predicted[variant as usize];
+        pending.then(|| guess.clone())
+    }
+
     /// Scores the pending predictions of `layer` against the experts it
     /// chose.
     pub fn score_predictions(&self, layer: usize, chosen: &[usize]) {
