@@ -104,6 +104,10 @@ pub struct GgufModel {
     /// The split MLA `attn_k_b` / `attn_v_b` of each layer that has them:
     /// (layer, k_b, v_b), rebuilt into `kv_b_proj` by the weight index.
     pub kv_b_parts: Vec<(usize, TensorInfo, TensorInfo)>,
+    /// The derived tokenizer.json, once asked for: a load asks up to three
+    /// times (tokenizer, grammars, chat template) and deriving it walks the
+    /// whole vocabulary.
+    tokenizer_json: OnceLock<String>,
 }
 
 impl GgufModel {
@@ -146,6 +150,7 @@ impl GgufModel {
             files,
             tensors,
             kv_b_parts,
+            tokenizer_json: OnceLock::new(),
         })
     }
 
@@ -164,7 +169,13 @@ impl GgufModel {
         let meta = &self.files[0];
         let json = match name {
             "config.json" => config::derive(meta, self.arch, &self.gguf_names())?,
-            "tokenizer.json" => self.tokenizer_json()?,
+            "tokenizer.json" => {
+                if let Some(text) = self.tokenizer_json.get() {
+                    return Ok(Some(text.clone()));
+                }
+                let text = self.tokenizer_json()?.to_string();
+                return Ok(Some(self.tokenizer_json.get_or_init(|| text).clone()));
+            }
             "tokenizer_config.json" => self.tokenizer_config(),
             _ => return Ok(None),
         };
