@@ -13,10 +13,18 @@ use std::sync::Arc;
 /// last decode token, and the pending guess with its score.
 #[derive(Clone, Debug, Default)]
 pub(super) struct LearnedLayer {
-    last_choice: Option<Vec<usize>>,
-    guess: Option<Vec<usize>>,
+    /// Empty until the layer has routed a decode token.
+    last_choice: Vec<usize>,
+    /// The guess, and whether it awaits scoring.
+    guess: Vec<usize>,
+    pending: bool,
     /// (guessed and chosen, chosen).
     score: (u64, u64),
+}
+
+thread_local! {
+    /// Scores, the lookahead's guess and the predictor's guess, reused.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<usize>)> = Default::default();
 }
 
 impl ExpertStore {
@@ -47,32 +55,39 @@ impl ExpertStore {
 
     /// After `layer` routed one decode token to `chosen`: scores the
     /// predictor's pending guess of this layer, then guesses the next MoE
-    /// layer's experts and starts reading them.
+    /// layer's experts and starts reading them. Allocates nothing once its
+    /// vectors have grown.
     pub(crate) fn learned_step(&self, layer: usize, chosen: &[usize]) {
         let Some(p) = &self.predictor else {
             return;
         };
         let mut state = self.learned.lock().expect("learned lock");
         let this = &mut state[layer];
-        if let Some(g) = this.guess.take() {
+        if std::mem::take(&mut this.pending) {
+            let g = &this.guess;
             this.score.0 += chosen.iter().filter(|e| g.contains(e)).count() as u64;
             this.score.1 += chosen.len() as u64;
         }
-        this.last_choice = Some(chosen.to_vec());
+        this.last_choice.clear();
+        this.last_choice.extend_from_slice(chosen);
         let Some(next) = p.layers.iter().find(|l| l.prev_layer == layer) else {
             return;
         };
-        let lookahead = self.pending_guess(next.layer, Variant::Attn);
-        let ev = Evidence {
-            prev_layer: chosen,
-            prev_token: state[next.layer].last_choice.as_deref(),
-            guess: lookahead.as_deref(),
-        };
-        let (mut scores, mut guess) = (Vec::new(), Vec::new());
-        next.predict(&ev, &mut scores, &mut guess);
-        state[next.layer].guess = Some(guess.clone());
-        drop(state);
-        self.prefetch(next.layer, &guess);
+        SCRATCH.with_borrow_mut(|(scores, lookahead, guess)| {
+            let seen = self.pending_guess_into(next.layer, Variant::Attn, lookahead);
+            let after = &mut state[next.layer];
+            let ev = Evidence {
+                prev_layer: chosen,
+                prev_token: (!after.last_choice.is_empty()).then_some(&after.last_choice[..]),
+                guess: seen.then_some(&lookahead[..]),
+            };
+            next.predict(&ev, scores, guess);
+            after.guess.clear();
+            after.guess.extend_from_slice(guess);
+            after.pending = true;
+            drop(state);
+            self.prefetch(next.layer, guess);
+        });
     }
 
     /// The predictor's recall over all layers: (guessed and chosen, chosen).

@@ -112,12 +112,22 @@ impl ExpertStore {
         self.trace_guess(layer, variant as usize, experts);
     }
 
-    /// The lookahead's guess of `layer` from `variant`, while it awaits
-    /// scoring (made for the token now being routed).
-    pub(super) fn pending_guess(&self, layer: usize, variant: Variant) -> Option<Vec<usize>> {
+    /// The lookahead's guess of `layer` from `variant` into `out`, if one
+    /// awaits scoring (made for the token now being routed); whether one
+    /// did.
+    pub(super) fn pending_guess_into(
+        &self,
+        layer: usize,
+        variant: Variant,
+        out: &mut Vec<usize>,
+    ) -> bool {
         let recall = self.recall.lock().expect("recall lock");
         let (pending, guess) = &recall[layer].predicted[variant as usize];
-        pending.then(|| guess.clone())
+        out.clear();
+        if *pending {
+            out.extend_from_slice(guess);
+        }
+        *pending
     }
 
     /// Scores the pending predictions of `layer` against the experts it
