@@ -5,7 +5,8 @@
 //! - `f32_matvec`: the original f32 group — one matrix the size of a small
 //!   expert and one GLM-5 expert matrix, scalar twin against SIMD.
 //! - `{f32,int8,int4}_matmul`: `rows x cols` at GLM-5 (2048x6144, 6144x2048)
-//!   and Qwen3-30B-A3B (768x2048, 2048x768) expert shapes, batch 1/4/16.
+//!   and Qwen3-30B-A3B (768x2048, 2048x768) expert shapes, batch 1/4/16
+//!   (int8/int4: 1/2/4/8/16).
 //!   Each iteration uses the next of enough distinct matrices that the
 //!   working set is >= 256 MiB (8x this machine's 32 MiB L3), so the weights
 //!   really come from memory. Throughput = packed bytes + scales per call.
@@ -20,6 +21,12 @@
 //!   gate/up 768x2048 + down 2048x768, int4) under each `Threading`, from
 //!   memory (a fresh set of experts per iteration) and from cache (one set).
 //!
+//! - `vnni_peak`: the machine's `vpdpbusd` peak
+//!   (`kernels::int8::vnni_peak_probe`, twelve independent register-only
+//!   chains) on 1 thread and on the hot pool's 2+ threads, in elements =
+//!   multiply-adds (64 per zmm `vpdpbusd`): what the batched integer
+//!   matmuls are compared against.
+//!
 //! `MOESTREAM_BENCH_THREADING=single` runs the matmul groups on that
 //! threading instead of the hot pool; `MOESTREAM_SPIN_US` sets the pool's
 //! idle spin.
@@ -27,8 +34,9 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use moestream::kernels::f32::{dot, dot_scalar, matvec};
 use moestream::kernels::ggml::{self, BlockType};
+use moestream::kernels::int8::{vnni_peak_probe, PEAK_MACS_PER_STEP};
 use moestream::kernels::quant::{matmul_float, matmul_int};
-use moestream::kernels::{f32 as kf32, set_threading, Threading};
+use moestream::kernels::{f32 as kf32, pool, set_threading, Threading};
 use moestream::quant::QBits;
 
 fn weights(n: usize) -> Vec<f32> {
@@ -79,6 +87,8 @@ fn bench_matvec(c: &mut Criterion) {
 const WORKING_SET_BYTES: usize = 256 << 20;
 const SHAPES: [(usize, usize); 4] = [(2048, 6144), (6144, 2048), (768, 2048), (2048, 768)];
 const BATCHES: [usize; 3] = [1, 4, 16];
+/// Batches of the integer groups: decode, verify blocks and batched serving.
+const INT_BATCHES: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Cheap deterministic bytes (xorshift64*).
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
@@ -151,12 +161,13 @@ fn bench_quant_matmul(c: &mut Criterion, bits: QBits, float_path: bool) {
     set_threading(threading_from_env());
     let mut g = c.benchmark_group(name);
     let shapes: &[(usize, usize)] = if float_path { &SHAPES[..1] } else { &SHAPES };
+    let batches: &[usize] = if float_path { &BATCHES } else { &INT_BATCHES };
     for &(rows, cols) in shapes {
         let mats = packed_set(bits, rows, cols);
         g.throughput(Throughput::Bytes(
             (rows * bits.row_bytes(cols) + rows * 4) as u64,
         ));
-        for n in BATCHES {
+        for &n in batches {
             let x = weights(n * cols);
             let mut y = vec![0f32; n * rows];
             let mut i = 0;
@@ -316,8 +327,38 @@ fn bench_decode_sequence(c: &mut Criterion) {
     g.finish();
 }
 
+/// Probe rounds per thread per iteration: ~1 ms of `vpdpbusd`, long
+/// enough that starting the pool's region is noise.
+const PEAK_STEPS: usize = 1 << 18;
+
+fn bench_vnni_peak(c: &mut Criterion) {
+    if vnni_peak_probe(1, 1, 1).is_none() {
+        eprintln!("vnni_peak: no AVX-512 VNNI on this CPU, skipped");
+        return;
+    }
+    let mut g = c.benchmark_group("vnni_peak");
+    for threads in [1, pool::threads()] {
+        let macs = threads * PEAK_STEPS * PEAK_MACS_PER_STEP;
+        g.throughput(Throughput::Elements(macs as u64));
+        g.bench_function(BenchmarkId::new("threads", threads), |b| {
+            b.iter(|| {
+                let body = |_: usize| {
+                    black_box(vnni_peak_probe(PEAK_STEPS, black_box(1), black_box(-1)));
+                };
+                if threads == 1 {
+                    body(0)
+                } else {
+                    pool::run(threads, &body)
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    bench_vnni_peak,
     bench_matvec,
     bench_f32_matmul,
     bench_int8,

@@ -16,6 +16,8 @@ pub mod int4;
 pub mod int8;
 pub mod pool;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod tile512;
 
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -80,6 +82,21 @@ impl RowBlock<'_> {
         // behind `y` is lent out.
         unsafe { *self.y.add(t * self.rows_total + r) = v };
     }
+
+    /// `Y[t, rows()]`: this block's part of output row `t`.
+    #[inline]
+    pub fn out_row(&mut self, t: usize) -> &mut [f32] {
+        assert!(t < self.n, "write outside the block");
+        // SAFETY: `y` points at `n * rows_total` floats (checked in
+        // `par_row_blocks`), t < n and the range lies within rows_total; blocks
+        // own disjoint row ranges, so no other task touches these elements
+        // while the `&mut [f32]` behind `y` is lent out, and `&mut self` keeps
+        // this borrow unique within the block.
+        unsafe {
+            let start = self.y.add(t * self.rows_total + self.range.start);
+            std::slice::from_raw_parts_mut(start, self.range.len())
+        }
+    }
 }
 
 /// Raw output pointer shared by the blocks of one product.
@@ -110,11 +127,26 @@ pub fn par_row_blocks(
     y: &mut [f32],
     body: impl Fn(&mut RowBlock<'_>) + Sync,
 ) {
+    par_row_blocks_aligned(rows, cols, n, row_bytes, 1, y, body)
+}
+
+/// [`par_row_blocks`] with every block but the last a whole multiple of
+/// `rows_multiple` rows (for kernels that work in tiles of that many rows).
+pub fn par_row_blocks_aligned(
+    rows: usize,
+    cols: usize,
+    n: usize,
+    row_bytes: usize,
+    rows_multiple: usize,
+    y: &mut [f32],
+    body: impl Fn(&mut RowBlock<'_>) + Sync,
+) {
     assert_eq!(y.len(), n * rows, "output shape");
     let out = OutPtr(y.as_mut_ptr());
     let parallel = rows * cols * n >= PARALLEL_MACS_MIN;
     let block_rows = if parallel {
-        BLOCK_BYTES.div_ceil(row_bytes.max(1)).max(1)
+        let rows = BLOCK_BYTES.div_ceil(row_bytes.max(1)).max(1);
+        rows.next_multiple_of(rows_multiple.max(1))
     } else {
         rows.max(1)
     };

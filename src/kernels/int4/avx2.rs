@@ -67,3 +67,117 @@ fn block(vw: __m256i, ve: __m256i, vo: __m256i, nib: __m256i, ones: __m256i) -> 
     let pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ve), _mm256_maddubs_epi16(hi, vo));
     _mm256_madd_epi16(pairs, ones)
 }
+
+/// [`dot_block`]'s tile: 2 weight rows × 2 activation rows.
+const TILE: usize = 2;
+
+/// `out[t·rows + r]` = [`dot`] of weight row `r` with interleaved activation
+/// row `t` (the layout of `int4::dot_block`), in tiles of 2 weight rows × 2
+/// activation rows: each 32-byte weight vector is unpacked once for both
+/// activation rows. Bytes past the last whole 32 take a scalar tail.
+///
+/// # Safety
+/// The CPU must support AVX2; the layout and shapes of `int4::dot_block`
+/// hold; `xsum[t] == Σ x[t, :]`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn dot_block(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    let n = xsum.len();
+    if n == 0 {
+        return;
+    }
+    let rows = out.len() / n;
+    debug_assert!(out.len() == rows * n && w.len() == rows * row_bytes);
+    debug_assert!(stride.is_multiple_of(128) && stride >= 2 * row_bytes && x.len() == n * stride);
+    for r in (0..rows).step_by(TILE) {
+        for t in (0..n).step_by(TILE) {
+            // SAFETY: rows r.. and activation rows t.. of the tile exist
+            // (the arms pick the tile that fits); the caller's layout contract.
+            let acc = unsafe {
+                match (rows - r >= TILE, n - t >= TILE) {
+                    (true, true) => tile::<2, 2>(w, row_bytes, x, stride, r, t),
+                    (true, false) => pad(tile::<2, 1>(w, row_bytes, x, stride, r, t)),
+                    (false, true) => pad(tile::<1, 2>(w, row_bytes, x, stride, r, t)),
+                    (false, false) => pad(tile::<1, 1>(w, row_bytes, x, stride, r, t)),
+                }
+            };
+            for (dr, row) in acc.iter().enumerate().take(rows - r) {
+                for (dt, &a) in row.iter().enumerate().take(n - t) {
+                    out[(t + dt) * rows + r + dr] = a.wrapping_sub(xsum[t + dt].wrapping_mul(8));
+                }
+            }
+        }
+    }
+}
+
+/// A narrower tile's sums in a 2×2 array (the rest unused).
+fn pad<const R: usize, const T: usize>(acc: [[i32; T]; R]) -> [[i32; TILE]; TILE] {
+    std::array::from_fn(|r| std::array::from_fn(|t| if r < R && t < T { acc[r][t] } else { 0 }))
+}
+
+/// The biased sums `Σ u·x` (`u = q + 8`) of weight rows `r0..r0 + R` with
+/// activation rows `t0..t0 + T`.
+///
+/// # Safety
+/// The CPU must support AVX2; the layout of `int4::dot_block`; the rows of
+/// the tile exist.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn tile<const R: usize, const T: usize>(
+    w: &[u8],
+    rb: usize,
+    x: &[i8],
+    stride: usize,
+    r0: usize,
+    t0: usize,
+) -> [[i32; T]; R] {
+    let w = &w[r0 * rb..(r0 + R) * rb];
+    let x = &x[t0 * stride..(t0 + T) * stride];
+    let (nib, ones) = (_mm256_set1_epi8(15), _mm256_set1_epi16(1));
+    let mut acc = [[_mm256_setzero_si256(); T]; R];
+    let whole = rb - rb % 32;
+    for j in (0..whole).step_by(32) {
+        let at = j / 64 * 128 + j % 64;
+        // SAFETY: j + 32 <= rb: in bounds of each weight row; `at + 96 <=
+        // 2·rb.next_multiple_of(64) <= stride`: in bounds of each activation row.
+        let vw: [__m256i; R] = std::array::from_fn(|r| unsafe {
+            _mm256_loadu_si256(w.as_ptr().add(r * rb + j).cast())
+        });
+        let lo = vw.map(|v| _mm256_and_si256(v, nib));
+        let hi = vw.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+        #[allow(clippy::needless_range_loop)] // acc is indexed [r][t]: a register tile
+        for t in 0..T {
+            // SAFETY: as above.
+            let (ve, vo) = unsafe {
+                let p = x.as_ptr().add(t * stride + at);
+                (
+                    _mm256_loadu_si256(p.cast()),
+                    _mm256_loadu_si256(p.add(64).cast()),
+                )
+            };
+            for r in 0..R {
+                let pairs = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo[r], ve),
+                    _mm256_maddubs_epi16(hi[r], vo),
+                );
+                acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        std::array::from_fn(|t| {
+            let x = &x[t * stride..(t + 1) * stride];
+            let tail = (whole..rb).fold(0i32, |s, j| {
+                let (b, at) = (w[r * rb + j], j / 64 * 128 + j % 64);
+                s.wrapping_add((b & 15) as i32 * x[at] as i32 + (b >> 4) as i32 * x[at + 64] as i32)
+            });
+            hsum(acc[r][t]).wrapping_add(tail)
+        })
+    })
+}

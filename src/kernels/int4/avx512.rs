@@ -4,6 +4,7 @@
 //! saturation); `8·Σx` is subtracted once. The tail is a masked load:
 //! masked-off weight bytes read 0 and add nothing.
 
+use super::super::tile512::{self, TileStep};
 use std::arch::x86_64::*;
 
 /// `Σ q[c]·x[c]` with `q = nibble − 8`.
@@ -116,51 +117,6 @@ pub unsafe fn split(x: &[i8], even: &mut [i8], odd: &mut [i8]) {
     super::split_scalar(&x[i..], &mut even[i / 2..], &mut odd[i / 2..]);
 }
 
-/// Four dots of one weight row with four split activation rows: the row is
-/// loaded and unpacked once per 64 bytes for all four (batched decode and
-/// prefill are compute-bound, and unpacking is half the work per byte).
-/// Each result is the exact sum [`dot`] returns.
-///
-/// # Safety
-/// As [`dot`], for each of the four activation rows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn dot4(w: &[u8], even: [&[i8]; 4], odd: [&[i8]; 4], xsum: [i32; 4]) -> [i32; 4] {
-    let n = w.len();
-    debug_assert!((0..4).all(|t| even[t].len() == n && odd[t].len() == n));
-    let pw = w.as_ptr();
-    let pe = even.map(|s| s.as_ptr());
-    let po = odd.map(|s| s.as_ptr());
-    let nib = _mm512_set1_epi8(15);
-    let mut acc = [[_mm512_setzero_si512(); 2]; 4];
-    let mut i = 0;
-    while i < n {
-        let full = n - i >= 64;
-        let m: __mmask64 = if full { !0 } else { (1u64 << (n - i)) - 1 };
-        // SAFETY: a full step reads bytes i..i + 64 <= n; the tail's mask
-        // enables only bytes i..n (masked-off bytes are not read and load as
-        // 0, adding nothing).
-        let load = |p: *const i8| unsafe {
-            if full {
-                _mm512_loadu_si512(p.add(i).cast())
-            } else {
-                _mm512_maskz_loadu_epi8(m, p.add(i))
-            }
-        };
-        let vw = load(pw.cast());
-        let lo = _mm512_and_si512(vw, nib);
-        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(vw), nib);
-        for t in 0..4 {
-            acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], lo, load(pe[t]));
-            acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], hi, load(po[t]));
-        }
-        i += 64;
-    }
-    std::array::from_fn(|t| {
-        let s = _mm512_reduce_add_epi32(_mm512_add_epi32(acc[t][0], acc[t][1]));
-        s.wrapping_sub(xsum[t].wrapping_mul(8))
-    })
-}
-
 /// `out[k]` = [`dot`] of row `k` of `w` (`out.len()` rows of `even.len()`
 /// bytes): one call for a block of rows, which go strictly one after
 /// another (pairing rows to share the activation loads is 30% faster from
@@ -175,5 +131,77 @@ pub unsafe fn dot_rows(w: &[u8], even: &[i8], odd: &[i8], xsum: i32, out: &mut [
     for (k, o) in out.iter_mut().enumerate() {
         // SAFETY: the caller's contract for `dot`, for row k.
         *o = unsafe { dot(&w[k * rb..(k + 1) * rb], even, odd, xsum) };
+    }
+}
+
+/// `out[t·rows + r]` = [`dot`] of weight row `r` (`row_bytes` bytes each)
+/// with interleaved activation row `t` (`stride` bytes each, see
+/// `int4::interleave`), for `n = xsum.len()`, in the shared register tiles
+/// (`kernels::tile512`): each weight vector is unpacked once for four
+/// activation rows (8 `vpdpbusd`).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI; `stride` is a
+/// multiple of 128 and at least `2·row_bytes`; `x.len() == n·stride`, each
+/// row laid out by `int4::interleave` with zeros past its columns;
+/// `w.len() == rows·row_bytes` and `out.len() == rows·n` for some `rows`;
+/// `xsum[t] == Σ x[t, :]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dot_block(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `tile512::dot_block`'s for this format.
+    unsafe { tile512::dot_block::<Nibbles>(w, row_bytes, x, stride, xsum, out) }
+}
+
+/// int4's tile step: each weight byte holds column `2k` in its low nibble and
+/// `2k + 1` in its high one, stored as `u = q + 8`; each 64-byte step meets
+/// 64 even then 64 odd activations.
+struct Nibbles;
+
+impl TileStep for Nibbles {
+    const BIAS: i32 = 8;
+    const X_PER_STEP: usize = 128;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn step<const R: usize, const T: usize>(
+        acc: &mut [[__m512i; T]; R],
+        pw: *const u8,
+        row_bytes: usize,
+        px: *const i8,
+        stride: usize,
+        i: usize,
+        m: __mmask64,
+    ) {
+        let nib = _mm512_set1_epi8(15);
+        // SAFETY: the mask enables only bytes of row r (masked-off bytes are
+        // not read and load as 0: both nibbles 0, adding nothing).
+        let vw: [__m512i; R] = std::array::from_fn(|r| unsafe {
+            _mm512_maskz_loadu_epi8(m, pw.add(r * row_bytes + i).cast())
+        });
+        let lo = vw.map(|v| _mm512_and_si512(v, nib));
+        let hi = vw.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib));
+        #[allow(clippy::needless_range_loop)] // acc is indexed [r][t]: a register tile
+        for t in 0..T {
+            // SAFETY: i / 64 < row_bytes.div_ceil(64) steps, and 128 bytes a
+            // step fit in `stride`: bytes 2i..2i + 128 lie inside row t.
+            let (ve, vo) = unsafe {
+                let p = px.add(t * stride + 2 * i);
+                (
+                    _mm512_loadu_si512(p.cast()),
+                    _mm512_loadu_si512(p.add(64).cast()),
+                )
+            };
+            for r in 0..R {
+                acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], lo[r], ve);
+                acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], hi[r], vo);
+            }
+        }
     }
 }

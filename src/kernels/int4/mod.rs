@@ -10,6 +10,14 @@
 //! subtract `8·Σx` once; padding nibbles meet a 0 and add nothing. Every
 //! version returns the exact `i32` sum `Σ q[c]·x[c]`; the scalar function is
 //! the reference twin and the tests hold the SIMD ones bit-identical to it.
+//!
+//! Batches ([`dot_block`]: a block of weight rows × up to a few dozen
+//! activation rows, `out[t·rows + r]`) take each activation row
+//! interleaved per 64-byte weight step ([`interleave`]: 64 even, then 64
+//! odd activations), so one step's two activation vectors are adjacent
+//! aligned loads. The VNNI version unpacks each weight vector once for a
+//! register tile of 4 weight rows × 4 activation rows (8 `vpdpbusd` per
+//! unpack, 16 accumulators, each taking both nibbles).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -108,25 +116,107 @@ pub fn dot_rows(w: &[u8], even: &[i8], odd: &[i8], xsum: i32, out: &mut [i32]) {
     }
 }
 
-/// Four dots of one weight row with four split activation rows (`xsum[t]`
-/// = Σ of row `t`), each equal to [`dot`]'s; the VNNI version unpacks the
-/// row once for all four.
-#[inline]
-pub fn dot4(w: &[u8], even: [&[i8]; 4], odd: [&[i8]; 4], xsum: [i32; 4]) -> [i32; 4] {
-    assert!(
-        (0..4).all(|t| even[t].len() == w.len() && odd[t].len() == w.len()),
-        "dot4: length mismatch"
-    );
+/// Bytes of one activation row of `cols` columns in the [`dot_block`]
+/// layout: per 64 weight bytes (128 columns), 64 even then 64 odd
+/// activations, the last step zero padded.
+pub fn interleaved_len(cols: usize) -> usize {
+    2 * cols.div_ceil(2).next_multiple_of(64)
+}
+
+/// Lays an activation row out for [`dot_block`]: step `k` of `out` holds
+/// `even[64k..64k + 64]` then `odd[64k..64k + 64]` (see [`split`]), zeros
+/// past the row's end. Dispatched through [`split`].
+pub fn interleave(x: &[i8], out: &mut [i8]) {
+    assert_eq!(out.len(), interleaved_len(x.len()), "interleave: length");
+    for (x, out) in x.chunks(128).zip(out.chunks_exact_mut(128)) {
+        let half = x.len().div_ceil(2);
+        let (even, odd) = out.split_at_mut(64);
+        split(x, &mut even[..half], &mut odd[..half]);
+        even[half..].fill(0);
+        odd[half..].fill(0);
+    }
+}
+
+/// Batched dots of a block of weight rows with a batch of activation rows:
+/// `out[t·rows + r]` = [`dot`] of weight row `r` (`row_bytes` bytes each; `rows
+/// = w.len() / row_bytes`) with activation row `t` of `x` (`n = xsum.len()`
+/// rows of `stride` bytes, a multiple of 128 and at least
+/// `interleaved_len(2·row_bytes)`, each laid out by [`interleave`] and zero
+/// past it), `xsum[t] = Σ x[t, :]`. The VNNI version works in tiles of 4
+/// weight rows × 4 activation rows (each row unpacked once per 64 bytes for
+/// four activation rows); the AVX2 version in tiles of 2 × 2.
+pub fn dot_block(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    let n = xsum.len();
+    check_block(w, row_bytes, x, stride, n, out);
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
-        debug_assert!(
-            (0..4).all(|t| xsum[t] == even[t].iter().chain(odd[t]).map(|&v| v as i32).sum::<i32>())
-        );
-        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; equal lengths (asserted);
-        // `xsum[t]` is Σx of row t by this function's contract.
-        return unsafe { avx512::dot4(w, even, odd, xsum) };
+        debug_assert!((0..n).all(|t| xsum[t]
+            == x[t * stride..(t + 1) * stride]
+                .iter()
+                .map(|&v| v as i32)
+                .sum::<i32>()));
+        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
+        // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
+        return unsafe { avx512::dot_block(w, row_bytes, x, stride, xsum, out) };
     }
-    std::array::from_fn(|t| dot(w, even[t], odd[t], xsum[t]))
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx2 {
+        // SAFETY: `isa()` reported AVX2; the layout was checked by
+        // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
+        return unsafe { avx2::dot_block(w, row_bytes, x, stride, xsum, out) };
+    }
+    dot_block_scalar(w, row_bytes, x, stride, xsum, out)
+}
+
+/// The scalar twin of [`dot_block`] (`xsum` only gives `n`).
+pub fn dot_block_scalar(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    let n = xsum.len();
+    check_block(w, row_bytes, x, stride, n, out);
+    let rows = out.len().checked_div(n).unwrap_or(0);
+    for (t, out) in out.chunks_exact_mut(rows.max(1)).enumerate() {
+        let x = &x[t * stride..(t + 1) * stride];
+        for (r, o) in out.iter_mut().enumerate() {
+            let row = &w[r * row_bytes..(r + 1) * row_bytes];
+            *o = row.iter().enumerate().fold(0i32, |s, (j, &b)| {
+                let at = j / 64 * 128 + j % 64;
+                s + ((b & 15) as i32 - 8) * x[at] as i32 + ((b >> 4) as i32 - 8) * x[at + 64] as i32
+            });
+        }
+    }
+}
+
+/// The shape contract of [`dot_block`].
+fn check_block(w: &[u8], row_bytes: usize, x: &[i8], stride: usize, n: usize, out: &[i32]) {
+    assert!(
+        stride.is_multiple_of(128) && stride >= 2 * row_bytes && x.len() == n * stride,
+        "dot_block: activation layout"
+    );
+    let rows = out.len().checked_div(n).unwrap_or(0);
+    assert!(
+        out.len() == rows * n && (n == 0 || w.len() == rows * row_bytes),
+        "dot_block: block shape"
+    );
+    debug_assert!((0..n).all(|t| {
+        let row = &x[t * stride..(t + 1) * stride];
+        let steps = row_bytes.div_ceil(64);
+        let padding = (row_bytes..steps * 64).map(|j| j / 64 * 128 + j % 64);
+        row[steps * 128..].iter().all(|&v| v == 0)
+            && padding.clone().all(|at| row[at] == 0 && row[at + 64] == 0)
+    }));
 }
 
 #[cfg(test)]
@@ -262,30 +352,78 @@ mod tests {
         }
     }
 
-    #[test]
-    fn four_row_dots_agree_for_every_length_to_300() {
-        for cols in 0..=300 {
-            let w = packed(cols, |c| ((c * 5 + cols) % 16) as i32 - 8);
-            let half = cols.div_ceil(2);
-            let halves: Vec<(Vec<i8>, Vec<i8>)> = (0..4)
-                .map(|k| {
-                    let (mut e, mut o) = (vec![0i8; half], vec![0i8; half]);
-                    split_scalar(&xs(cols, cols * 4 + k), &mut e, &mut o);
-                    (e, o)
-                })
-                .collect();
-            let even: [&[i8]; 4] = std::array::from_fn(|t| &halves[t].0[..]);
-            let odd: [&[i8]; 4] = std::array::from_fn(|t| &halves[t].1[..]);
-            let xsum: [i32; 4] =
-                std::array::from_fn(|t| even[t].iter().chain(odd[t]).map(|&v| v as i32).sum());
-            let want: [i32; 4] = std::array::from_fn(|t| dot_scalar(&w, even[t], odd[t]));
-            assert_eq!(dot4(&w, even, odd, xsum), want, "dispatched, cols {cols}");
-            #[cfg(target_arch = "x86_64")]
-            if cpu::has_avx512_vnni() {
-                // SAFETY: AVX-512F/BW/VNNI detected just above; equal lengths; xsums.
-                let got = unsafe { avx512::dot4(&w, even, odd, xsum) };
-                assert_eq!(got, want, "vnni dot4, cols {cols}");
+    /// Batched dots of `rows` random weight rows with `n` activation rows
+    /// of `cols` columns, every available version against single scalar
+    /// dots over the split rows.
+    fn check_block(rows: usize, cols: usize, n: usize, seed: usize) {
+        let (rb, half) = (QBits::Int4.row_bytes(cols), cols.div_ceil(2));
+        let w: Vec<u8> = (0..rows * rb)
+            .map(|i| ((i * 2654435761 + seed * 97) >> 7) as u8)
+            .collect();
+        let stride = interleaved_len(cols).max(128);
+        let mut x = vec![0i8; n * stride];
+        let mut want = vec![0i32; rows * n];
+        let mut xsum = vec![0i32; n];
+        for t in 0..n {
+            let a = xs(cols, seed * 17 + t);
+            interleave(&a, &mut x[t * stride..][..interleaved_len(cols)]);
+            xsum[t] = a.iter().map(|&v| v as i32).sum();
+            let (mut e, mut o) = (vec![0i8; half], vec![0i8; half]);
+            split_scalar(&a, &mut e, &mut o);
+            for r in 0..rows {
+                want[t * rows + r] = dot_scalar(&w[r * rb..(r + 1) * rb], &e, &o);
             }
+        }
+        let what = format!("{rows}x{cols}, n={n}");
+        let mut got = vec![7i32; rows * n];
+        dot_block_scalar(&w, rb, &x, stride, &xsum, &mut got);
+        assert_eq!(got, want, "scalar twin, {what}");
+        let mut got = vec![7i32; rows * n];
+        dot_block(&w, rb, &x, stride, &xsum, &mut got);
+        assert_eq!(got, want, "dispatched, {what}");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if cpu::has_avx2() {
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: AVX2 detected just above; interleaved layout and
+                // shapes built above; xsum = Σx.
+                unsafe { avx2::dot_block(&w, rb, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "avx2, {what}");
+            }
+            if cpu::has_avx512_vnni() {
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: AVX-512F/BW/VNNI detected just above; interleaved
+                // layout and shapes built above; xsum = Σx.
+                unsafe { avx512::dot_block(&w, rb, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "vnni, {what}");
+            }
+        }
+    }
+
+    #[test]
+    fn interleave_puts_even_then_odd_per_step() {
+        let x: Vec<i8> = (0..131).map(|c| (c % 100) as i8).collect();
+        let mut out = vec![9i8; interleaved_len(131)];
+        interleave(&x, &mut out);
+        assert_eq!(out.len(), 256);
+        assert_eq!((out[0], out[64], out[63], out[127]), (0, 1, 26, 27));
+        assert_eq!((out[128], out[192], out[129], out[193]), (28, 29, 30, 0));
+        assert!(out[130..192].iter().chain(&out[194..]).all(|&v| v == 0));
+    }
+
+    #[test]
+    fn batched_dots_agree_for_every_batch_to_17() {
+        for n in 0..=17 {
+            for (rows, cols) in [(1, 1), (4, 128), (5, 129), (9, 255), (3, 600), (8, 4096)] {
+                check_block(rows, cols, n, rows * 31 + cols + n);
+            }
+        }
+    }
+
+    #[test]
+    fn batched_dots_agree_for_every_length_to_300() {
+        for cols in 0..=300 {
+            check_block(6, cols, 5, cols);
         }
     }
 
@@ -299,6 +437,13 @@ mod tests {
         ) {
             // Any padding nibble: it meets a 0 in `odd`.
             check(&w, &x);
+        }
+
+        #[test]
+        fn batched_dots_agree_on_random_shapes(
+            rows in 0usize..10, cols in 0usize..700, n in 1usize..18, seed in 0usize..10_000,
+        ) {
+            check_block(rows, cols, n, seed);
         }
     }
 }

@@ -67,3 +67,95 @@ pub(crate) fn hsum(v: __m256i) -> i32 {
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
     _mm_cvtsi128_si32(s)
 }
+
+/// [`dot_block`]'s tile: 2 weight rows × 2 activation rows.
+const TILE: usize = 2;
+
+/// `out[t·rows + r]` = [`dot`] of weight row `r` with activation row `t` (the
+/// layout of `int8::dot_block`), in tiles of 2 weight rows × 2 activation
+/// rows: each weight vector is loaded and made absolute once for both
+/// activation rows. Bytes past the last whole 32 take a scalar tail.
+///
+/// # Safety
+/// The CPU must support AVX2; the layout and shapes of `int8::dot_block`
+/// hold; `x` holds no -128.
+#[target_feature(enable = "avx2")]
+pub unsafe fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, n: usize, out: &mut [i32]) {
+    if n == 0 {
+        return;
+    }
+    let rows = out.len() / n;
+    debug_assert!(out.len() == rows * n && w.len() == rows * cols);
+    debug_assert!(stride.is_multiple_of(64) && stride >= cols && x.len() == n * stride);
+    for r in (0..rows).step_by(TILE) {
+        for t in (0..n).step_by(TILE) {
+            // SAFETY: rows r.. and activation rows t.. of the tile exist
+            // (the arms pick the tile that fits); the caller's layout contract.
+            let acc = unsafe {
+                match (rows - r >= TILE, n - t >= TILE) {
+                    (true, true) => tile::<2, 2>(w, cols, x, stride, r, t),
+                    (true, false) => pad(tile::<2, 1>(w, cols, x, stride, r, t)),
+                    (false, true) => pad(tile::<1, 2>(w, cols, x, stride, r, t)),
+                    (false, false) => pad(tile::<1, 1>(w, cols, x, stride, r, t)),
+                }
+            };
+            for (dr, row) in acc.iter().enumerate().take(rows - r) {
+                for (dt, &a) in row.iter().enumerate().take(n - t) {
+                    out[(t + dt) * rows + r + dr] = a;
+                }
+            }
+        }
+    }
+}
+
+/// A narrower tile's sums in a 2×2 array (the rest unused).
+fn pad<const R: usize, const T: usize>(acc: [[i32; T]; R]) -> [[i32; TILE]; TILE] {
+    std::array::from_fn(|r| std::array::from_fn(|t| if r < R && t < T { acc[r][t] } else { 0 }))
+}
+
+/// The sums `Σ w·x` of weight rows `r0..r0 + R` with activation rows
+/// `t0..t0 + T`.
+///
+/// # Safety
+/// The CPU must support AVX2; the layout of `int8::dot_block`; the rows of
+/// the tile exist; `x` holds no -128.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn tile<const R: usize, const T: usize>(
+    w: &[u8],
+    cols: usize,
+    x: &[i8],
+    stride: usize,
+    r0: usize,
+    t0: usize,
+) -> [[i32; T]; R] {
+    let w = &w[r0 * cols..(r0 + R) * cols];
+    let x = &x[t0 * stride..(t0 + T) * stride];
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_si256(); T]; R];
+    let whole = cols - cols % 32;
+    for j in (0..whole).step_by(32) {
+        // SAFETY: j + 32 <= cols <= stride: in bounds of every row.
+        let vw: [__m256i; R] = std::array::from_fn(|r| unsafe {
+            _mm256_loadu_si256(w.as_ptr().add(r * cols + j).cast())
+        });
+        let aw = vw.map(|v| _mm256_abs_epi8(v));
+        #[allow(clippy::needless_range_loop)] // acc is indexed [r][t]: a register tile
+        for t in 0..T {
+            // SAFETY: as above.
+            let vx = unsafe { _mm256_loadu_si256(x.as_ptr().add(t * stride + j).cast()) };
+            for r in 0..R {
+                let pairs = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(vx, vw[r]));
+                acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        std::array::from_fn(|t| {
+            let tail = (whole..cols).fold(0i32, |s, c| {
+                s.wrapping_add(w[r * cols + c] as i8 as i32 * x[t * stride + c] as i32)
+            });
+            hsum(acc[r][t]).wrapping_add(tail)
+        })
+    })
+}

@@ -5,6 +5,8 @@
 //! 2^32 and the true sum fits an i32, so the result is exact. The tail is
 //! a masked load: masked-off lanes read `w = 0, x = 0` and add nothing.
 
+use super::super::tile512::{self, TileStep};
+use super::PEAK_CHAINS;
 use std::arch::x86_64::*;
 
 /// `Σ w[c]·x[c]`.
@@ -48,43 +50,6 @@ pub unsafe fn dot(w: &[u8], x: &[i8], xsum: i32) -> i32 {
     biased.wrapping_sub(xsum.wrapping_mul(128))
 }
 
-/// Four dots of one weight row with four activation rows: the row is loaded
-/// and sign-flipped once per 64 bytes for all four. Each result is the
-/// exact sum [`dot`] returns.
-///
-/// # Safety
-/// As [`dot`], for each of the four activation rows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn dot4(w: &[u8], x: [&[i8]; 4], xsum: [i32; 4]) -> [i32; 4] {
-    let n = w.len();
-    debug_assert!(x.iter().all(|x| x.len() == n));
-    let pw = w.as_ptr();
-    let px = x.map(|s| s.as_ptr());
-    let flip = _mm512_set1_epi8(i8::MIN);
-    let mut acc = [_mm512_setzero_si512(); 4];
-    let mut i = 0;
-    while i < n {
-        let full = n - i >= 64;
-        let m: __mmask64 = if full { !0 } else { (1u64 << (n - i)) - 1 };
-        // SAFETY: a full step reads bytes i..i + 64 <= n; the tail's mask
-        // enables only bytes i..n (masked-off bytes are not read and load as
-        // 0: w = 0 flips to 128, times x = 0, adds nothing).
-        let load = |p: *const i8| unsafe {
-            if full {
-                _mm512_loadu_si512(p.add(i).cast())
-            } else {
-                _mm512_maskz_loadu_epi8(m, p.add(i))
-            }
-        };
-        let vw = _mm512_xor_si512(load(pw.cast()), flip);
-        for t in 0..4 {
-            acc[t] = _mm512_dpbusd_epi32(acc[t], vw, load(px[t]));
-        }
-        i += 64;
-    }
-    std::array::from_fn(|t| _mm512_reduce_add_epi32(acc[t]).wrapping_sub(xsum[t].wrapping_mul(128)))
-}
-
 /// `out[k]` = [`dot`] of row `k` of `w` (`out.len()` rows of `x.len()`
 /// bytes): one call for a block of rows, which go strictly one after
 /// another (pairing rows to share the activation loads is 30% faster from
@@ -99,5 +64,88 @@ pub unsafe fn dot_rows(w: &[u8], x: &[i8], xsum: i32, out: &mut [i32]) {
     for (k, o) in out.iter_mut().enumerate() {
         // SAFETY: the caller's contract for `dot`, for row k.
         *o = unsafe { dot(&w[k * rb..(k + 1) * rb], x, xsum) };
+    }
+}
+
+/// The VNNI peak probe: `steps` rounds of `PEAK_CHAINS` independent
+/// `vpdpbusd` on registers (64 multiply-adds each, no loads), returning the
+/// wrapped sum of the accumulators so the work cannot be dropped.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512 VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dpbusd_peak(steps: usize, a: i32, b: i32) -> i32 {
+    let (va, vb) = (_mm512_set1_epi32(a), _mm512_set1_epi32(b));
+    let mut acc: [__m512i; PEAK_CHAINS] = std::array::from_fn(|k| _mm512_set1_epi32(k as i32));
+    for _ in 0..steps {
+        for a in acc.iter_mut() {
+            *a = _mm512_dpbusd_epi32(*a, va, vb);
+        }
+    }
+    let sum = acc
+        .iter()
+        .fold(_mm512_setzero_si512(), |s, &a| _mm512_add_epi32(s, a));
+    _mm512_reduce_add_epi32(sum)
+}
+
+/// `out[t·rows + r]` = [`dot`] of weight row `r` (`cols` bytes each) with
+/// activation row `t` (`stride` bytes each, zero past `cols`), for
+/// `n = xsum.len()`, in the shared register tiles (`kernels::tile512`):
+/// each loaded and sign-flipped weight vector feeds four `vpdpbusd`.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI; `stride` is a
+/// multiple of 64 and at least `cols`; `x.len() == n·stride` with zeros in
+/// every row past `cols`; `w.len() == rows·cols` and `out.len() == rows·n`
+/// for some `rows`; `xsum[t] == Σ x[t, :]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dot_block(
+    w: &[u8],
+    cols: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `tile512::dot_block`'s for this format.
+    unsafe { tile512::dot_block::<Flipped>(w, cols, x, stride, xsum, out) }
+}
+
+/// int8's tile step: each signed weight byte is flipped to `w + 128`
+/// (unsigned) and meets the activation of the same column.
+struct Flipped;
+
+impl TileStep for Flipped {
+    const BIAS: i32 = 128;
+    const X_PER_STEP: usize = 64;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn step<const R: usize, const T: usize>(
+        acc: &mut [[__m512i; T]; R],
+        pw: *const u8,
+        row_bytes: usize,
+        px: *const i8,
+        stride: usize,
+        i: usize,
+        m: __mmask64,
+    ) {
+        let flip = _mm512_set1_epi8(i8::MIN);
+        // SAFETY: the mask enables only bytes of row r (masked-off bytes are
+        // not read and load as 0, which flips to 128 and meets a zero
+        // activation past `cols`).
+        let vw: [__m512i; R] = std::array::from_fn(|r| unsafe {
+            let v = _mm512_maskz_loadu_epi8(m, pw.add(r * row_bytes + i).cast());
+            _mm512_xor_si512(v, flip)
+        });
+        #[allow(clippy::needless_range_loop)] // acc is indexed [r][t]: a register tile
+        for t in 0..T {
+            // SAFETY: i < cols <= stride, a multiple of 64: bytes i..i + 64 lie
+            // inside activation row t.
+            let vx = unsafe { _mm512_loadu_si512(px.add(t * stride + i).cast()) };
+            for r in 0..R {
+                acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], vw[r], vx);
+            }
+        }
     }
 }

@@ -5,6 +5,13 @@
 //! the AVX2 (sign trick into `maddubs`) and AVX-512 VNNI (`vpdpbusd`)
 //! versions, and the tests hold them bit-identical.
 //!
+//! Batches ([`dot_block`]: a block of weight rows × up to a few dozen
+//! activation rows, `out[t·rows + r]`) take activation rows padded with
+//! zeros to whole 64-byte steps ([`padded_len`]), so every activation load
+//! is a whole aligned vector and only the weights' last step is masked.
+//! The VNNI version keeps a register tile of 4 weight rows × 4 activation
+//! rows (16 accumulators) and reduces the 16 at once (`reduce16`).
+//!
 //! Exactness limit: `|Σ| ≤ 128·127·cols`, which fits an `i32` for
 //! `cols ≤ COLS_MAX` (2^17); the SIMD versions may wrap in between but
 //! the final sum is exact modulo 2^32 and therefore exact.
@@ -74,23 +81,98 @@ pub fn dot_rows(w: &[u8], x: &[i8], xsum: i32, out: &mut [i32]) {
     }
 }
 
-/// Four dots of one weight row with four activation rows (`xsum[t] = Σ
-/// x[t]`), each equal to [`dot`]'s; the VNNI version streams the row once.
-#[inline]
-pub fn dot4(w: &[u8], x: [&[i8]; 4], xsum: [i32; 4]) -> [i32; 4] {
-    assert!(
-        x.iter().all(|x| x.len() == w.len()),
-        "dot4: length mismatch"
-    );
-    debug_assert!(w.len() <= COLS_MAX);
+/// Bytes of one activation row in the [`dot_block`] layout: `cols` rounded
+/// up to whole 64-byte steps (the padding holds zeros).
+pub fn padded_len(cols: usize) -> usize {
+    cols.next_multiple_of(64)
+}
+
+/// Batched dots of a block of weight rows with a batch of activation rows:
+/// `out[t·rows + r]` = [`dot`] of weight row `r` (`cols` bytes each; `rows =
+/// w.len() / cols`) with activation row `t` of `x` (`n = xsum.len()` rows of
+/// `stride` bytes, a multiple of 64 and at least `cols`, zero past `cols`),
+/// `xsum[t] = Σ x[t, :]`. The VNNI version works in tiles of 4 weight rows ×
+/// 4 activation rows (each weight vector loaded once for four activation
+/// rows); the AVX2 version in tiles of 2 × 2; `x` must not hold -128.
+pub fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, xsum: &[i32], out: &mut [i32]) {
+    let n = xsum.len();
+    check_block(w, cols, x, stride, n, out);
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
-        debug_assert!((0..4).all(|t| xsum[t] == x[t].iter().map(|&v| v as i32).sum::<i32>()));
-        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; equal lengths (asserted);
-        // `xsum[t]` is Σx[t] by this function's contract.
-        return unsafe { avx512::dot4(w, x, xsum) };
+        debug_assert!((0..n).all(|t| xsum[t]
+            == x[t * stride..(t + 1) * stride]
+                .iter()
+                .map(|&v| v as i32)
+                .sum::<i32>()));
+        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
+        // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
+        return unsafe { avx512::dot_block(w, cols, x, stride, xsum, out) };
     }
-    std::array::from_fn(|t| dot(w, x[t], xsum[t]))
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx2 {
+        // SAFETY: `isa()` reported AVX2; the layout was checked by
+        // `check_block`; `x` holds no -128 by this function's contract.
+        return unsafe { avx2::dot_block(w, cols, x, stride, n, out) };
+    }
+    dot_block_scalar(w, cols, x, stride, xsum, out)
+}
+
+/// The scalar twin of [`dot_block`] (`xsum` only gives `n`).
+pub fn dot_block_scalar(
+    w: &[u8],
+    cols: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    let n = xsum.len();
+    check_block(w, cols, x, stride, n, out);
+    let rows = out.len().checked_div(n).unwrap_or(0);
+    for (t, o) in out.chunks_exact_mut(rows.max(1)).enumerate() {
+        for (r, o) in o.iter_mut().enumerate() {
+            *o = dot_scalar(&w[r * cols..(r + 1) * cols], &x[t * stride..][..cols]);
+        }
+    }
+}
+
+/// The shape contract of [`dot_block`].
+fn check_block(w: &[u8], cols: usize, x: &[i8], stride: usize, n: usize, out: &[i32]) {
+    assert!(
+        stride.is_multiple_of(64) && stride >= cols && x.len() == n * stride,
+        "dot_block: activation layout"
+    );
+    let rows = out.len().checked_div(n).unwrap_or(0);
+    assert!(
+        out.len() == rows * n && (n == 0 || w.len() == rows * cols),
+        "dot_block: block shape"
+    );
+    debug_assert!(cols <= COLS_MAX);
+    debug_assert!((0..n).all(|t| x[t * stride + cols..(t + 1) * stride]
+        .iter()
+        .all(|&v| v == 0)));
+    debug_assert!(!x.contains(&i8::MIN));
+}
+
+/// Independent accumulators of the peak probe: more than `vpdpbusd`'s
+/// latency times its issue rate on the CPUs we target (Zen 4, Ice Lake and
+/// later), so the loop is bound by its throughput alone.
+const PEAK_CHAINS: usize = 12;
+/// Multiply-adds one [`vnni_peak_probe`] round does (a `vpdpbusd` is 64).
+pub const PEAK_MACS_PER_STEP: usize = PEAK_CHAINS * 64;
+
+/// The machine's VNNI peak probe (results/kernels.md): `steps` rounds of
+/// twelve independent register-only `vpdpbusd` ([`PEAK_MACS_PER_STEP`]
+/// multiply-adds a round), or `None` on a CPU without AVX-512 VNNI. `a`
+/// and `b` are the broadcast operands (pass them through `black_box`).
+pub fn vnni_peak_probe(steps: usize, a: i32, b: i32) -> Option<i32> {
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::has_avx512_vnni() {
+        // SAFETY: AVX-512F/BW/VNNI detected just above.
+        return Some(unsafe { avx512::dpbusd_peak(steps, a, b) });
+    }
+    let _ = (steps, a, b);
+    None
 }
 
 #[cfg(test)]
@@ -166,19 +248,6 @@ mod tests {
         check(&w, &x);
     }
 
-    /// Four-row dots against four scalar twins.
-    fn check4(w: &[u8], x: [&[i8]; 4]) {
-        let want: [i32; 4] = std::array::from_fn(|t| dot_scalar(w, x[t]));
-        let xsum = x.map(|x| x.iter().map(|&v| v as i32).sum::<i32>());
-        assert_eq!(dot4(w, x, xsum), want, "dispatched, len {}", w.len());
-        #[cfg(target_arch = "x86_64")]
-        if cpu::has_avx512_vnni() {
-            // SAFETY: AVX-512F/BW/VNNI detected just above; equal lengths; xsums.
-            let got = unsafe { avx512::dot4(w, x, xsum) };
-            assert_eq!(got, want, "vnni dot4, len {}", w.len());
-        }
-    }
-
     #[test]
     fn row_blocks_agree_with_single_rows() {
         for len in (0..=200).chain([511, 512, 513, 2048]) {
@@ -203,18 +272,87 @@ mod tests {
         }
     }
 
-    #[test]
-    fn four_row_dots_agree_for_every_length_to_300() {
-        for len in 0..=300 {
-            let (w, x0) = pattern(len, len as u32);
-            let xs: Vec<Vec<i8>> = (1..4)
-                .map(|k| pattern(len, (len * 7 + k) as u32).1)
-                .collect();
-            check4(&w, [&x0, &xs[0], &xs[1], &xs[2]]);
+    /// `x` laid out as [`dot_block`] wants: `n` rows padded to `stride`.
+    fn padded(rows: &[Vec<i8>], stride: usize) -> Vec<i8> {
+        let mut x = vec![0i8; rows.len() * stride];
+        for (t, row) in rows.iter().enumerate() {
+            x[t * stride..][..row.len()].copy_from_slice(row);
         }
-        let (w, x) = (vec![(-128i8) as u8; 1000], vec![-127i8; 1000]);
-        let y = vec![127i8; 1000];
-        check4(&w, [&x, &y, &x, &y]);
+        x
+    }
+
+    /// Batched dots of `rows` weight rows with `n` activation rows, every
+    /// available version against single scalar dots.
+    fn check_block(rows: usize, cols: usize, n: usize, seed: u32) {
+        let (w, _) = pattern(rows * cols, seed);
+        let acts: Vec<Vec<i8>> = (0..n)
+            .map(|t| pattern(cols, seed + 1 + t as u32).1)
+            .collect();
+        let stride = padded_len(cols);
+        let x = padded(&acts, stride);
+        let xsum: Vec<i32> = acts
+            .iter()
+            .map(|a| a.iter().map(|&v| v as i32).sum())
+            .collect();
+        let want: Vec<i32> = (0..rows * n)
+            .map(|k| dot_scalar(&w[k % rows * cols..(k % rows + 1) * cols], &acts[k / rows]))
+            .collect();
+        let what = format!("{rows}x{cols}, n={n}");
+        let mut got = vec![7i32; rows * n];
+        dot_block_scalar(&w, cols, &x, stride, &xsum, &mut got);
+        assert_eq!(got, want, "scalar twin, {what}");
+        let mut got = vec![7i32; rows * n];
+        dot_block(&w, cols, &x, stride, &xsum, &mut got);
+        assert_eq!(got, want, "dispatched, {what}");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if cpu::has_avx2() {
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: AVX2 detected just above; padded layout and shapes
+                // built above; x has no -128.
+                unsafe { avx2::dot_block(&w, cols, &x, stride, n, &mut got) };
+                assert_eq!(got, want, "avx2, {what}");
+            }
+            if cpu::has_avx512_vnni() {
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: AVX-512F/BW/VNNI detected just above; padded layout
+                // and shapes built above; xsum = Σx.
+                unsafe { avx512::dot_block(&w, cols, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "vnni, {what}");
+            }
+        }
+    }
+
+    #[test]
+    fn batched_dots_agree_for_every_batch_to_17() {
+        for n in 0..=17 {
+            for (rows, cols) in [(1, 1), (4, 64), (5, 65), (9, 127), (3, 300), (8, 2048)] {
+                check_block(rows, cols, n, (rows * 31 + cols + n) as u32);
+            }
+        }
+    }
+
+    #[test]
+    fn batched_dots_agree_for_every_length_to_300() {
+        for cols in 0..=300 {
+            check_block(6, cols, 5, cols as u32);
+        }
+    }
+
+    #[test]
+    fn batched_dots_at_extreme_values() {
+        let (rows, cols, n) = (5, 1000, 6);
+        let stride = padded_len(cols);
+        for wv in [-128i8, 127] {
+            for xv in [-127i8, 127] {
+                let w = vec![wv as u8; rows * cols];
+                let x = padded(&vec![vec![xv; cols]; n], stride);
+                let xsum = vec![xv as i32 * cols as i32; n];
+                let mut got = vec![0i32; rows * n];
+                dot_block(&w, cols, &x, stride, &xsum, &mut got);
+                assert_eq!(got, vec![wv as i32 * xv as i32 * cols as i32; rows * n]);
+            }
+        }
     }
 
     proptest! {
@@ -226,6 +364,13 @@ mod tests {
             ))
         ) {
             check(&w, &x);
+        }
+
+        #[test]
+        fn batched_dots_agree_on_random_shapes(
+            rows in 0usize..10, cols in 0usize..400, n in 1usize..18, seed in any::<u32>(),
+        ) {
+            check_block(rows, cols, n, seed);
         }
     }
 }

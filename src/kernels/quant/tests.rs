@@ -177,6 +177,32 @@ fn int_path_matches_the_scalar_twins_bit_for_bit() {
 }
 
 #[test]
+fn batched_int_path_matches_the_scalar_twins_for_every_n_to_17() {
+    // Row counts off the 4-row tiles, columns off the 64-byte steps; the
+    // larger shapes run in parallel row blocks.
+    for (rows, cols) in [
+        (1, 1),
+        (5, 63),
+        (7, 130),
+        (13, 257),
+        (66, 1001),
+        (130, 2050),
+    ] {
+        for bits in [QBits::Int8, QBits::Int4] {
+            let m = QMatrix::quantize(&values(rows * cols, rows + cols), rows, cols, bits);
+            for n in 1..=17 {
+                let x = values(n * cols, cols + n);
+                assert_eq!(
+                    bits_of(&run_int(&m, &x, n)),
+                    bits_of(&int_reference(&m, &x, n)),
+                    "{bits:?} {rows}x{cols} n={n}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn int_path_extreme_weights_and_activations() {
     let (rows, cols) = (4, 333);
     for bits in [QBits::Int8, QBits::Int4] {
@@ -214,6 +240,10 @@ fn int_path_extreme_weights_and_activations() {
             scales: vec![0.5, 1.0, 2.0, 1.0].into(),
         };
         for xv in [127.0f32, -127.0, 1.0] {
+            // Six activation rows take the batched path.
+            let x6 = vec![xv; 6 * cols];
+            let want6 = bits_of(&int_reference(&m, &x6, 6));
+            assert_eq!(bits_of(&run_int(&m, &x6, 6)), want6, "{bits:?} x={xv} n=6");
             let x = vec![xv; cols];
             let got = run_int(&m, &x, 1);
             assert_eq!(
@@ -386,7 +416,7 @@ proptest! {
 
     #[test]
     fn random_shapes_batch_like_matvecs(
-        rows in 1usize..40, cols in 1usize..300, n in 1usize..6, b in 0usize..3, seed in 0usize..1000,
+        rows in 1usize..40, cols in 1usize..300, n in 1usize..18, b in 0usize..3, seed in 0usize..1000,
     ) {
         let m = QMatrix::quantize(&values(rows * cols, seed), rows, cols, ALL_BITS[b]);
         let x = values(n * cols, seed + 1);
