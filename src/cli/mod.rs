@@ -184,7 +184,7 @@ struct ModelArgs {
     /// MoE layers ahead the lookahead prefetches.
     #[arg(long, default_value_t = 1)]
     prefetch_depth: usize,
-    /// Prefetch reads alive at once (default depth x top-k).
+    /// Prefetch reads alive at once (default (depth + 1) x top-k).
     #[arg(long)]
     prefetch_experts: Option<usize>,
     /// Score the lookahead's guess of the next layer's experts from both

@@ -52,7 +52,9 @@ pub struct LoadOptions {
     /// what is passed in there is not read).
     pub schedule: Schedule,
     /// Prefetch reads alive at once while a lookahead prefetches; `None`
-    /// gives `depth × top_k`.
+    /// gives `(depth + 1) × top_k`: a layer issues the next `depth` layers'
+    /// reads while its own prefetched reads are still alive (they end when
+    /// it takes them).
     pub prefetch_experts: Option<usize>,
     /// A learned lookahead predictor: after each MoE layer routes a decode
     /// token, the next MoE layer's guessed experts are read ahead (in
@@ -70,7 +72,7 @@ impl LoadOptions {
         match (self.schedule.lookahead, &self.predictor) {
             (Some(a), _) => self
                 .prefetch_experts
-                .unwrap_or(a.depth.max(1).saturating_mul(top_k)),
+                .unwrap_or((a.depth.max(1) + 1).saturating_mul(top_k)),
             (None, Some(_)) => self.prefetch_experts.unwrap_or(top_k),
             (None, None) => 0,
         }
@@ -507,4 +509,35 @@ fn load_mtp(cfg: &ModelConfig, index: &WeightIndex) -> Result<Option<(Mtp, Vec<E
         store_layer: spec.index,
     };
     Ok(Some((mtp, locs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LoadOptions;
+    use crate::store::{Lookahead, Variant};
+
+    /// The prefetch budget by setting: (depth + 1) × top-k by default, the
+    /// explicit count when given, top-k for a learned predictor alone, and 0
+    /// without lookahead.
+    #[test]
+    fn prefetch_budget_by_setting() {
+        let with = |depth: usize, explicit: Option<usize>| {
+            let mut o = LoadOptions::default();
+            o.schedule.lookahead = Some(Lookahead {
+                from: Variant::Attn,
+                depth,
+            });
+            o.prefetch_experts = explicit;
+            o
+        };
+        for (opts, top_k, want) in [
+            (LoadOptions::default(), 8, 0),
+            (with(1, None), 8, 16),
+            (with(2, None), 8, 24),
+            (with(0, None), 2, 4),
+            (with(1, Some(5)), 8, 5),
+        ] {
+            assert_eq!(opts.prefetch_experts_max(top_k), want);
+        }
+    }
 }

@@ -118,7 +118,7 @@ pub struct Schedule {
     /// Router-lookahead prefetch, if on.
     pub lookahead: Option<Lookahead>,
     /// Prefetch reads alive at once: resolved at load (`LoadOptions::
-    /// prefetch_experts`, by default lookahead depth × top-k), and 0
+    /// prefetch_experts`, by default (lookahead depth + 1) × top-k), and 0
     /// exactly when no lookahead prefetches.
     pub prefetch_experts_max: usize,
     /// Score the next layer's guess from both states (`attn` and
