@@ -176,7 +176,8 @@ def measure(a, disk: str, ra0: int, cap, setting, tokens: int) -> dict:
     t = time.time()
     try:
         if engine == "moestream":
-            res = moestream_warm(a.gguf, tokens) if cap == "warm" else moestream(a.gguf, cap, tokens)
+            model = a.moestream_model or a.gguf
+            res = moestream_warm(model, tokens) if cap == "warm" else moestream(model, cap, tokens)
         else:
             res = llama(a.gguf, None if cap == "warm" else cap, tokens, warmup=cap == "warm", repack=repack)
         note = ""
@@ -196,6 +197,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=12)
     p.add_argument("--warm", action="store_true", help="also run warm (file in page cache, no cap)")
     p.add_argument("--csv", required=True)
+    p.add_argument("--moestream-model", help="what moestream runs instead of the GGUF (e.g. its own "
+                   "container of the same weights)")
+    p.add_argument("--skip", default="", help="comma-separated settings to leave out, e.g. "
+                   "'llama.cpp no-repack'")
     a = p.parse_args()
     disk = disk_of(a.gguf)
     ra0 = int(open(f"/sys/block/{disk}/queue/read_ahead_kb").read())
@@ -206,7 +211,7 @@ def main() -> None:
     try:
         for cap, settings, tokens in plan:
             for r in range(a.rounds):
-                for setting in settings:
+                for setting in [s for s in settings if s[0] not in a.skip.split(",")]:
                     row = {"round": r, **measure(a, disk, ra0, cap, setting, tokens)}
                     print(row, flush=True)
                     rows.append(row)
