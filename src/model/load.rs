@@ -72,7 +72,7 @@ impl LoadOptions {
         match (self.schedule.lookahead, &self.predictor) {
             (Some(a), _) => self
                 .prefetch_experts
-                .unwrap_or((a.depth.max(1) + 1).saturating_mul(top_k)),
+                .unwrap_or(a.depth.max(1).saturating_add(1).saturating_mul(top_k)),
             (None, Some(_)) => self.prefetch_experts.unwrap_or(top_k),
             (None, None) => 0,
         }
@@ -536,6 +536,7 @@ mod tests {
             (with(2, None), 8, 24),
             (with(0, None), 2, 4),
             (with(1, Some(5)), 8, 5),
+            (with(usize::MAX, None), 8, usize::MAX),
         ] {
             assert_eq!(opts.prefetch_experts_max(top_k), want);
         }
