@@ -32,6 +32,10 @@ impl Tokenizer {
             path: path.to_path_buf(),
             reason,
         };
+        // Malformed JSON is refused here, with its line and column: the
+        // tokenizers crate panics on some of it (a broken decoder object).
+        serde_json::from_str::<serde_json::Value>(text)
+            .map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
             .map_err(|_| bad("the tokenizers crate panicked parsing it".into()))?;
         let inner = parsed.map_err(|e| bad(format!("{e}")))?;

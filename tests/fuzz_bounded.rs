@@ -4,7 +4,9 @@
 //! generator for a fixed number of rounds: bit flips, interesting bytes,
 //! truncations, spliced spans, and JSON-aware swaps of values for extreme
 //! ones. Any panic fails the test with the input that caused it; so does
-//! any single call slower than a second (a hang, bounded).
+//! any single call slower than `HANG` (a hang, bounded; generous, because
+//! CI runs this beside the other test binaries on two loaded cores and a
+//! debug-build tokenizer parse alone can take a second there).
 
 mod common;
 
@@ -15,6 +17,9 @@ use serde_json::Value;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// A call slower than this is a hang, not a slow parse.
+const HANG: Duration = Duration::from_secs(30);
 
 /// Mutants per seed input and target.
 const ROUNDS: usize = 3000;
@@ -109,14 +114,14 @@ fn mutate_in(rng: &mut Rng, v: &mut Value, depth: usize) {
     }
 }
 
-/// Runs `f` on `input`, failing on a panic or on a call over a second.
+/// Runs `f` on `input`, failing on a panic or on a call over `HANG`.
 fn check(target: &str, input: &[u8], f: impl FnOnce()) {
     let start = Instant::now();
     let r = catch_unwind(AssertUnwindSafe(f));
     let shown = String::from_utf8_lossy(&input[..input.len().min(600)]).into_owned();
     assert!(r.is_ok(), "{target} panicked on: {shown}");
     assert!(
-        start.elapsed() < Duration::from_secs(1),
+        start.elapsed() < HANG,
         "{target} took {:?} on: {shown}",
         start.elapsed()
     );
