@@ -31,6 +31,7 @@ fn model(dir: &Path, experts: usize, top_k: usize, knobs: Knobs) {
         hidden: Some(256),
         moe_inter: Some(64),
         top_k: Some(top_k),
+        dense_layers: None,
         routing: Routing::Realistic(knobs),
         seed: 5,
     };

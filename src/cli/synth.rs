@@ -73,6 +73,11 @@ pub(super) struct SynthArgs {
     /// Routed experts' intermediate size (default: 256, or the geometry's).
     #[arg(long)]
     moe_inter: Option<usize>,
+    /// Leading dense layers of an MLA geometry (default: the real model's
+    /// 3; fewer keep a shrunk model's dense share of compute near the real
+    /// one's).
+    #[arg(long)]
+    dense_layers: Option<usize>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
@@ -175,6 +180,7 @@ fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
         hidden: a.hidden,
         moe_inter: a.moe_inter,
         top_k: a.top_k,
+        dense_layers: a.dense_layers,
         routing,
         seed: a.seed,
     };

@@ -77,6 +77,10 @@ pub struct GeometrySpec {
     pub hidden: Option<usize>,
     pub moe_inter: Option<usize>,
     pub top_k: Option<usize>,
+    /// Leading dense layers of an MLA geometry (default: the real
+    /// model's 3). Fewer keep a shrunk model's dense share of compute near
+    /// the real one's (3 of 78 layers in GLM-5).
+    pub dense_layers: Option<usize>,
     pub routing: Routing,
     pub seed: u64,
 }
@@ -194,7 +198,7 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
             )))
         }
     };
-    let s = Shape {
+    let mut s = Shape {
         layers: spec.layers.unwrap_or(base.layers),
         experts: spec.experts.unwrap_or(base.experts),
         vocab: spec.vocab.unwrap_or(base.vocab).max(TOKENIZER_VOCAB),
@@ -210,6 +214,9 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
             s.top_k
         )));
     }
+    if let Some(dense) = spec.dense_layers {
+        set_dense_layers(&mut s, dense, &spec.name)?;
+    }
     if s.realistic && s.mla.is_some() {
         return Err(Error::Request(format!(
             "--routing realistic needs the qwen3-30b-a3b geometry's attention (GQA with q/k norm); `{}` takes zipf or uniform",
@@ -217,6 +224,24 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
         )));
     }
     Ok(s)
+}
+
+/// Sets an MLA geometry's leading dense layers; at least one MoE layer
+/// must remain.
+fn set_dense_layers(s: &mut Shape, dense: usize, name: &str) -> Result<()> {
+    let layers = s.layers;
+    let Some(m) = s.mla.as_mut() else {
+        return Err(Error::Request(format!(
+            "dense_layers: `{name}` has no leading dense layers (the MLA geometries do)"
+        )));
+    };
+    if dense >= layers {
+        return Err(Error::Request(format!(
+            "dense_layers {dense} leaves no MoE layer of {layers}"
+        )));
+    }
+    m.dense_layers = dense;
+    Ok(())
 }
 
 /// Tokens of the trained tokenizer (the vocabulary is at least this).
@@ -890,6 +915,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dense_layers_are_set_for_mla_geometries_only() {
+        let spec = |name: &str, layers, dense| GeometrySpec {
+            name: name.into(),
+            layers: Some(layers),
+            experts: Some(16),
+            vocab: None,
+            hidden: None,
+            moe_inter: None,
+            top_k: None,
+            dense_layers: dense,
+            routing: Routing::Uniform,
+            seed: 1,
+        };
+        let dense = |s: Shape| s.mla.map(|m| m.dense_layers);
+        assert_eq!(dense(shape(&spec("glm5", 4, None)).unwrap()), Some(3));
+        assert_eq!(dense(shape(&spec("glm5", 4, Some(1))).unwrap()), Some(1));
+        assert_eq!(
+            dense(shape(&spec("deepseek-v3", 4, Some(0))).unwrap()),
+            Some(0)
+        );
+        let e = shape(&spec("glm5", 4, Some(4))).unwrap_err().to_string();
+        assert!(e.contains("dense_layers 4 leaves no MoE layer of 4"), "{e}");
+        let e = shape(&spec("qwen3-30b-a3b", 4, Some(1)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dense_layers") && e.contains("qwen3-30b-a3b"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn zipf_popularity_is_a_permutation_of_the_ranks() {
         let s = shape(&GeometrySpec {
             name: "qwen3-30b-a3b".into(),
@@ -899,6 +956,7 @@ mod tests {
             hidden: None,
             moe_inter: None,
             top_k: None,
+            dense_layers: None,
             routing: Routing::Zipf(1.0),
             seed: 1,
         })
@@ -928,6 +986,7 @@ mod tests {
                 hidden: None,
                 moe_inter: None,
                 top_k: None,
+                dense_layers: None,
                 routing: Routing::Zipf(1.0),
                 seed: 1,
             };
@@ -961,6 +1020,7 @@ mod tests {
             hidden: Some(256),
             moe_inter: Some(32),
             top_k: Some(2),
+            dense_layers: None,
             routing: Routing::Realistic(Knobs::DEFAULT),
             seed: 1,
         };
@@ -989,6 +1049,7 @@ mod tests {
             hidden: None,
             moe_inter: None,
             top_k: None,
+            dense_layers: None,
             routing: Routing::Uniform,
             seed: 1,
         };
