@@ -75,6 +75,17 @@ pub(super) fn cmd_bench_mem(a: MemArgs) -> Result<()> {
     Ok(())
 }
 
+/// The read services' thread names (io/src/service.rs, read_service.rs).
+const IO_THREADS: [&str; 2] = ["moestream-io", "moestream-read"];
+
+/// CPU seconds so far of the read services' threads.
+fn io_cpu_seconds() -> f64 {
+    IO_THREADS
+        .iter()
+        .map(|t| moestream::profile::thread_cpu_seconds(t))
+        .sum()
+}
+
 pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
     a.model.no_history = true;
     if a.cold {
@@ -99,7 +110,9 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         moestream_io::shared_pool().wait_warmed(std::time::Duration::from_secs(600));
         generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
     }
+    let io_cpu_before = io_cpu_seconds();
     let g = generate(&model, &prompt, &opts, |_| Ok(())).map_err(with_flags)?;
+    let io_cpu_s = io_cpu_seconds() - io_cpu_before;
     let s = &g.stats;
     let n = s.tokens.max(1) as f64;
     let decode_s = s.seconds - s.prefill_seconds;
@@ -140,6 +153,7 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
             3,
         ),
         overlap: round(s.overlap, 3),
+        io_cpu_share: round(io_cpu_s / s.seconds.max(1e-9), 4),
         prefetch_used: s.prefetch_used,
         prefetch_issued: s.prefetch_issued,
         prefetch_wasted_mb: round(s.prefetch_wasted_bytes as f64 / 1e6, 1),
@@ -197,6 +211,9 @@ struct DecodeRow {
     decode_wait_s_per_tok: f64,
     decode_disk_gb_s: f64,
     overlap: f64,
+    /// CPU time of the read service's thread over the run's wall time
+    /// (what the reactor takes from the compute workers' cores).
+    io_cpu_share: f64,
     prefetch_used: u64,
     prefetch_issued: u64,
     prefetch_wasted_mb: f64,

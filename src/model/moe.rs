@@ -50,13 +50,16 @@ impl MoeBlock {
         // The layer's reusable lists (no allocation once grown); put back
         // when done, so a decode step allocates nothing.
         let mut w = WORK.with(|w| std::mem::take(&mut *w.borrow_mut()));
-        let res = self.routed(layer, store, x, n, prof, out, &mut w);
+        let mut shared = None;
+        let res = self.routed(layer, store, x, n, prof, out, &mut w, &mut shared);
         w.pairs.clear();
         w.ids.clear();
         w.cached.clear();
         WORK.with(|slot| *slot.borrow_mut() = w);
         res?;
-        self.add_shared(x, n, out);
+        if let Some(ys) = shared.or_else(|| self.shared_rows(x, n)) {
+            add(out, &ys);
+        }
         Ok(())
     }
 
@@ -71,6 +74,7 @@ impl MoeBlock {
         prof: &mut Profile,
         out: &mut [f32],
         w: &mut Work,
+        shared: &mut Option<Scratch>,
     ) -> Result<()> {
         let h = x.len() / n;
         let tracing = store.tracing();
@@ -119,13 +123,14 @@ impl MoeBlock {
             prof.expert_matmul += start.elapsed();
         };
         if store.schedule.pipeline {
-            // Hits compute while the misses are read; each miss computes as
-            // it lands.
+            // Hits and the shared expert compute while the misses are read;
+            // each miss computes as it lands.
             for (&e, m) in ids.iter().zip(cached) {
                 if let Some(m) = m {
                     apply(e, m);
                 }
             }
+            *shared = self.shared_rows(x, n);
             while let Some((e, m)) = pending.next_expert()? {
                 apply(e, &m);
             }
@@ -164,25 +169,27 @@ impl MoeBlock {
         Ok(())
     }
 
-    /// Adds the shared expert's output (gated or not) to `out`.
-    fn add_shared(&self, x: &[f32], n: usize, out: &mut [f32]) {
+    /// The shared expert's output rows `(n, hidden)`, gated where it has a
+    /// gate; `None` without a shared expert. Added to the routed sum last,
+    /// whenever it was computed, so the result does not depend on when.
+    fn shared_rows(&self, x: &[f32], n: usize) -> Option<Scratch> {
+        let shared = self.shared.as_ref()?;
         let h = x.len() / n;
-        if let Some(shared) = &self.shared {
-            let mut ys = Scratch::zeroed(n * h); // (n, hidden)
-            shared.mlp.forward(x, n, &mut ys);
-            for t in 0..n {
-                let g = match &shared.gate {
-                    Some(gw) => 1.0 / (1.0 + (-dot(gw, &x[t * h..(t + 1) * h])).exp()),
-                    None => 1.0,
-                };
-                for (o, y) in out[t * h..(t + 1) * h]
-                    .iter_mut()
-                    .zip(&ys[t * h..(t + 1) * h])
-                {
-                    *o += g * y;
-                }
+        let mut ys = Scratch::zeroed(n * h);
+        shared.mlp.forward(x, n, &mut ys);
+        if let Some(gw) = &shared.gate {
+            for (xr, yr) in x.chunks_exact(h).zip(ys.chunks_exact_mut(h)) {
+                let g = 1.0 / (1.0 + (-dot(gw, xr)).exp());
+                yr.iter_mut().for_each(|y| *y *= g);
             }
         }
+        Some(ys)
+    }
+}
+
+fn add(out: &mut [f32], ys: &[f32]) {
+    for (o, y) in out.iter_mut().zip(ys) {
+        *o += y;
     }
 }
 
