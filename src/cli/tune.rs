@@ -23,12 +23,18 @@ pub(super) struct TuneArgs {
     /// Tokens each decode probe generates (greedy, EOS ignored).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
-    /// Read modes (best by the disk sweep first) that get decode probes.
-    /// All by default: the sweep cannot see that page-cache modes leave
-    /// fewer cache slots under a budget (on a Qwen3-30B shape under 3 GB it
-    /// ranked buffered and pread above direct, which decoded 1.7x faster).
-    #[arg(long, default_value_t = 5)]
+    /// Read modes that get decode probes: direct (the default's) and the
+    /// best others by the disk sweep. The sweep alone cannot rank them: it
+    /// cannot see that page-cache modes leave fewer cache slots under a
+    /// budget (on a Qwen3-30B shape under 3 GB it ranked buffered and pread
+    /// above direct, which decoded 1.7x faster).
+    #[arg(long, default_value_t = 2)]
     modes_probed: usize,
+    /// Probe every schedule (pipelining on and off, prefetch depths 0, 1,
+    /// 2 and 4) in every probed mode, as tune did before it refined the
+    /// default (6-8 minutes on a 7 GB model against about one).
+    #[arg(long)]
+    full: bool,
     /// Rounds of probes (alternating); the median decides.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -45,10 +51,10 @@ pub(super) struct TuneArgs {
 
 const PROMPT: &str = "The engine reads the expert from the disk while the cores compute";
 
-/// The probed (pipeline, lookahead depth) pairs; depth 0 is no prefetch.
-/// Deeper lookahead gives reads more lead time (on a Qwen3-30B-shaped model
-/// under 3 GB, medians of 3: 0.083 s/token at depth 1, 0.073 at 2, 0.064
-/// at 4, 0.078 at 6; results/roofline.md).
+/// The (pipeline, lookahead depth) pairs of `--full`; depth 0 is no
+/// prefetch. Deeper lookahead gives reads more lead time (on a
+/// Qwen3-30B-shaped model under 3 GB, medians of 3: 0.083 s/token at depth
+/// 1, 0.073 at 2, 0.064 at 4, 0.078 at 6; results/roofline.md).
 const SCHEDULES: [(bool, usize); 6] = [
     (false, 0),
     (true, 0),
@@ -57,6 +63,45 @@ const SCHEDULES: [(bool, usize); 6] = [
     (true, 2),
     (true, 4),
 ];
+
+/// Lookahead depths probed around the default (direct, pipelined,
+/// prefetch depth 1 under a budget): pipelining never lost in a full grid
+/// (results/tune-q30b24.log, tune-glm5x6.log), so the default grid keeps
+/// it on and refines the prefetch depth.
+const DIRECT_DEPTHS: [usize; 4] = [0, 1, 2, 4];
+/// Depths probed in the other modes: with and without the default
+/// prefetch.
+const OTHER_DEPTHS: [usize; 2] = [0, 1];
+
+/// One decode probe: read mode, pipelining, lookahead depth (0 = none).
+type ProbeSpec = (ReadMode, bool, usize);
+
+/// The (mode, pipeline, lookahead depth) probes, in order. `ranked` is
+/// every mode, best disk-sweep speed first; `modes` read modes get probes:
+/// direct and the best `modes - 1` others (with `full`: the best `modes`,
+/// whatever they are, each with every schedule).
+fn probe_plan(ranked: &[ReadMode], modes: usize, full: bool) -> Vec<ProbeSpec> {
+    let modes = modes.max(1);
+    if full {
+        return ranked
+            .iter()
+            .take(modes)
+            .flat_map(|&m| SCHEDULES.iter().map(move |&(p, d)| (m, p, d)))
+            .collect();
+    }
+    let mut plan: Vec<_> = DIRECT_DEPTHS
+        .iter()
+        .map(|&d| (ReadMode::Direct, true, d))
+        .collect();
+    for &m in ranked
+        .iter()
+        .filter(|&&m| m != ReadMode::Direct)
+        .take(modes - 1)
+    {
+        plan.extend(OTHER_DEPTHS.iter().map(|&d| (m, true, d)));
+    }
+    plan
+}
 
 pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     anyhow::ensure!(
@@ -139,11 +184,8 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         })
         .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let candidates: Vec<ReadMode> = ranked
-        .iter()
-        .take(a.modes_probed.max(1))
-        .map(|r| r.0)
-        .collect();
+    let ranked: Vec<ReadMode> = ranked.iter().map(|r| r.0).collect();
+    let plan = probe_plan(&ranked, a.modes_probed, a.full);
 
     println!(
         "decode probes: {} tokens, cold, {}",
@@ -154,68 +196,64 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     );
     println!("mode      pipeline prefetch  decode tok/s  MB/token  overlap");
     let mut runs: Vec<Vec<Probe>> = Vec::new();
-    let total = (a.rounds * candidates.len() * SCHEDULES.len()) as u64;
+    let total = (a.rounds * plan.len()) as u64;
     let bar = progress::bar(total, "tune: decode probes", Unit::Count("probes"));
     for round in 0..a.rounds {
-        let mut i = 0;
-        for &mode in &candidates {
-            for &(pipeline, prefetch) in &SCHEDULES {
-                let p = match probe(&a, mode, pipeline, prefetch) {
-                    // (prefetch is the lookahead depth, 0 = off)
-                    Ok(p) => p,
-                    // A configuration that cannot fit the budget (prefetch
-                    // reserves RAM) is not a candidate.
-                    Err(e)
-                        if matches!(
-                            e.downcast_ref::<moestream::Error>(),
-                            Some(moestream::Error::Budget(_))
-                        ) =>
-                    {
-                        let name = if prefetch > 0 {
-                            format!("attn-{prefetch}")
-                        } else {
-                            "off".into()
-                        };
-                        println!(
-                            "{:<9} {:<8} {:<9} does not fit: {e}",
-                            mode.name(),
-                            if pipeline { "on" } else { "off" },
-                            name
-                        );
-                        Probe {
-                            read_mode: mode.name().into(),
-                            pipeline,
-                            prefetch: name,
-                            decode_tok_s: 0.0,
-                            mb_read_per_token: 0.0,
-                            overlap: 0.0,
-                        }
-                    }
-                    Err(e) => return Err(e),
-                };
-                bar.suspend(|| {
+        for (i, &(mode, pipeline, prefetch)) in plan.iter().enumerate() {
+            let p = match probe(&a, mode, pipeline, prefetch) {
+                // (prefetch is the lookahead depth, 0 = off)
+                Ok(p) => p,
+                // A configuration that cannot fit the budget (prefetch
+                // reserves RAM) is not a candidate.
+                Err(e)
+                    if matches!(
+                        e.downcast_ref::<moestream::Error>(),
+                        Some(moestream::Error::Budget(_))
+                    ) =>
+                {
+                    let name = if prefetch > 0 {
+                        format!("attn-{prefetch}")
+                    } else {
+                        "off".into()
+                    };
                     println!(
-                        "{:<9} {:<8} {:<9} {:>12.3} {:>9.1} {:>7.0}%{}",
-                        p.read_mode,
+                        "{:<9} {:<8} {:<9} does not fit: {e}",
+                        mode.name(),
                         if pipeline { "on" } else { "off" },
-                        p.prefetch,
-                        p.decode_tok_s,
-                        p.mb_read_per_token,
-                        p.overlap * 100.0,
-                        if a.rounds > 1 {
-                            format!("  (round {})", round + 1)
-                        } else {
-                            String::new()
-                        }
-                    )
-                });
-                bar.inc(1);
-                if round == 0 {
-                    runs.push(Vec::new());
+                        name
+                    );
+                    Probe {
+                        read_mode: mode.name().into(),
+                        pipeline,
+                        prefetch: name,
+                        decode_tok_s: 0.0,
+                        mb_read_per_token: 0.0,
+                        overlap: 0.0,
+                    }
                 }
-                runs[i].push(p);
-                i += 1;
+                Err(e) => return Err(e),
+            };
+            bar.suspend(|| {
+                println!(
+                    "{:<9} {:<8} {:<9} {:>12.3} {:>9.1} {:>7.0}%{}",
+                    p.read_mode,
+                    if pipeline { "on" } else { "off" },
+                    p.prefetch,
+                    p.decode_tok_s,
+                    p.mb_read_per_token,
+                    p.overlap * 100.0,
+                    if a.rounds > 1 {
+                        format!("  (round {})", round + 1)
+                    } else {
+                        String::new()
+                    }
+                )
+            });
+            bar.inc(1);
+            if round == 0 {
+                runs.push(Vec::new());
             }
+            runs[i].push(p);
         }
     }
     bar.finish_and_clear();
@@ -315,4 +353,55 @@ fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
     out.sort();
     anyhow::ensure!(!out.is_empty(), "no *.safetensors in {}", dir.display());
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ReadMode::*;
+
+    #[test]
+    fn the_default_grid_refines_direct_and_tries_the_best_others() {
+        let ranked = [Buffered, Pread, Direct, Drop, Mmap];
+        let table: [(usize, bool, Vec<ProbeSpec>); 4] = [
+            (
+                1,
+                false,
+                vec![
+                    (Direct, true, 0),
+                    (Direct, true, 1),
+                    (Direct, true, 2),
+                    (Direct, true, 4),
+                ],
+            ),
+            (
+                2,
+                false,
+                vec![
+                    (Direct, true, 0),
+                    (Direct, true, 1),
+                    (Direct, true, 2),
+                    (Direct, true, 4),
+                    (Buffered, true, 0),
+                    (Buffered, true, 1),
+                ],
+            ),
+            // Zero modes is one: the default's.
+            (0, false, probe_plan(&ranked, 1, false)),
+            (
+                1,
+                true,
+                SCHEDULES.iter().map(|&(p, d)| (Buffered, p, d)).collect(),
+            ),
+        ];
+        for (modes, full, want) in table {
+            assert_eq!(
+                probe_plan(&ranked, modes, full),
+                want,
+                "modes {modes} full {full}"
+            );
+        }
+        assert_eq!(probe_plan(&ranked, 5, false).len(), 4 + 4 * 2);
+        assert_eq!(probe_plan(&ranked, 9, true).len(), 5 * SCHEDULES.len());
+    }
 }
