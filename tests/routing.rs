@@ -20,15 +20,16 @@ use std::path::Path;
 
 const TOLERANCE: f64 = 0.05;
 
-/// A 4-layer Qwen3-shaped model of `experts` experts, top-`top_k`, routed
-/// as `knobs` ask.
-fn model(dir: &Path, experts: usize, top_k: usize, knobs: Knobs) {
+/// A 4-layer model of `geometry` (Qwen3: GQA; glm5-mini: MLA, a dense
+/// layer first) of `experts` experts, top-`top_k`, routed as `knobs` ask.
+fn model(dir: &Path, geometry: &str, experts: usize, top_k: usize, knobs: Knobs) {
+    let qwen3 = geometry == "qwen3-30b-a3b";
     let spec = GeometrySpec {
-        name: "qwen3-30b-a3b".into(),
+        name: geometry.into(),
         layers: Some(4),
         experts: Some(experts),
         vocab: Some(512),
-        hidden: Some(256),
+        hidden: qwen3.then_some(256),
         moe_inter: Some(64),
         top_k: Some(top_k),
         dense_layers: None,
@@ -69,13 +70,13 @@ fn traced_run(model: &Path, trace: &Path) -> (Vec<Run>, Vec<u64>) {
 
 /// Builds, runs and measures one shape; asserts the knobs; returns the
 /// runs and tokens.
-fn check(experts: usize, top_k: usize, want: Knobs) -> (Vec<Run>, Vec<u64>) {
+fn check(geometry: &str, experts: usize, top_k: usize, want: Knobs) -> (Vec<Run>, Vec<u64>) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("m");
-    model(&dir, experts, top_k, want);
+    model(&dir, geometry, experts, top_k, want);
     let (runs, tokens) = traced_run(&dir, &tmp.path().join("t.parquet"));
     let got = knobs::measure(&runs);
-    let shape = format!("top-{top_k}-of-{experts}");
+    let shape = format!("{geometry} top-{top_k}-of-{experts}");
     eprintln!("{shape}: asked {want:?}, measured {got:?}");
     let cases = [
         ("top-10% share", want.top10_share, got.top10_share),
@@ -117,7 +118,7 @@ fn assert_no_loop(tokens: &[u64]) {
 
 #[test]
 fn top2_of_8_shows_the_default_knobs_and_lru_hits_40_to_60_percent() {
-    let (runs, tokens) = check(8, 2, Knobs::DEFAULT);
+    let (runs, tokens) = check("qwen3-30b-a3b", 8, 2, Knobs::DEFAULT);
     let hit = lru_hit_rate(&runs, 4);
     eprintln!("LRU with 4 slots of 8: {hit:.3}");
     assert!(
@@ -128,8 +129,22 @@ fn top2_of_8_shows_the_default_knobs_and_lru_hits_40_to_60_percent() {
 }
 
 #[test]
+fn mla_top8_of_64_shows_the_default_knobs_and_lru_hits_40_to_60_percent() {
+    // GLM-5's attention (MLA, exponential windows) and sigmoid routing,
+    // after one dense layer.
+    let (runs, tokens) = check("glm5-mini", 64, 8, Knobs::DEFAULT);
+    let hit = lru_hit_rate(&runs, 16);
+    eprintln!("glm5-mini: LRU with 16 slots of 64: {hit:.3}");
+    assert!(
+        (0.40..=0.60).contains(&hit),
+        "glm5-mini: LRU with 16 slots of 64: {hit:.3}"
+    );
+    assert_no_loop(&tokens);
+}
+
+#[test]
 fn top8_of_64_shows_the_default_knobs_and_lru_hits_40_to_60_percent() {
-    let (runs, tokens) = check(64, 8, Knobs::DEFAULT);
+    let (runs, tokens) = check("qwen3-30b-a3b", 64, 8, Knobs::DEFAULT);
     let hit = lru_hit_rate(&runs, 16);
     eprintln!("LRU with 16 slots of 64: {hit:.3}");
     assert!(
@@ -148,16 +163,16 @@ const SKEWED: Knobs = Knobs {
 
 #[test]
 fn top2_of_8_shows_other_knobs() {
-    check(8, 2, SKEWED);
+    check("qwen3-30b-a3b", 8, 2, SKEWED);
 }
 
 #[test]
 fn top8_of_64_shows_other_knobs() {
-    check(64, 8, SKEWED);
+    check("qwen3-30b-a3b", 64, 8, SKEWED);
 }
 
 #[test]
-fn the_cli_defaults_to_realistic_routing_for_qwen3_and_refuses_it_for_mla() {
+fn the_cli_defaults_to_realistic_routing_and_refuses_it_for_grouped_routing() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("q");
     let small = [
@@ -189,17 +204,33 @@ fn the_cli_defaults_to_realistic_routing_for_qwen3_and_refuses_it_for_mla() {
     let routing = &cfg["moestream_routing"];
     assert_eq!(routing["routing"], "realistic");
     assert_eq!(routing["knobs"]["recall"], Knobs::DEFAULT.recall);
+    // GLM-5's shapes route realistically by default too (glm5-mini is
+    // its small twin); DeepSeek-V3's group-limited routing is refused.
     let mla = tmp.path().join("g");
+    let mut args = vec![
+        "synth",
+        "--geometry",
+        "glm5-mini",
+        "--out",
+        mla.to_str().unwrap(),
+    ];
+    args.extend(small);
+    let r = moestream(&args);
+    assert!(r.ok, "{}", r.stderr);
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(mla.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["moestream_routing"]["routing"], "realistic");
+    let grouped = tmp.path().join("d");
     let r = moestream(&[
         "synth",
         "--geometry",
-        "glm5",
+        "deepseek-v3",
         "--routing",
         "realistic",
         "--layers",
         "4",
         "--out",
-        mla.to_str().unwrap(),
+        grouped.to_str().unwrap(),
     ]);
     assert!(
         !r.ok && r.stderr.contains("zipf or uniform"),
@@ -260,7 +291,7 @@ fn run_stats(dir: &Path, extra: &[&str]) -> (Vec<u64>, serde_json::Value) {
 fn cache_aware_routing_trades_exactness_for_misses_only_when_asked() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("m");
-    model(&dir, 8, 2, Knobs::DEFAULT);
+    model(&dir, "qwen3-30b-a3b", 8, 2, Knobs::DEFAULT);
     let (exact, s0) = run_stats(&dir, &[]);
     assert_eq!(
         (s0["leaned_moved"].as_u64(), s0["leaned_chosen"].as_u64()),
@@ -344,7 +375,7 @@ fn cache_aware_routing_on_a_grouped_sigmoid_router() {
 fn a_learned_predictor_trains_on_a_trace_and_prefetches() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("m");
-    model(&dir, 8, 2, Knobs::DEFAULT);
+    model(&dir, "qwen3-30b-a3b", 8, 2, Knobs::DEFAULT);
     let trace = tmp.path().join("t.parquet");
     traced_run(&dir, &trace);
     let p = tmp.path().join("p.json");
@@ -378,7 +409,7 @@ fn a_learned_predictor_trains_on_a_trace_and_prefetches() {
     let live = stats["recall_learned"].as_f64().unwrap();
     assert!(live > 0.5, "live recall {live}");
     let other = tmp.path().join("o");
-    model(&other, 16, 2, Knobs::DEFAULT);
+    model(&other, "qwen3-30b-a3b", 16, 2, Knobs::DEFAULT);
     let bad = moestream(&[
         "run",
         "--model",

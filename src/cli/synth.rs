@@ -31,11 +31,12 @@ pub(super) struct SynthArgs {
     /// BF16 checkpoint `demo` uses.
     #[arg(long)]
     geometry: Option<String>,
-    /// How a geometry routes: realistic (the default for qwen3-30b-a3b:
-    /// popularity skew, next-token reuse and lookahead predictability as
-    /// --top10-share, --reuse and --lookahead-recall ask), zipf
-    /// (popularity only, exponent --zipf-s; the default for deepseek-v3 and
-    /// glm5, which realistic routing does not support) or uniform.
+    /// How a geometry routes: realistic (the default for qwen3-30b-a3b,
+    /// glm5 and glm5-mini: popularity skew, next-token reuse and lookahead
+    /// predictability as --top10-share, --reuse and --lookahead-recall
+    /// ask), zipf (popularity only, exponent --zipf-s; the default for
+    /// deepseek-v3, whose group-limited routing realistic routing does not
+    /// model) or uniform.
     #[arg(long, value_enum)]
     routing: Option<RoutingArg>,
     /// Zipf exponent of --routing zipf.
@@ -167,8 +168,9 @@ fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
     });
     let routing = match a.routing {
         Some(RoutingArg::Realistic) => realistic,
-        // Realistic routing needs GQA attention; the MLA geometries keep zipf.
-        None if name == "qwen3-30b-a3b" => realistic,
+        // DeepSeek-V3 routes within expert groups, which realistic routing
+        // does not model: it keeps zipf.
+        None if name != "deepseek-v3" => realistic,
         Some(RoutingArg::Zipf) | None => Routing::Zipf(a.zipf_s),
         Some(RoutingArg::Uniform) => Routing::Uniform,
     };

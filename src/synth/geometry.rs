@@ -122,7 +122,7 @@ struct Mla {
 }
 
 /// Geometries `synth --geometry` knows.
-pub const GEOMETRIES: &[&str] = &["qwen3-30b-a3b", "deepseek-v3", "glm5"];
+pub const GEOMETRIES: &[&str] = &["qwen3-30b-a3b", "deepseek-v3", "glm5", "glm5-mini"];
 
 fn shape(spec: &GeometrySpec) -> Result<Shape> {
     let base = match spec.name.as_str() {
@@ -191,6 +191,34 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
                 indexer: Some((32, 128, 2048)),
             }),
         },
+        // GLM-5's layer structure (MLA + DSA indexer, a dense layer, sigmoid
+        // routing, shared experts) at small sizes: for tests and quick
+        // experiments.
+        "glm5-mini" => Shape {
+            hidden: 512,
+            layers: 4,
+            experts: 64,
+            top_k: 8,
+            moe_inter: 128,
+            heads: 8,
+            kv_heads: 8,
+            head_dim: 64,
+            vocab: 1024,
+            realistic: false,
+            mla: Some(Mla {
+                model_type: "glm_moe_dsa",
+                q_lora: 256,
+                kv_lora: 128,
+                nope: 32,
+                rope: 32,
+                v: 64,
+                dense_layers: 1,
+                dense_inter: 512,
+                n_group: 1,
+                topk_group: 1,
+                indexer: Some((4, 32, 2048)),
+            }),
+        },
         other => {
             return Err(Error::Request(format!(
                 "unknown geometry `{other}` (known: {})",
@@ -217,9 +245,9 @@ fn shape(spec: &GeometrySpec) -> Result<Shape> {
     if let Some(dense) = spec.dense_layers {
         set_dense_layers(&mut s, dense, &spec.name)?;
     }
-    if s.realistic && s.mla.is_some() {
+    if s.realistic && s.mla.as_ref().is_some_and(|m| m.n_group > 1) {
         return Err(Error::Request(format!(
-            "--routing realistic needs the qwen3-30b-a3b geometry's attention (GQA with q/k norm); `{}` takes zipf or uniform",
+            "--routing realistic models plain top-k routing; `{}` routes within expert groups (n_group > 1): it takes zipf or uniform",
             spec.name
         )));
     }
@@ -441,6 +469,11 @@ fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<
         fill,
         aligned: false,
     };
+    // Realistic routing's tensors where it is on (int8 rows, or f32).
+    let real = |part, int8, plain| match s.realistic {
+        true => Fill::Real { part, int8 },
+        false => plain,
+    };
     let h = s.hidden;
     let std = |fan_in: usize| (fan_in as f32).sqrt().recip();
     for l in layers {
@@ -457,7 +490,7 @@ fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<
             format!("{a}q_a_proj.weight"),
             m.q_lora,
             h,
-            Fill::Int8(std(h)),
+            real(Part::QA(l), true, Fill::Int8(std(h))),
         ));
         out.push(t(
             format!("{a}q_a_layernorm.weight"),
@@ -470,13 +503,13 @@ fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<
             format!("{a}q_b_proj.weight"),
             s.heads * qk,
             m.q_lora,
-            Fill::Int8(std(m.q_lora)),
+            real(Part::QB(l), true, Fill::Int8(std(m.q_lora))),
         ));
         out.push(t(
             format!("{a}kv_a_proj_with_mqa.weight"),
             m.kv_lora + m.rope,
             h,
-            Fill::Int8(std(h)),
+            real(Part::KvA(l), true, Fill::Int8(std(h))),
         ));
         out.push(t(
             format!("{a}kv_a_layernorm.weight"),
@@ -489,14 +522,14 @@ fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<
             format!("{a}kv_b_proj.weight"),
             kvb,
             m.kv_lora,
-            Fill::Int8(std(m.kv_lora)),
+            real(Part::KvB(l), true, Fill::Int8(std(m.kv_lora))),
         ));
         let small = EMBED_STD / (s.heads * m.v) as f32;
         out.push(t(
             format!("{a}o_proj.weight"),
             h,
             s.heads * m.v,
-            Fill::Int8(small),
+            real(Part::OProj(l), true, Fill::Int8(small)),
         ));
         if let Some((ih, id, _)) = m.indexer {
             let x = format!("{a}indexer.");
@@ -544,13 +577,18 @@ fn mla_layers(s: &Shape, m: &Mla, layers: std::ops::Range<usize>, out: &mut Vec<
                 format!("{p}mlp.gate.weight"),
                 s.experts,
                 h,
-                Fill::Int8Router,
+                real(Part::Router(l), false, Fill::Int8Router),
             ));
             out.push(t(
                 format!("{p}mlp.gate.e_score_correction_bias"),
                 s.experts,
                 1,
-                Fill::RouterBias { layer: l },
+                // Realistic routing's popularity is in the router's logits.
+                if s.realistic {
+                    Fill::Zeros
+                } else {
+                    Fill::RouterBias { layer: l }
+                },
             ));
             mlp(format!("{p}mlp.shared_experts."), s.moe_inter, out);
         }
@@ -790,12 +828,13 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
     )
 }
 
-/// RoPE base of the Qwen3 geometry.
+/// RoPE base of the Qwen3 geometry, and of the MLA ones (config.json).
 const QWEN3_ROPE_THETA: f64 = 1_000_000.0;
+const MLA_ROPE_THETA: f64 = 10_000.0;
 
 /// The shapes realistic routing is built into.
 fn realistic_dims(s: &Shape) -> realistic::Dims {
-    realistic::Dims {
+    let gqa = realistic::Dims {
         hidden: s.hidden,
         layers: s.layers,
         experts: s.experts,
@@ -803,7 +842,26 @@ fn realistic_dims(s: &Shape) -> realistic::Dims {
         heads: s.heads,
         kv_heads: s.kv_heads,
         head_dim: s.head_dim,
+        rope_dim: s.head_dim,
         rope_theta: QWEN3_ROPE_THETA,
+        mla: None,
+    };
+    match &s.mla {
+        None => gqa,
+        Some(m) => realistic::Dims {
+            kv_heads: s.heads,
+            head_dim: m.v,
+            rope_dim: m.rope,
+            rope_theta: MLA_ROPE_THETA,
+            mla: Some(realistic::MlaDims {
+                q_lora: m.q_lora,
+                kv_lora: m.kv_lora,
+                nope: m.nope,
+                rope: m.rope,
+                v: m.v,
+            }),
+            ..gqa
+        },
     }
 }
 
@@ -891,7 +949,7 @@ fn mla_config(s: &Shape, m: &Mla) -> serde_json::Value {
         "v_head_dim": m.v,
         "rms_norm_eps": 1e-6,
         "rope_interleave": true,
-        "rope_theta": 10000.0,
+        "rope_theta": MLA_ROPE_THETA,
         "max_position_embeddings": 16384,
         "num_nextn_predict_layers": 0,
         "tie_word_embeddings": false,
@@ -1011,7 +1069,7 @@ mod tests {
     }
 
     #[test]
-    fn realistic_routing_plans_its_tensors_for_qwen3_only() {
+    fn realistic_routing_plans_its_tensors_for_gqa_and_mla() {
         let spec = |name: &str| GeometrySpec {
             name: name.into(),
             layers: Some(3),
@@ -1033,10 +1091,20 @@ mod tests {
         // The embedding and lm_head, and per layer q/k/v/o, q/k norms and
         // the router.
         assert_eq!(real, 2 + 3 * 7);
-        for name in ["deepseek-v3", "glm5"] {
-            let e = shape(&spec(name)).unwrap_err().to_string();
-            assert!(e.contains("zipf or uniform"), "{e}");
-        }
+        // GLM-5 shapes (1 dense layer then 2 MoE): per layer q_a, q_b,
+        // kv_a, kv_b, o; per MoE layer the router.
+        let s = shape(&GeometrySpec {
+            dense_layers: Some(1),
+            ..spec("glm5-mini")
+        })
+        .unwrap();
+        let real = tensors_of_file(&s, 0, 1)
+            .iter()
+            .filter(|p| matches!(p.fill, Fill::Real { .. }))
+            .count();
+        assert_eq!(real, 2 + 3 * 5 + 2);
+        let e = shape(&spec("deepseek-v3")).unwrap_err().to_string();
+        assert!(e.contains("zipf or uniform"), "{e}");
     }
 
     #[test]

@@ -71,8 +71,26 @@
 //! trace shows reads high when experts get few picks each (sorting noisy
 //! counts), by +0.04 at 16 picks per expert.
 //!
-//! Needs the Qwen3 family's attention: GQA with at least three KV heads and
-//! per-head q/k RMS norm ahead of half-split RoPE.
+//! Needs the Qwen3 family's attention (GQA with at least three KV heads and
+//! per-head q/k RMS norm ahead of half-split RoPE) or GLM-5's (MLA with
+//! interleaved RoPE on its rope part, plain top-k of sigmoid scores).
+//!
+//! # MLA
+//!
+//! The same three heads, built into the q and kv latents: latent dimension
+//! 0 carries the constant and 1..1+g the token, whose part of the
+//! embedding has one norm for every token, so the latents' RMS norms
+//! divide by one number. The self head's query and key are its projection
+//! of the token (nope part); the windows' queries read the constant into
+//! their rope pair, and the shared rotary key holds the constant. That key
+//! has no norm: it carries the key token's residual scale, exact in layer
+//! 0 (one scale for every token there) but a few percent from token to
+//! token later on, so the context window is an exponential decay
+//! ([`Window::decay`], score −β·sin(θΔ) ≈ −rate·Δ, which that noise only
+//! perturbs by a few percent of the rate) rather than a Gaussian, whose
+//! β ≈ 6e4 would turn it into noise. The previous-tokens head (layer 0)
+//! keeps its Gaussian window. Group-limited routing (DeepSeek-V3's
+//! n_group 8) is not modelled.
 
 use crate::error::{Error, Result};
 use crate::sampler::Rng;
@@ -119,8 +137,31 @@ pub struct Dims {
     pub top_k: usize,
     pub heads: usize,
     pub kv_heads: usize,
+    /// A head's width (GQA), or its value width (MLA).
     pub head_dim: usize,
+    /// Rotated dimensions per head: all of a GQA head (half-split pairs),
+    /// MLA's rope part (interleaved pairs).
+    pub rope_dim: usize,
     pub rope_theta: f64,
+    /// Multi-head latent attention's shapes, when the model has it.
+    pub mla: Option<MlaDims>,
+}
+
+/// The shapes of multi-head latent attention (GLM-5, DeepSeek-V3).
+#[derive(Clone, Copy, Debug)]
+pub struct MlaDims {
+    pub q_lora: usize,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+}
+
+impl MlaDims {
+    /// The attention's softmax scale: 1/√(nope + rope) (no YaRN here).
+    fn softmax_scale(&self) -> f64 {
+        ((self.nope + self.rope) as f64).sqrt().recip()
+    }
 }
 
 /// The constant of residual dimension 0.
@@ -142,6 +183,25 @@ const HASH_LAG: f64 = 1.0;
 const HASH_THETA: f64 = 0.1;
 /// The self head's score for attending to itself (others score ≲ 0.5 of it).
 const SELF_BETA: f64 = 100.0;
+/// MLA's self head: without q/k norms its score on itself varies with the
+/// token's projected norm (±25% with a 32-wide nope part), and others
+/// score up to about half of it, so it scores ten times higher.
+const SELF_BETA_MLA: f64 = 1000.0;
+/// MLA: the context window decays exponentially instead
+/// ([`Window::decay`]), at this rate per token: the rotary key has no
+/// norm, so past layer 0 it carries the key token's residual scale (a few
+/// percent from token to token), which a Gaussian window's β of ~6e4 would
+/// turn into noise of thousands; a decay's score is a few units. (In layer
+/// 0 every token's residual has one scale, so the previous-tokens window
+/// stays Gaussian.)
+const DECAY_RATE: f64 = 0.1;
+/// MLA: the constant's size against the token's in the q and kv latents.
+/// Every token's part has one norm (the embedding scales it so), so their
+/// RMS norms divide by one number and the normed token part is the token
+/// times a fixed factor. The constant stays smaller than the token part:
+/// the int8-quantized activations of q_b scale by the largest element, and
+/// a dominant constant would round the token away.
+const LATENT_DOMINANCE: f64 = 0.5;
 /// Token-embedding dimensions at most, and each layer's slice at most.
 const TOKEN_DIMS_MAX: usize = 64;
 const LAYER_DIMS_MAX: usize = 32;
@@ -166,6 +226,11 @@ pub enum Part {
     QNorm(usize),
     KNorm(usize),
     Router(usize),
+    /// MLA: q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj.
+    QA(usize),
+    QB(usize),
+    KvA(usize),
+    KvB(usize),
 }
 
 /// The calibrated parameters of the routing model.
@@ -256,23 +321,52 @@ struct Window {
 }
 
 impl Window {
+    /// A Gaussian window of std `width` tokens around `lag`, on the RoPE
+    /// pair whose frequency is nearest `theta`.
     fn new(d: &Dims, theta: f64, width: f64, lag: f64) -> Window {
+        let (pair, theta) = Self::pair_near(d, theta);
+        let beta = 1.0 / (theta * width).powi(2);
+        let span = (lag + 8.0 * width).ceil() as usize;
+        Self::of(pair, theta, beta, lag, span)
+    }
+
+    /// An exponential decay of `rate` per token back: constant query and
+    /// key a quarter turn apart score −β·sin(θΔ) ≈ −rate·Δ (β = rate/θ),
+    /// for Δ well below π/(2θ) (≈ 1500 tokens at θ = 1e-3).
+    fn decay(d: &Dims, theta: f64, rate: f64) -> Window {
+        let (pair, theta) = Self::pair_near(d, theta);
+        let span = (16.0 / rate).ceil() as usize;
+        Self::of(
+            pair,
+            theta,
+            rate / theta,
+            -std::f64::consts::FRAC_PI_2 / theta,
+            span,
+        )
+    }
+
+    /// The RoPE pair nearest frequency `theta`, and its frequency.
+    fn pair_near(d: &Dims, theta: f64) -> (usize, f64) {
         // The frequencies as Rope::new computes them (f32).
         let freq =
-            |i: usize| 1.0 / (d.rope_theta as f32).powf((2 * i) as f32 / d.head_dim as f32) as f64;
-        let pair = (0..d.head_dim / 2)
+            |i: usize| 1.0 / (d.rope_theta as f32).powf((2 * i) as f32 / d.rope_dim as f32) as f64;
+        let pair = (0..d.rope_dim / 2)
             .min_by(|&a, &b| {
                 let da = (freq(a).ln() - theta.ln()).abs();
                 let db = (freq(b).ln() - theta.ln()).abs();
                 da.total_cmp(&db)
             })
-            .expect("head_dim >= 2");
-        let theta = freq(pair);
-        let beta = 1.0 / (theta * width).powi(2);
-        let span = (lag + 8.0 * width).ceil() as usize;
-        let mut w: Vec<f64> = (0..span)
-            .map(|k| (beta * ((theta * (k as f64 - lag)).cos() - 1.0)).exp())
+            .expect("rope_dim >= 2");
+        (pair, freq(pair))
+    }
+
+    /// The window scoring β·cos(θ(Δ − lag)) over `span` tokens back.
+    fn of(pair: usize, theta: f64, beta: f64, lag: f64, span: usize) -> Window {
+        let scores: Vec<f64> = (0..span)
+            .map(|k| beta * (theta * (k as f64 - lag)).cos())
             .collect();
+        let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut w: Vec<f64> = scores.iter().map(|z| (z - top).exp()).collect();
         let sum: f64 = w.iter().sum();
         w.iter_mut().for_each(|x| *x /= sum);
         let sum_sq: f64 = w.iter().map(|x| x * x).sum();
@@ -287,8 +381,8 @@ impl Window {
         }
     }
 
-    /// The query's (pair, pair + d/2) components: the key's constant
-    /// rotated back by θ·lag.
+    /// The query's components on the pair: the key's constant rotated
+    /// back by θ·lag.
     fn query(&self) -> [f32; 2] {
         let a = self.theta * self.lag;
         [a.cos() as f32, -a.sin() as f32]
@@ -342,12 +436,7 @@ impl Plan {
     /// Lays out and calibrates realistic routing for `dims`; refuses a
     /// geometry too small for it and knobs no parameters reach.
     pub fn new(dims: &Dims, knobs: Knobs, seed: u64) -> Result<Plan> {
-        if dims.kv_heads < 3 || !dims.heads.is_multiple_of(dims.kv_heads) || dims.head_dim < 8 {
-            return Err(Error::Request(format!(
-                "realistic routing needs GQA with at least 3 KV heads and head_dim >= 8 (heads {}, kv_heads {}, head_dim {})",
-                dims.heads, dims.kv_heads, dims.head_dim
-            )));
-        }
+        Self::check_attention(dims)?;
         for (name, v) in [
             ("top10 share", knobs.top10_share),
             ("reuse", knobs.reuse),
@@ -360,8 +449,25 @@ impl Plan {
             }
         }
         let layout = Layout::new(dims)?;
-        let window = Window::new(dims, WINDOW_THETA, WINDOW_TOKENS, 0.0);
-        let previous = Window::new(dims, HASH_THETA, HASH_WIDTH, HASH_LAG);
+        if let Some(m) = dims.mla {
+            let latent = 1 + layout.g;
+            if m.q_lora < latent || m.kv_lora < latent || m.v < layout.m {
+                return Err(Error::Request(format!(
+                    "realistic routing needs q_lora and kv_lora >= {latent} and v_head_dim >= {} (q_lora {}, kv_lora {}, v_head_dim {})",
+                    layout.m, m.q_lora, m.kv_lora, m.v
+                )));
+            }
+        }
+        let (window, previous) = match dims.mla {
+            Some(_) => (
+                Window::decay(dims, WINDOW_THETA, DECAY_RATE),
+                Window::new(dims, HASH_THETA, HASH_WIDTH, HASH_LAG),
+            ),
+            None => (
+                Window::new(dims, WINDOW_THETA, WINDOW_TOKENS, 0.0),
+                Window::new(dims, HASH_THETA, HASH_WIDTH, HASH_LAG),
+            ),
+        };
         assert_ne!(
             window.pair, previous.pair,
             "the two windows share a RoPE pair"
@@ -384,9 +490,33 @@ impl Plan {
         Ok(plan)
     }
 
-    /// The context window's width (tokens) and consecutive-token correlation.
+    /// Refuses attention realistic routing cannot be built into: GQA needs
+    /// three KV heads (context, self, previous tokens) and q/k norms, MLA
+    /// three heads and two rotary pairs.
+    fn check_attention(dims: &Dims) -> Result<()> {
+        let ok = match dims.mla {
+            None => {
+                dims.kv_heads >= 3 && dims.heads.is_multiple_of(dims.kv_heads) && dims.head_dim >= 8
+            }
+            Some(m) => dims.heads >= 3 && m.rope >= 4 && m.nope >= 1,
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "realistic routing needs GQA with at least 3 KV heads and head_dim >= 8, or MLA with at least 3 heads and a rope part of 4+ (heads {}, kv_heads {}, head_dim {}, mla {:?})",
+            dims.heads, dims.kv_heads, dims.head_dim, dims.mla
+        )))
+    }
+
+    /// The context window's width (tokens: a Gaussian's std, a decay's
+    /// 1/rate) and consecutive-token correlation.
     pub fn window(&self) -> (f64, f64) {
-        (WINDOW_TOKENS, self.window.rho)
+        let width = match self.dims.mla {
+            Some(_) => DECAY_RATE.recip(),
+            None => WINDOW_TOKENS,
+        };
+        (width, self.window.rho)
     }
 
     /// Layer `l`'s popularity profile: standardized logistic quantiles
@@ -444,15 +574,24 @@ impl Plan {
         }
     }
 
-    /// Embedding rows: [`DIM0`], then the token's own uniform values.
+    /// Embedding rows: [`DIM0`], then the token's own uniform values. With
+    /// MLA the token part is scaled to its expected norm, so every token's
+    /// residual has one RMS in layer 0 and the rotary keys there (which
+    /// carry it: no norm) are exact, as the previous-tokens window needs.
     fn embed(&self, r0: usize, n: usize, cols: usize) -> Vec<f32> {
         let a = TOKEN_STD * 3f32.sqrt();
+        let norm = TOKEN_STD * (self.layout.g as f32).sqrt();
         let mut v = vec![0f32; n * cols];
         for (i, row) in v.chunks_exact_mut(cols).enumerate() {
             let mut rng = stream(self.seed, SALT_EMBED, r0 + i);
             row[0] = DIM0;
-            for x in &mut row[self.layout.token()] {
+            let tok = &mut row[self.layout.token()];
+            for x in tok.iter_mut() {
                 *x = (rng.next_f64() as f32 * 2.0 - 1.0) * a;
+            }
+            if self.dims.mla.is_some() {
+                let have = tok.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+                tok.iter_mut().for_each(|x| *x *= norm / have);
             }
         }
         v
@@ -468,10 +607,7 @@ impl Plan {
         for (i, row) in v.chunks_exact_mut(cols).enumerate() {
             let mut rng = stream(self.seed, SALT_LM_HEAD, r0 + i);
             for dims in [tok.clone(), prev.clone()] {
-                let mut std = LM_HEAD_STD / ((2 * dims.len()) as f64).sqrt();
-                if std::env::var_os("DBG_NO_G").is_some() && dims.start == 1 {
-                    std = 0.0;
-                }
+                let std = LM_HEAD_STD / ((2 * dims.len()) as f64).sqrt();
                 for x in &mut row[dims] {
                     *x = (gauss(&mut rng) * std) as f32;
                 }
@@ -490,6 +626,10 @@ impl Plan {
             Part::OProj(l) => self.o_proj(l),
             Part::QNorm(_) | Part::KNorm(_) => self.qk_norm(),
             Part::Router(l) => self.router(l),
+            Part::QA(_) => self.latent_a(self.mla().q_lora, None),
+            Part::KvA(l) => self.latent_a(self.mla().kv_lora, Some(l)),
+            Part::QB(l) => self.q_b(l),
+            Part::KvB(l) => self.kv_b(l),
             Part::Embed | Part::LmHead => unreachable!("streamed by rows"),
         }
     }
@@ -578,6 +718,8 @@ impl Plan {
     /// √(1−q)·(the token's own value); layer 0 also writes the previous
     /// tokens' average (standardized) into their slice.
     fn o_proj(&self, l: usize) -> Vec<f32> {
+        // Each KV head's value columns start at head * group * d (GQA: its
+        // first query head; MLA: every head has its own value, d = v).
         let (d, h) = (self.dims.head_dim, self.dims.hidden);
         let group = self.dims.heads / self.dims.kv_heads;
         let cols = self.dims.heads * d;
@@ -609,6 +751,129 @@ impl Plan {
             let scale = (win.beta / root_d).sqrt() as f32;
             w[win.pair] = scale;
             w[win.pair + d / 2] = scale;
+        }
+        w
+    }
+
+    fn mla(&self) -> MlaDims {
+        self.dims.mla.expect("MLA parts are planned for MLA models")
+    }
+
+    /// The constant's weight in a latent ([`LATENT_DOMINANCE`] times the
+    /// token part's norm), and the factor the latent's RMS norm leaves
+    /// on `rank` dimensions: (constant weight, normed constant, normed
+    /// token per unit token).
+    fn latent_scales(&self, rank: usize) -> (f64, f64, f64) {
+        let g = self.layout.g as f64;
+        let token_norm = g.sqrt() * TOKEN_STD as f64;
+        let c = LATENT_DOMINANCE * token_norm / DIM0 as f64;
+        let norm = ((c * DIM0 as f64).powi(2) + token_norm.powi(2)).sqrt();
+        let root = (rank as f64).sqrt();
+        (c, root * c * DIM0 as f64 / norm, root / norm)
+    }
+
+    /// q_a_proj (`rank` = q_lora) or kv_a_proj_with_mqa (`rank` = kv_lora,
+    /// `layer` given: its rotary rows follow): latent dimension 0 reads the
+    /// constant, dimensions 1..1+g the token; the rotary key holds each
+    /// window's constant on its pair (the previous-tokens window in layer
+    /// 0 only), ≈ 1 at the residual's expected scale.
+    fn latent_a(&self, rank: usize, layer: Option<usize>) -> Vec<f32> {
+        let h = self.dims.hidden;
+        let rope = layer.map_or(0, |_| self.mla().rope);
+        let mut w = vec![0f32; (rank + rope) * h];
+        let (c, _, _) = self.latent_scales(rank);
+        w[0] = c as f32;
+        for (i, col) in self.layout.token().enumerate() {
+            w[(1 + i) * h + col] = 1.0;
+        }
+        if let Some(l) = layer {
+            let k = self.layout.rms(&self.dims, l) / DIM0;
+            for win in self.windows(l) {
+                w[(rank + 2 * win.pair) * h] = k;
+            }
+        }
+        w
+    }
+
+    /// The windows layer `l`'s attention uses: the context window, and in
+    /// layer 0 the previous tokens'.
+    fn windows(&self, l: usize) -> Vec<Window> {
+        match l {
+            0 => vec![self.window, self.previous],
+            _ => vec![self.window],
+        }
+    }
+
+    /// The self head's projection of the token `(nope, g)`, and the
+    /// scale of each side so that the head scores [`SELF_BETA_MLA`] on
+    /// itself.
+    fn mla_self(&self, l: usize) -> (Vec<f64>, f64) {
+        let m = self.mla();
+        let g = self.layout.g;
+        let p = Self::gaussian(&mut stream(self.seed, SALT_SELF, l), m.nope, g, 1.0);
+        let energy = (m.nope * g) as f64 * (TOKEN_STD as f64).powi(2);
+        (p, (SELF_BETA_MLA / (m.softmax_scale() * energy)).sqrt())
+    }
+
+    /// q_b_proj `(heads * (nope + rope), q_lora)`: the context (and, in
+    /// layer 0, previous-tokens) head's rotary query is the window's
+    /// query on the normed constant; the self head's nope query is its
+    /// projection of the normed token.
+    fn q_b(&self, l: usize) -> Vec<f32> {
+        let m = self.mla();
+        let (qk, rank) = (m.nope + m.rope, m.q_lora);
+        let mut w = vec![0f32; self.dims.heads * qk * rank];
+        let (_, constant, token) = self.latent_scales(rank);
+        for (head, win) in [CTX, PREV].into_iter().zip(self.windows(l)) {
+            let scale = win.beta / (m.softmax_scale() * constant);
+            let q = win.query();
+            for (k, qv) in q.iter().enumerate() {
+                let row = head * qk + m.nope + 2 * win.pair + k;
+                w[row * rank] = (f64::from(*qv) * scale) as f32;
+            }
+        }
+        let (p, side) = self.mla_self(l);
+        let g = self.layout.g;
+        for j in 0..m.nope {
+            let row = SELF * qk + j;
+            for i in 0..g {
+                w[row * rank + 1 + i] = (p[j * g + i] * side / token) as f32;
+            }
+        }
+        w
+    }
+
+    /// kv_b_proj `(heads * (nope + v), kv_lora)`: the self head's nope key
+    /// is its projection of the normed token; the context, self and (layer
+    /// 0) previous-tokens heads' first `m` values are random projections
+    /// of the token of unit variance.
+    fn kv_b(&self, l: usize) -> Vec<f32> {
+        let m = self.mla();
+        let (width, rank, g) = (m.nope + m.v, m.kv_lora, self.layout.g);
+        let mut w = vec![0f32; self.dims.heads * width * rank];
+        let (_, _, token) = self.latent_scales(rank);
+        let (p, side) = self.mla_self(l);
+        for j in 0..m.nope {
+            let row = SELF * width + j;
+            for i in 0..g {
+                w[row * rank + 1 + i] = (p[j * g + i] * side / token) as f32;
+            }
+        }
+        let std = 1.0 / (TOKEN_STD as f64 * (g as f64).sqrt()) / token;
+        let mut rng = stream(self.seed, SALT_VALUES, l);
+        let heads: &[usize] = if l == 0 {
+            &[CTX, SELF, PREV]
+        } else {
+            &[CTX, SELF]
+        };
+        for &head in heads {
+            let v = Self::gaussian(&mut rng, self.layout.m, g, std);
+            for j in 0..self.layout.m {
+                let row = head * width + m.nope + j;
+                for i in 0..g {
+                    w[row * rank + 1 + i] = v[j * g + i] as f32;
+                }
+            }
         }
         w
     }
@@ -850,7 +1115,123 @@ mod tests {
             heads: 32,
             kv_heads: 4,
             head_dim: 128,
+            rope_dim: 128,
             rope_theta: 1e6,
+            mla: None,
+        }
+    }
+
+    fn mla_dims() -> Dims {
+        Dims {
+            hidden: 512,
+            layers: 4,
+            experts: 64,
+            top_k: 8,
+            heads: 8,
+            kv_heads: 8,
+            head_dim: 64,
+            rope_dim: 32,
+            rope_theta: 1e4,
+            mla: Some(MlaDims {
+                q_lora: 256,
+                kv_lora: 128,
+                nope: 32,
+                rope: 32,
+                v: 64,
+            }),
+        }
+    }
+
+    fn matvec(w: &[f32], rows: usize, x: &[f64]) -> Vec<f64> {
+        let cols = x.len();
+        (0..rows)
+            .map(|r| (0..cols).map(|c| w[r * cols + c] as f64 * x[c]).sum())
+            .collect()
+    }
+
+    fn rms_normed(x: &[f64]) -> Vec<f64> {
+        let rms = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64).sqrt();
+        x.iter().map(|v| v / rms).collect()
+    }
+
+    /// Interleaved RoPE of the pairs of `x` at `pos`.
+    fn rotate(d: &Dims, x: &mut [f64], pos: usize) {
+        for i in 0..x.len() / 2 {
+            let f = 1.0 / d.rope_theta.powf((2 * i) as f64 / d.rope_dim as f64);
+            let (c, s) = ((f * pos as f64).cos(), (f * pos as f64).sin());
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = a * c - b * s;
+            x[2 * i + 1] = b * c + a * s;
+        }
+    }
+
+    #[test]
+    fn mla_heads_attend_as_planned() {
+        // Layer 1's attention, computed from the planned weights on random
+        // residuals: the self head attends to itself, the context head
+        // decays at the planned rate, the written slice has unit variance.
+        let d = mla_dims();
+        let p = Plan::new(&d, Knobs::DEFAULT, 7).unwrap();
+        let m = d.mla.unwrap();
+        let (h, l, qk) = (d.hidden, 1, m.nope + m.rope);
+        let (qa, qb) = (p.matrix(Part::QA(l)), p.matrix(Part::QB(l)));
+        let (kva, kvb) = (p.matrix(Part::KvA(l)), p.matrix(Part::KvB(l)));
+        let emb = p.rows(Part::Embed, 0, 40, h);
+        let mut rng = stream(9, 1, 0);
+        // Residuals: the embedding plus unit-variance slices 0 and previous.
+        let xs: Vec<Vec<f64>> = (0..40)
+            .map(|t| {
+                let mut x: Vec<f64> = emb[t * h..(t + 1) * h].iter().map(|&v| v as f64).collect();
+                for r in p.layout.layer(0).chain(p.layout.previous()) {
+                    x[r] = gauss(&mut rng);
+                }
+                rms_normed(&x)
+            })
+            .collect();
+        let sm = m.softmax_scale();
+        let keys: Vec<(Vec<f64>, Vec<f64>)> = xs
+            .iter()
+            .enumerate()
+            .map(|(s, x)| {
+                let kv = matvec(&kva, m.kv_lora + m.rope, x);
+                let lat = rms_normed(&kv[..m.kv_lora]);
+                let mut rope = kv[m.kv_lora..].to_vec();
+                rotate(&d, &mut rope, s);
+                (matvec(&kvb, d.heads * (m.nope + m.v), &lat), rope)
+            })
+            .collect();
+        let t = 39;
+        let qlat = rms_normed(&matvec(&qa, m.q_lora, &xs[t]));
+        let q = matvec(&qb, d.heads * qk, &qlat);
+        let weights = |head: usize| {
+            let mut qr = q[head * qk + m.nope..(head + 1) * qk].to_vec();
+            rotate(&d, &mut qr, t);
+            let w = m.nope + m.v;
+            let z: Vec<f64> = (0..=t)
+                .map(|s| {
+                    let (k, r) = &keys[s];
+                    let nope: f64 = (0..m.nope)
+                        .map(|j| q[head * qk + j] * k[head * w + j])
+                        .sum();
+                    let rot: f64 = qr.iter().zip(r).map(|(a, b)| a * b).sum();
+                    (nope + rot) * sm
+                })
+                .collect();
+            let top = z.iter().copied().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = z.iter().map(|v| (v - top).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            e.into_iter().map(|v| v / sum).collect::<Vec<f64>>()
+        };
+        let own = weights(SELF);
+        assert!(own[t] > 0.99, "self head on itself: {}", own[t]);
+        let ctx = weights(CTX);
+        for back in 0..4 {
+            let ratio = ctx[t - back - 1] / ctx[t - back];
+            let want = (-DECAY_RATE).exp();
+            assert!(
+                (ratio / want - 1.0).abs() < 0.1,
+                "decay {back}: {ratio} vs {want}"
+            );
         }
     }
 
