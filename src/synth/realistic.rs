@@ -432,6 +432,16 @@ const CTX: usize = 0;
 const SELF: usize = 1;
 const PREV: usize = 2;
 
+/// The heads that carry values in layer `l` (the previous-tokens head in
+/// layer 0 only).
+fn value_heads(l: usize) -> &'static [usize] {
+    if l == 0 {
+        &[CTX, SELF, PREV]
+    } else {
+        &[CTX, SELF]
+    }
+}
+
 impl Plan {
     /// Lays out and calibrates realistic routing for `dims`; refuses a
     /// geometry too small for it and knobs no parameters reach.
@@ -694,11 +704,7 @@ impl Plan {
         // The normed residual's token dims are TOKEN_STD / rms.
         let std = self.layout.rms(&self.dims, l) as f64 / (TOKEN_STD as f64 * (g as f64).sqrt());
         let mut rng = stream(self.seed, SALT_VALUES, l);
-        let heads: &[usize] = if l == 0 {
-            &[CTX, SELF, PREV]
-        } else {
-            &[CTX, SELF]
-        };
+        let heads = value_heads(l);
         for &head in heads {
             let v = Self::gaussian(&mut rng, m, g, std);
             for j in 0..m {
@@ -861,11 +867,7 @@ impl Plan {
         }
         let std = 1.0 / (TOKEN_STD as f64 * (g as f64).sqrt()) / token;
         let mut rng = stream(self.seed, SALT_VALUES, l);
-        let heads: &[usize] = if l == 0 {
-            &[CTX, SELF, PREV]
-        } else {
-            &[CTX, SELF]
-        };
+        let heads = value_heads(l);
         for &head in heads {
             let v = Self::gaussian(&mut rng, self.layout.m, g, std);
             for j in 0..self.layout.m {
