@@ -435,7 +435,7 @@ impl Model {
                 rms_norm(x, &next.post_attn_norm, self.cfg.rms_norm_eps, &mut xn);
                 block.router.route_into(&xn, None, &mut guess);
                 if prefetch.is_some() {
-                    self.store.prefetch(j, &guess.experts);
+                    self.store.prefetch_ranked(j, variant, &guess.experts);
                 }
                 if j == l + 1 {
                     self.store.predict(j, variant, &guess.experts);

@@ -83,6 +83,8 @@ pub struct ExpertStore {
     prefetch: Mutex<PrefetchTally>,
     /// Predictions waiting to be scored, and recall so far, per layer.
     recall: Mutex<Vec<LayerRecall>>,
+    /// How often a guess at each rank was right, per variant (all layers).
+    ranks: Mutex<prefetch::RankTally>,
     /// The learned lookahead predictor, if prefetch uses one, and its
     /// per-layer state.
     predictor: Option<Arc<predictor::Predictor>>,
@@ -216,6 +218,7 @@ impl ExpertStore {
             prefetch_live: AtomicUsize::new(0),
             prefetch: Mutex::new(PrefetchTally::default()),
             recall: Mutex::new(vec![LayerRecall::default(); layers]),
+            ranks: Mutex::new(Default::default()),
             predictor: None,
             learned: Mutex::new(vec![Default::default(); layers]),
             schedule: Schedule::default(),

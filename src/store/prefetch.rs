@@ -57,7 +57,52 @@ pub(super) struct LayerRecall {
     score: [(u64, u64); 2],
 }
 
+/// Ranks of a guess that get precision counts (guesses past it count in
+/// the last).
+pub(super) const RANKS_MAX: usize = 64;
+/// A guess rank with fewer scored guesses than this is read ahead anyway.
+const RANK_SAMPLES_MIN: u64 = 16;
+/// A guess rank right less often than this is not read ahead. Disk-bound,
+/// a right guess saves about one read's stall and a wrong one costs one
+/// read's disk time, so the break-even precision is about one half.
+const RANK_PRECISION_MIN: f64 = 0.5;
+
+/// (guesses right, guesses scored) per variant and rank (the lookahead's
+/// guesses come best first).
+#[derive(Clone, Debug)]
+pub(crate) struct RankTally([[(u64, u64); RANKS_MAX]; 2]);
+
+impl Default for RankTally {
+    fn default() -> Self {
+        RankTally([[(0, 0); RANKS_MAX]; 2])
+    }
+}
+
+/// Whether guesses at a rank right `hit` times of `scored` are worth
+/// reading ahead: until `RANK_SAMPLES_MIN` are scored, yes; then when
+/// their precision reaches `RANK_PRECISION_MIN`.
+fn confident(hit: u64, scored: u64) -> bool {
+    scored < RANK_SAMPLES_MIN || hit as f64 >= RANK_PRECISION_MIN * scored as f64
+}
+
 impl ExpertStore {
+    /// Reads ahead the guesses of `experts` (a lookahead's guess of
+    /// `layer` from `variant`, best first) at the ranks whose guesses have
+    /// been right often enough ([`confident`]); see [`Self::prefetch`].
+    pub fn prefetch_ranked(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        let ranks = self.ranks.lock().expect("rank lock");
+        let tally = &ranks.0[variant as usize];
+        let mut keep: Vec<usize> = Vec::with_capacity(experts.len());
+        for (r, &e) in experts.iter().enumerate() {
+            let (hit, scored) = tally[r.min(RANKS_MAX - 1)];
+            if confident(hit, scored) {
+                keep.push(e);
+            }
+        }
+        drop(ranks);
+        self.prefetch(layer, &keep);
+    }
+
     /// Counts a prefetched expert a layer asked for; `late` when it was
     /// still in flight then (promoted to demand).
     pub(crate) fn prefetch_used(&self, bytes: u64, late: bool) {
@@ -134,6 +179,7 @@ impl ExpertStore {
     /// chose.
     pub fn score_predictions(&self, layer: usize, chosen: &[usize]) {
         let mut recall = self.recall.lock().expect("recall lock");
+        let mut ranks = self.ranks.lock().expect("rank lock");
         let r = &mut recall[layer];
         for v in Variant::ALL {
             let (pending, guess) = &mut r.predicted[v as usize];
@@ -141,8 +187,23 @@ impl ExpertStore {
                 let hit = chosen.iter().filter(|e| guess.contains(e)).count();
                 r.score[v as usize].0 += hit as u64;
                 r.score[v as usize].1 += chosen.len() as u64;
+                for (rank, e) in guess.iter().enumerate() {
+                    let t = &mut ranks.0[v as usize][rank.min(RANKS_MAX - 1)];
+                    t.0 += u64::from(chosen.contains(e));
+                    t.1 += 1;
+                }
             }
         }
+    }
+
+    /// The precision of the lookahead's guesses by rank (best first), per
+    /// variant: `None` for a rank never scored.
+    pub fn rank_precision(&self, variant: Variant) -> Vec<Option<f64>> {
+        let ranks = self.ranks.lock().expect("rank lock");
+        ranks.0[variant as usize]
+            .iter()
+            .map(|&(hit, n)| (n > 0).then(|| hit as f64 / n as f64))
+            .collect()
     }
 
     /// Lookahead recall per layer and variant: the share of chosen experts
@@ -169,5 +230,28 @@ impl ExpertStore {
             }
         }
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_is_read_ahead_until_measured_then_by_its_precision() {
+        // (right, scored, read ahead)
+        let table = [
+            (0, 0, true),
+            (0, RANK_SAMPLES_MIN - 1, true),
+            (0, RANK_SAMPLES_MIN, false),
+            (8, 16, true),
+            (7, 16, false),
+            (90, 100, true),
+            (49, 100, false),
+            (50, 100, true),
+        ];
+        for (hit, scored, want) in table {
+            assert_eq!(confident(hit, scored), want, "{hit} of {scored}");
+        }
     }
 }
