@@ -213,10 +213,11 @@ struct ModelArgs {
     /// --expert-cache); the plan is printed at start.
     #[arg(long, value_name = "GB")]
     ram_gb: Option<f64>,
-    /// Which cached expert a full cache evicts: lfru (frequency first,
-    /// recency breaks ties), lru, lfu, least-stale or arc (see `moestream
-    /// replay` to compare them on a recorded trace).
-    #[arg(long, value_enum, default_value_t = PolicyArg::Lfru)]
+    /// Which cached expert a full cache evicts: least-stale (the expert
+    /// chosen the most tokens ago), lru, lfru (frequency first, recency
+    /// breaks ties), lfu or arc (see `moestream replay` to compare them on
+    /// a recorded trace).
+    #[arg(long, value_enum, default_value_t = PolicyArg::LeastStale)]
     policy: PolicyArg,
     /// Context positions the --ram-gb plan reserves KV cache for (default:
     /// for `run` with one prompt, the prompt plus --max-tokens; otherwise

@@ -10,10 +10,13 @@
 //! tests; [`EvictPolicy`] names the live ones, [`build`] every one by name.
 //!
 //! - `lru`: the least recently looked-up or inserted expert goes.
-//! - `lfru` (default): decaying heat first, token recency breaks ties.
+//! - `lfru`: decaying heat first, token recency breaks ties.
 //! - `lfu`: lifetime selections first, then least recent.
-//! - `least-stale`: the expert chosen the most tokens ago goes, the
-//!   least heated of equally stale ones first (after SpecMD's Least-Stale).
+//! - `least-stale` (default): the expert chosen the most tokens ago goes,
+//!   the least heated of equally stale ones first (after SpecMD's
+//!   Least-Stale). On realistic routing (next-token reuse 0.30) it misses
+//!   25% less than lfru live and 1.58x Belady against lfru's 2.09x;
+//!   results/policies.md.
 //! - `arc`: adaptive replacement (Megiddo & Modha): recency and frequency
 //!   lists sized by ghost hits.
 //! - `belady`: Belady's MIN, the offline optimum; it needs every access's
@@ -121,11 +124,11 @@ pub enum EvictPolicy {
     /// Least recently used.
     Lru,
     /// Frequency first (decaying heat), recency breaks ties.
-    #[default]
     Lfru,
     /// Lifetime selections first, recency breaks ties.
     Lfu,
     /// The expert chosen the most tokens ago.
+    #[default]
     LeastStale,
     /// Adaptive replacement cache.
     Arc,
