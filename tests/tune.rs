@@ -161,6 +161,32 @@ fn tune_dry_run_saves_nothing_and_bad_flags_are_refused() {
     assert!(out.ok, "{}", out.stderr);
     assert!(out.stdout.contains("dry run"), "{}", out.stdout);
     assert!(profile_files(c).is_empty());
+    // The default grid keeps pipelining on; --full also probes it off.
+    let probes_off = |stdout: &str| {
+        stdout
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("off") && l.contains('%'))
+            .count()
+    };
+    assert_eq!(probes_off(&out.stdout), 0, "{}", out.stdout);
+    let full = [
+        "tune",
+        "--model",
+        dir,
+        "--tokens",
+        "2",
+        "--depths",
+        "1",
+        "--cell-seconds",
+        "0.01",
+        "--modes-probed",
+        "1",
+        "--full",
+        "--dry-run",
+    ];
+    let out = run_in(c, &full);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(probes_off(&out.stdout), 2, "{}", out.stdout);
     let out = run_in(c, &["tune", "--model", dir, "--tokens", "1"]);
     common::assert_clean_failure(&out, &["--tokens"]);
 }

@@ -23,13 +23,14 @@ pub(super) struct TuneArgs {
     /// Tokens each decode probe generates (greedy, EOS ignored).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
-    /// Read modes that get decode probes: direct (the default's) and the
-    /// best others by the disk sweep. The sweep alone cannot rank them: it
-    /// cannot see that page-cache modes leave fewer cache slots under a
-    /// budget (on a Qwen3-30B shape under 3 GB it ranked buffered and pread
-    /// above direct, which decoded 1.7x faster).
-    #[arg(long, default_value_t = 2)]
-    modes_probed: usize,
+    /// Read modes that get decode probes (default 2, with --full all 5):
+    /// direct (the default's) and the best others by the disk sweep. The
+    /// sweep alone cannot rank them: it cannot see that page-cache modes
+    /// leave fewer cache slots under a budget (on a Qwen3-30B shape under
+    /// 3 GB it ranked buffered and pread above direct, which decoded 1.7x
+    /// faster).
+    #[arg(long)]
+    modes_probed: Option<usize>,
     /// Probe every schedule (pipelining on and off, prefetch depths 0, 1,
     /// 2 and 4) in every probed mode, as tune did before it refined the
     /// default (6-8 minutes on a 7 GB model against about one).
@@ -185,7 +186,10 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     let ranked: Vec<ReadMode> = ranked.iter().map(|r| r.0).collect();
-    let plan = probe_plan(&ranked, a.modes_probed, a.full);
+    let modes = a
+        .modes_probed
+        .unwrap_or(if a.full { ReadMode::ALL.len() } else { 2 });
+    let plan = probe_plan(&ranked, modes, a.full);
 
     println!(
         "decode probes: {} tokens, cold, {}",

@@ -90,17 +90,21 @@ impl ExpertStore {
     /// `layer` from `variant`, best first) at the ranks whose guesses have
     /// been right often enough ([`confident`]); see [`Self::prefetch`].
     pub fn prefetch_ranked(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        // On the stack: a guess is at most top-k long (≤ RANKS_MAX here;
+        // longer ones are cut, as their ranks share the last count).
+        let mut keep = [0usize; RANKS_MAX];
+        let mut kept = 0;
         let ranks = self.ranks.lock().expect("rank lock");
         let tally = &ranks.0[variant as usize];
-        let mut keep: Vec<usize> = Vec::with_capacity(experts.len());
-        for (r, &e) in experts.iter().enumerate() {
-            let (hit, scored) = tally[r.min(RANKS_MAX - 1)];
+        for (r, &e) in experts.iter().take(RANKS_MAX).enumerate() {
+            let (hit, scored) = tally[r];
             if confident(hit, scored) {
-                keep.push(e);
+                keep[kept] = e;
+                kept += 1;
             }
         }
         drop(ranks);
-        self.prefetch(layer, &keep);
+        self.prefetch(layer, &keep[..kept]);
     }
 
     /// Counts a prefetched expert a layer asked for; `late` when it was
