@@ -141,35 +141,7 @@ fn tune_dry_run_saves_nothing_and_bad_flags_are_refused() {
     let dir = model.path().to_str().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let c = cache.path();
-    let out = run_in(
-        c,
-        &[
-            "tune",
-            "--model",
-            dir,
-            "--tokens",
-            "2",
-            "--depths",
-            "1",
-            "--cell-seconds",
-            "0.01",
-            "--modes-probed",
-            "1",
-            "--dry-run",
-        ],
-    );
-    assert!(out.ok, "{}", out.stderr);
-    assert!(out.stdout.contains("dry run"), "{}", out.stdout);
-    assert!(profile_files(c).is_empty());
-    // The default grid keeps pipelining on; --full also probes it off.
-    let probes_off = |stdout: &str| {
-        stdout
-            .lines()
-            .filter(|l| l.split_whitespace().nth(1) == Some("off") && l.contains('%'))
-            .count()
-    };
-    assert_eq!(probes_off(&out.stdout), 0, "{}", out.stdout);
-    let full = [
+    let quick = [
         "tune",
         "--model",
         dir,
@@ -181,9 +153,21 @@ fn tune_dry_run_saves_nothing_and_bad_flags_are_refused() {
         "0.01",
         "--modes-probed",
         "1",
-        "--full",
         "--dry-run",
     ];
+    let out = run_in(c, &quick);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.contains("dry run"), "{}", out.stdout);
+    assert!(profile_files(c).is_empty());
+    // The default grid keeps pipelining on; --full also probes it off.
+    let probes_off = |stdout: &str| {
+        stdout
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("off") && l.contains('%'))
+            .count()
+    };
+    assert_eq!(probes_off(&out.stdout), 0, "{}", out.stdout);
+    let full: Vec<&str> = quick.iter().copied().chain(["--full"]).collect();
     let out = run_in(c, &full);
     assert!(out.ok, "{}", out.stderr);
     assert_eq!(probes_off(&out.stdout), 2, "{}", out.stdout);
