@@ -16,7 +16,9 @@ Two kinds of fixture, under tests/fixtures/gguf/:
 1. ``<family>-f32.gguf`` for every family llama.cpp converts, from the
    committed Hugging Face fixtures (tests/fixtures/<family>): the engine
    must give transformers' tokens on them (oracle.json of that family).
-2. ``olmoe-split-0000K-of-0000N.gguf``: OLMoE's f32 file split by tensor count.
+2. ``olmoe-split-0000K-of-0000N.gguf``: OLMoE's f32 file split by tensor count,
+   and ``mixtral-<f16|bf16>.gguf`` with ``mixtral-<f16|bf16>.json`` (llama.cpp's
+   greedy tokens and last logits on them; ``--float-only`` makes just these).
 3. ``qwen3moe-<TYPE>.gguf`` (Q8_0, Q4_0, Q4_K_M, Q5_K_M) quantized from a
    Qwen3-MoE checkpoint whose dimensions are multiples of 256 (K-quant
    blocks), made by scripts/make_oracle.py --all-sparse, and
@@ -46,6 +48,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO_ROOT, "tests", "fixtures")
 OUT_DIR = os.path.join(FIXTURES, "gguf")
 F32_FAMILIES = ["qwen2_moe", "olmoe", "mixtral", "deepseek_v3", "glm4_moe"]
+# The family of the F16/BF16 fixtures.
+FLOAT_FAMILY = "mixtral"
 N_GREEDY = 20
 # llama.cpp's llama_ftype values (include/llama.h).
 FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_K_M": 15, "Q5_K_M": 17}
@@ -142,11 +146,35 @@ def reference(gguf: str, prompt_ids: list[int], prompt_text: str) -> dict:
     }
 
 
+def float_fixtures(llama_cpp: str) -> None:
+    """``mixtral-<f16|bf16>.gguf`` converted from the committed Mixtral fixture, and
+    ``mixtral-<f16|bf16>.json``: llama.cpp's greedy tokens and last logits on them.
+    (llama.cpp refuses our OLMoE fixture: its k_norm is per head, llama.cpp's is
+    over all heads.)"""
+    fam = os.path.join(FIXTURES, FLOAT_FAMILY)
+    oracle = json.load(open(os.path.join(fam, "oracle.json")))
+    for outtype in ["f16", "bf16"]:
+        out = os.path.join(OUT_DIR, f"{FLOAT_FAMILY}-{outtype}.gguf")
+        convert(llama_cpp, fam, out, ("--outtype", outtype))
+        ref = reference(out, oracle["prompt_ids"], oracle.get("prompt_text", ""))
+        ref["transformers_greedy_ids"] = oracle["greedy_ids"]
+        with open(os.path.join(OUT_DIR, f"{FLOAT_FAMILY}-{outtype}.json"), "w") as f:
+            json.dump(ref, f, indent=1)
+            f.write("\n")
+        agree = sum(a == b for a, b in zip(ref["greedy_ids"], oracle["greedy_ids"]))
+        print(f"{FLOAT_FAMILY} {outtype}: {os.path.getsize(out) / 1e6:.2f} MB; llama.cpp greedy agrees with transformers on {agree}/{N_GREEDY}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-cpp", required=True, help="llama.cpp source tree (has convert_hf_to_gguf.py)")
+    p.add_argument("--float-only", action="store_true",
+                   help="only (re)make the F16/BF16 fixtures and their references")
     args = p.parse_args()
     os.makedirs(OUT_DIR, exist_ok=True)
+    float_fixtures(args.llama_cpp)
+    if args.float_only:
+        return
     for fam in F32_FAMILIES:
         out = os.path.join(OUT_DIR, f"{fam}-f32.gguf")
         convert(args.llama_cpp, os.path.join(FIXTURES, fam), out)
