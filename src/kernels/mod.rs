@@ -17,6 +17,8 @@ pub mod int8;
 pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
+mod tile256;
+#[cfg(target_arch = "x86_64")]
 mod tile512;
 
 use std::marker::PhantomData;

@@ -5,6 +5,7 @@
 //! ones widens to i32; `8·Σx` is subtracted once at the end.
 
 use super::super::int8::avx2_hsum as hsum;
+use super::super::tile256::{self, Tile256};
 use std::arch::x86_64::*;
 
 /// `Σ q[c]·x[c]` with `q = nibble − 8`, scalar tail.
@@ -68,9 +69,6 @@ fn block(vw: __m256i, ve: __m256i, vo: __m256i, nib: __m256i, ones: __m256i) -> 
     _mm256_madd_epi16(pairs, ones)
 }
 
-/// [`dot_block`]'s tile: 2 weight rows × 2 activation rows.
-const TILE: usize = 2;
-
 /// `out[t·rows + r]` = [`dot`] of weight row `r` with interleaved activation
 /// row `t` (the layout of `int4::dot_block`), in tiles of 2 weight rows × 2
 /// activation rows: each 32-byte weight vector is unpacked once for both
@@ -89,36 +87,30 @@ pub unsafe fn dot_block(
     out: &mut [i32],
 ) {
     let n = xsum.len();
-    if n == 0 {
-        return;
-    }
-    let rows = out.len() / n;
-    debug_assert!(out.len() == rows * n && w.len() == rows * row_bytes);
     debug_assert!(stride.is_multiple_of(128) && stride >= 2 * row_bytes && x.len() == n * stride);
-    for r in (0..rows).step_by(TILE) {
-        for t in (0..n).step_by(TILE) {
-            // SAFETY: rows r.. and activation rows t.. of the tile exist
-            // (the arms pick the tile that fits); the caller's layout contract.
-            let acc = unsafe {
-                match (rows - r >= TILE, n - t >= TILE) {
-                    (true, true) => tile::<2, 2>(w, row_bytes, x, stride, r, t),
-                    (true, false) => pad(tile::<2, 1>(w, row_bytes, x, stride, r, t)),
-                    (false, true) => pad(tile::<1, 2>(w, row_bytes, x, stride, r, t)),
-                    (false, false) => pad(tile::<1, 1>(w, row_bytes, x, stride, r, t)),
-                }
-            };
-            for (dr, row) in acc.iter().enumerate().take(rows - r) {
-                for (dt, &a) in row.iter().enumerate().take(n - t) {
-                    out[(t + dt) * rows + r + dr] = a.wrapping_sub(xsum[t + dt].wrapping_mul(8));
-                }
-            }
-        }
-    }
+    let correct = |t: usize, a: i32| a.wrapping_sub(xsum[t].wrapping_mul(8));
+    // SAFETY: the caller's contract is `tile256::dot_block`'s for this format.
+    unsafe { tile256::dot_block::<Nibbles>(w, row_bytes, x, stride, n, out, correct) }
 }
 
-/// A narrower tile's sums in a 2×2 array (the rest unused).
-fn pad<const R: usize, const T: usize>(acc: [[i32; T]; R]) -> [[i32; TILE]; TILE] {
-    std::array::from_fn(|r| std::array::from_fn(|t| if r < R && t < T { acc[r][t] } else { 0 }))
+/// int4's AVX2 tile: the low and high nibbles of each weight byte against
+/// the even and odd activations.
+struct Nibbles;
+
+impl Tile256 for Nibbles {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tile<const R: usize, const T: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        x: &[i8],
+        stride: usize,
+        r0: usize,
+        t0: usize,
+    ) -> [[i32; T]; R] {
+        // SAFETY: the trait's contract is `tile`'s.
+        unsafe { tile::<R, T>(w, row_bytes, x, stride, r0, t0) }
+    }
 }
 
 /// The biased sums `Σ u·x` (`u = q + 8`) of weight rows `r0..r0 + R` with

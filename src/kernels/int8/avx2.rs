@@ -4,6 +4,7 @@
 //! 16-bit pair sum is at most 2·128·127 = 32512: no saturation. `madd`
 //! with ones widens the pairs to i32 lanes.
 
+use super::super::tile256::{self, Tile256};
 use std::arch::x86_64::*;
 
 /// `Σ w[c]·x[c]` over 32-byte blocks, scalar tail.
@@ -68,9 +69,6 @@ pub(crate) fn hsum(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// [`dot_block`]'s tile: 2 weight rows × 2 activation rows.
-const TILE: usize = 2;
-
 /// `out[t·rows + r]` = [`dot`] of weight row `r` with activation row `t` (the
 /// layout of `int8::dot_block`), in tiles of 2 weight rows × 2 activation
 /// rows: each weight vector is loaded and made absolute once for both
@@ -81,36 +79,28 @@ const TILE: usize = 2;
 /// hold; `x` holds no -128.
 #[target_feature(enable = "avx2")]
 pub unsafe fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, n: usize, out: &mut [i32]) {
-    if n == 0 {
-        return;
-    }
-    let rows = out.len() / n;
-    debug_assert!(out.len() == rows * n && w.len() == rows * cols);
     debug_assert!(stride.is_multiple_of(64) && stride >= cols && x.len() == n * stride);
-    for r in (0..rows).step_by(TILE) {
-        for t in (0..n).step_by(TILE) {
-            // SAFETY: rows r.. and activation rows t.. of the tile exist
-            // (the arms pick the tile that fits); the caller's layout contract.
-            let acc = unsafe {
-                match (rows - r >= TILE, n - t >= TILE) {
-                    (true, true) => tile::<2, 2>(w, cols, x, stride, r, t),
-                    (true, false) => pad(tile::<2, 1>(w, cols, x, stride, r, t)),
-                    (false, true) => pad(tile::<1, 2>(w, cols, x, stride, r, t)),
-                    (false, false) => pad(tile::<1, 1>(w, cols, x, stride, r, t)),
-                }
-            };
-            for (dr, row) in acc.iter().enumerate().take(rows - r) {
-                for (dt, &a) in row.iter().enumerate().take(n - t) {
-                    out[(t + dt) * rows + r + dr] = a;
-                }
-            }
-        }
-    }
+    // SAFETY: the caller's contract is `tile256::dot_block`'s for this format.
+    unsafe { tile256::dot_block::<Signed>(w, cols, x, stride, n, out, |_, a| a) }
 }
 
-/// A narrower tile's sums in a 2×2 array (the rest unused).
-fn pad<const R: usize, const T: usize>(acc: [[i32; T]; R]) -> [[i32; TILE]; TILE] {
-    std::array::from_fn(|r| std::array::from_fn(|t| if r < R && t < T { acc[r][t] } else { 0 }))
+/// int8's AVX2 tile: weights made absolute against sign-moved activations.
+struct Signed;
+
+impl Tile256 for Signed {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tile<const R: usize, const T: usize>(
+        w: &[u8],
+        cols: usize,
+        x: &[i8],
+        stride: usize,
+        r0: usize,
+        t0: usize,
+    ) -> [[i32; T]; R] {
+        // SAFETY: the trait's contract is `tile`'s.
+        unsafe { tile::<R, T>(w, cols, x, stride, r0, t0) }
+    }
 }
 
 /// The sums `Σ w·x` of weight rows `r0..r0 + R` with activation rows
