@@ -16,6 +16,17 @@ pub mod int4;
 pub mod int8;
 pub mod pool;
 pub mod quant;
+/// Whether `xsum[t]` is the sum of activation row `t` (rows of `stride`
+/// bytes): the batched integer dots' contract, checked in debug builds.
+pub(crate) fn xsums_hold(x: &[i8], stride: usize, xsum: &[i32]) -> bool {
+    xsum.iter().enumerate().all(|(t, &s)| {
+        s == x[t * stride..(t + 1) * stride]
+            .iter()
+            .map(|&v| i32::from(v))
+            .sum::<i32>()
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 mod tile256;
 #[cfg(target_arch = "x86_64")]

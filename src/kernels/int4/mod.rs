@@ -157,11 +157,7 @@ pub fn dot_block(
     check_block(w, row_bytes, x, stride, n, out);
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
-        debug_assert!((0..n).all(|t| xsum[t]
-            == x[t * stride..(t + 1) * stride]
-                .iter()
-                .map(|&v| v as i32)
-                .sum::<i32>()));
+        debug_assert!(super::xsums_hold(x, stride, xsum));
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
         return unsafe { avx512::dot_block(w, row_bytes, x, stride, xsum, out) };

@@ -99,11 +99,7 @@ pub fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, xsum: &[i32], o
     check_block(w, cols, x, stride, n, out);
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
-        debug_assert!((0..n).all(|t| xsum[t]
-            == x[t * stride..(t + 1) * stride]
-                .iter()
-                .map(|&v| v as i32)
-                .sum::<i32>()));
+        debug_assert!(super::xsums_hold(x, stride, xsum));
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
         return unsafe { avx512::dot_block(w, cols, x, stride, xsum, out) };
