@@ -38,10 +38,18 @@ fn main() -> std::io::Result<()> {
         std::process::exit(2);
     };
     let arg = |i: usize, default: f64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default);
-    let size = ((arg(2, 18.0) * (1 << 20) as f64) as usize).next_multiple_of(4096);
-    let depth = arg(3, 4.0) as usize;
-    let rounds = arg(4, 5.0) as usize;
-    let seconds = Duration::from_secs_f64(arg(5, 3.0));
+    let (size_mib, depth, rounds, secs) = (arg(2, 18.0), arg(3, 4.0), arg(4, 5.0), arg(5, 3.0));
+    let sane = (1.0 / 256.0..=1024.0).contains(&size_mib)
+        && (1.0..=256.0).contains(&depth)
+        && (1.0..=1000.0).contains(&rounds)
+        && (0.01..=3600.0).contains(&secs);
+    if !sane {
+        eprintln!("size_mib in [1/256, 1024], depth in [1, 256], rounds in [1, 1000], seconds in [0.01, 3600]");
+        std::process::exit(2);
+    }
+    let size = ((size_mib * (1 << 20) as f64) as usize).next_multiple_of(4096);
+    let (depth, rounds) = (depth as usize, rounds as usize);
+    let seconds = Duration::from_secs_f64(secs);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
