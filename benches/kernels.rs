@@ -245,7 +245,7 @@ fn bench_ggml(c: &mut Criterion) {
                 .map(|k| ggml_matrix(ty, rows, cols, k as u64 + 11))
                 .collect();
             g.throughput(Throughput::Bytes(per as u64));
-            for n in [1usize, 4] {
+            for n in [1usize, 4, 16] {
                 let x = weights(n * cols);
                 let mut y = vec![0f32; n * rows];
                 let mut i = 0;

@@ -119,8 +119,21 @@ pub(super) fn add_lanes(acc: __m256, p: __m256i, f: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn mins_lanes(m: &[u8; 8], bsums: &[i16]) -> __m256i {
+    mins_dot(mins_pairs(m), bsums)
+}
+
+/// The eight mins of a Q4_K/Q5_K super-block, each twice, as i16.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn mins_pairs(m: &[u8; 8]) -> __m256i {
     let mv = _mm_cvtsi64_si128(i64::from_le_bytes(*m));
-    let pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv))
+}
+
+/// [`mins_lanes`] from its [`mins_pairs`].
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn mins_dot(pairs: __m256i, bsums: &[i16]) -> __m256i {
     _mm256_madd_epi16(pairs, load32(bsums))
 }
 

@@ -23,12 +23,38 @@ use std::arch::x86_64::*;
 /// (Lengths are checked by slicing.)
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
+    let (out, _) = out.as_chunks_mut::<1>();
+    // SAFETY: this function's own contract (the same CPU features).
+    unsafe { dot_rows_n(ty, w, &[*a], out) }
+}
+
+/// `out[k][t]` = the dot of row `k` of `w` (`out.len()` rows) with `a[t]`:
+/// each weight block is loaded and unpacked once for all `N` activation
+/// rows (prefill chunks, verify blocks, batched requests), and each row's
+/// lanes see exactly the operations of the one-row dot, so the results are
+/// the same bits.
+///
+/// # Safety
+/// The CPU must support AVX2, F16C, AVX-512F, AVX-512BW and AVX-512 VNNI.
+/// (Lengths are checked by slicing.)
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dot_rows_n<const N: usize>(
+    ty: BlockType,
+    w: &[u8],
+    a: &[ActRow; N],
+    out: &mut [[f32; N]],
+) {
     let rb = w.len() / out.len().max(1);
     let rows = out.iter_mut().zip(w.chunks_exact(rb.max(1)));
     // Each arm is one loop, so the row kernel inlines and its constants are
     // loaded once per call, not once per row.
     match ty {
-        BlockType::Q4_0 => dot_q4_0(w, a, out),
+        BlockType::Q4_0 => {
+            let n = out.len();
+            for (t, a) in a.iter().enumerate() {
+                dot_q4_0(w, n, a, |k, v| out[k][t] = v);
+            }
+        }
         BlockType::Q8_0 => {
             let (s01, s23) = (load64(&SPREAD_01), load64(&SPREAD_23));
             for (o, r) in rows {
@@ -130,49 +156,56 @@ const SPREAD4: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
 const SPREAD_01: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 const SPREAD_23: [i32; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
 
-/// `Σ w·x` over two Q8_0 blocks' values in the twin's lanes (`w0`, `w1`:
-/// their 32 level bytes; `x`: 64 activations).
+/// Two Q8_0 blocks' level bytes (`w0`, `w1`: 32 each) as one register's
+/// magnitudes and sign mask, shared by every activation row.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+fn q8_levels(w0: &[u8], w1: &[u8]) -> (__m512i, __mmask64) {
+    let vw = join(load32(w0), load32(w1));
+    (_mm512_abs_epi8(vw), _mm512_movepi8_mask(vw))
+}
+
+/// `Σ w·x` over two Q8_0 blocks' values in the twin's lanes (`lev`: their
+/// [`q8_levels`]; `x`: 64 activations).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn q8_pair(w0: &[u8], w1: &[u8], x: __m512i) -> __m512i {
+fn q8_pair(lev: (__m512i, __mmask64), x: __m512i) -> __m512i {
     let zero = _mm512_setzero_si512();
-    let vw = join(load32(w0), load32(w1));
     // |w| · (x negated where w < 0) = w·x; x is never −128.
-    let xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(vw), zero, x);
-    _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(vw), xs)
+    let xs = _mm512_mask_sub_epi8(x, lev.1, zero, x);
+    _mm512_dpbusd_epi32(zero, lev.0, xs)
 }
 
 /// Four blocks a step (two registers, block `b + i` in lanes `8·(i % 2)..`),
 /// then any last two or one.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn dot_q8_0(w: &[u8], a: &ActRow, s01: __m512i, s23: __m512i) -> f32 {
+fn dot_q8_0<const N: usize>(w: &[u8], a: &[ActRow; N], s01: __m512i, s23: __m512i) -> [f32; N] {
     const B: usize = q8_0::BYTES;
     let nb = w.len() / B;
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = [_mm512_setzero_ps(); N];
     let full = nb / 4 * 4;
-    let groups = w[..full * B]
-        .chunks_exact(4 * B)
-        .zip(a.qs.chunks_exact(4 * QK));
-    for ((grp, x), dx) in groups.zip(a.d.chunks_exact(4)) {
+    for (g, grp) in w[..full * B].chunks_exact(4 * B).enumerate() {
         prefetch(grp, 4 * B);
         let h = (0..4)
             .rev()
             .fold(0u64, |h, i| h << 16 | le16(grp, B * i) as u64);
-        let f = _mm_mul_ps(f16x4(h), load_ps4(dx));
-        let p01 = q8_pair(&grp[q8_0::QS..], &grp[B + q8_0::QS..], load64(x));
-        let p23 = q8_pair(
-            &grp[2 * B + q8_0::QS..],
-            &grp[3 * B + q8_0::QS..],
-            load64(&x[64..]),
-        );
-        acc = add_lanes16(acc, p01, spread(s01, f));
-        acc = add_lanes16(acc, p23, spread(s23, f));
+        let dw = f16x4(h);
+        let l01 = q8_levels(&grp[q8_0::QS..], &grp[B + q8_0::QS..]);
+        let l23 = q8_levels(&grp[2 * B + q8_0::QS..], &grp[3 * B + q8_0::QS..]);
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let x = &a.qs[4 * QK * g..];
+            let f = _mm_mul_ps(dw, load_ps4(&a.d[4 * g..]));
+            *acc = add_lanes16(*acc, q8_pair(l01, load64(x)), spread(s01, f));
+            *acc = add_lanes16(*acc, q8_pair(l23, load64(&x[64..])), spread(s23, f));
+        }
     }
     for b in (full..nb).step_by(2) {
-        acc = q8_0_tail(acc, &w[B * b..], &a.qs[QK * b..], &a.d[b..], s01);
+        for (acc, a) in acc.iter_mut().zip(a) {
+            *acc = q8_0_tail(*acc, &w[B * b..], &a.qs[QK * b..], &a.d[b..], s01);
+        }
     }
-    reduce16(acc)
+    acc.map(|acc| reduce16(acc))
 }
 
 /// The last one or two Q8_0 blocks (`w`, `x`, `dx` start at the first).
@@ -184,23 +217,29 @@ fn q8_0_tail(acc: __m512, w: &[u8], x: &[i8], dx: &[f32], s01: __m512i) -> __m51
     let h = [le16(w, 0), le16(second, 0), 0, 0];
     let f = scales4(h, [dx[0], if pair { dx[1] } else { 0.0 }, 0.0, 0.0]);
     let p = q8_pair(
-        &w[q8_0::QS..],
-        &second[q8_0::QS..],
+        q8_levels(&w[q8_0::QS..], &second[q8_0::QS..]),
         load_masked(&x[..x.len().min(2 * QK)]),
     );
     let lanes: __mmask16 = if pair { !0 } else { 0x00ff };
     _mm512_mask_mov_ps(acc, lanes, add_lanes16(acc, p, spread(s01, f)))
 }
 
-/// The nibbles of four Q4_0 blocks (`vq`: their 16 level bytes each, one
-/// block a 128-bit lane) against the split activation halves, plus `c`: the exact lanes.
+/// Four Q4_0 blocks' level bytes (`vq`: 16 each, one block a 128-bit
+/// lane) as their unsigned low and high nibbles.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn q4_0_lanes(vq: __m512i, xl: __m512i, xh: __m512i, c: __m512i) -> __m512i {
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+fn q4_0_nibbles(vq: __m512i) -> (__m512i, __m512i) {
     let mask = _mm512_set1_epi8(15);
     let lo = _mm512_and_si512(vq, mask);
-    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(vq), mask);
-    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, lo, xl), hi, xh)
+    (lo, _mm512_and_si512(_mm512_srli_epi16::<4>(vq), mask))
+}
+
+/// The nibbles (`lev`: [`q4_0_nibbles`]) against the split activation
+/// halves, plus `c`: the exact lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+fn q4_0_lanes(lev: (__m512i, __m512i), xl: __m512i, xh: __m512i, c: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, lev.0, xl), lev.1, xh)
 }
 
 /// The levels of four Q4_0 blocks (`blk[i]` starts block `i`), one block a
@@ -218,19 +257,24 @@ fn q4_0_group(blk: [&[u8]; 4]) -> (__m512i, __m128) {
         .fold(0u64, |h, b| h << 16 | le16(b, q4_0::D) as u64);
     (vq, f16x4(h))
 }
-
 /// Four blocks a step, block `b + i` in lanes `4i..4i+4`; the unsigned
 /// nibbles meet the split activation halves, and `c8` adds `−8·Σx`. A last
-/// group of one to three blocks leaves the other lanes as they were.
+/// group of one to three blocks leaves the other lanes as they were. Row
+/// `k`'s dot goes to `put(k, ·)`.
+///
+/// One activation row a pass, the row loop inside: sharing the unpacked
+/// nibbles among several activation rows (as the other types do) ran 5–20%
+/// slower here, since a Q4_0 group's unpacking is two instructions and the
+/// per-row work around it is the cost.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn dot_q4_0(w: &[u8], a: &ActRow, out: &mut [f32]) {
+fn dot_q4_0(w: &[u8], rows: usize, a: &ActRow, mut put: impl FnMut(usize, f32)) {
     const B: usize = q4_0::BYTES;
-    let rb = w.len() / out.len().max(1);
+    let rb = w.len() / rows.max(1);
     let nb = rb / B;
     let (xlo, xhi) = a.qs.split_at(16 * nb);
     let s4 = load64(&SPREAD4);
     let full = nb / 4 * 4;
-    for (o, row) in out.iter_mut().zip(w.chunks_exact(rb.max(1))) {
+    for (k, row) in w.chunks_exact(rb.max(1)).take(rows).enumerate() {
         let mut acc = _mm512_setzero_ps();
         let groups = row[..full * B]
             .chunks_exact(4 * B)
@@ -240,13 +284,13 @@ fn dot_q4_0(w: &[u8], a: &ActRow, out: &mut [f32]) {
         {
             prefetch(grp, 4 * B);
             let (vq, dw) = q4_0_group([&grp[..B], &grp[B..], &grp[2 * B..], &grp[3 * B..]]);
-            let p = q4_0_lanes(vq, load64(xl), load64(xh), load64(c));
+            let p = q4_0_lanes(q4_0_nibbles(vq), load64(xl), load64(xh), load64(c));
             acc = add_lanes16(acc, p, spread(s4, _mm_mul_ps(dw, load_ps4(dx))));
         }
         if full < nb {
             acc = q4_0_tail(acc, &row[full * B..], a, full, s4);
         }
-        *o = reduce16(acc);
+        put(k, reduce16(acc));
     }
 }
 
@@ -262,7 +306,7 @@ fn q4_0_tail(acc: __m512, w: &[u8], a: &ActRow, b: usize, s4: __m512i) -> __m512
     let (vq, dw) = q4_0_group(std::array::from_fn(|i| &w[B * i.min(k - 1)..]));
     let r = 16 * b..16 * nb;
     let (xl, xh) = (load_masked(&xlo[r.clone()]), load_masked(&xhi[r]));
-    let p = q4_0_lanes(vq, xl, xh, load_masked(&a.c8[4 * b..]));
+    let p = q4_0_lanes(q4_0_nibbles(vq), xl, xh, load_masked(&a.c8[4 * b..]));
     let dx: [f32; 4] = std::array::from_fn(|i| if i < k { a.d[b + i] } else { 0.0 });
     let f = _mm_mul_ps(dw, _mm_setr_ps(dx[0], dx[1], dx[2], dx[3]));
     let lanes: __mmask16 = (1u16 << (4 * k)) - 1;
@@ -312,45 +356,61 @@ fn scales_i16(s: __m128i) -> __m512i {
     _mm512_cvtepi8_epi16(_mm256_castsi128_si256(s))
 }
 
-/// One Q4_K/Q5_K super-block's sixteen lanes: `lev(k)` gives register
-/// `k`'s (low, high) levels, which meet activations `128k..` and `128k+64..`
-/// (the permuted layout puts their sub-blocks there).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn kmin_lanes(
-    sc: &[u8; 8],
-    x: &[i8],
-    idx: &[__m512i; 4],
-    lev: impl Fn(usize) -> (__m512i, __m512i),
-) -> __m512i {
-    // The eight scale bytes in every 128-bit lane; `vpshufb` then spreads
-    // two of them as zero-extended i16 over each register's halves.
-    let scv = _mm512_set1_epi64(i64::from_le_bytes(*sc));
-    let mut p = _mm512_setzero_si512();
-    for k in 0..2 {
-        let (lo, hi) = lev(k);
-        let slo = _mm512_shuffle_epi8(scv, idx[2 * k]);
-        let shi = _mm512_shuffle_epi8(scv, idx[2 * k + 1]);
-        p = _mm512_dpwssd_epi32(p, _mm512_maddubs_epi16(lo, load64(&x[128 * k..])), slo);
-        p = _mm512_dpwssd_epi32(p, _mm512_maddubs_epi16(hi, load64(&x[128 * k + 64..])), shi);
-    }
-    p
+/// One Q4_K/Q5_K super-block unpacked for every activation row: `lev[2k]`
+/// and `lev[2k+1]`, register `k`'s low and high levels, meet activations
+/// `128k..` and `128k+64..` (the permuted layout puts their sub-blocks
+/// there) against the i16 sub-block scales `sc[..]` beside them; `mins`:
+/// the eight mins as i16 pairs; `d`: `d_w` and `dmin_w` in lanes 0 and 1.
+struct KminBlock {
+    lev: [__m512i; 4],
+    sc: [__m512i; 4],
+    mins: __m256i,
+    d: __m128,
 }
 
-/// Adds one Q4_K/Q5_K super-block: lanes `p` times `d_w·d_x` to `acc`, the
-/// min lanes times `dmin_w·d_x` to `acc_min`.
+/// Unpacks a Q4_K/Q5_K super-block `blk` (scales at `scales`, levels from
+/// `lev(k)`, register `k`'s (low, high)).
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+fn kmin_block(
+    blk: &[u8],
+    scales: &[u8],
+    idx: &[__m512i; 4],
+    lev: impl Fn(usize) -> (__m512i, __m512i),
+) -> KminBlock {
+    let (sc, m) = scales_k4(scales);
+    // The eight scale bytes in every 128-bit lane; `vpshufb` then spreads
+    // two of them as zero-extended i16 over each register's halves.
+    let scv = _mm512_set1_epi64(i64::from_le_bytes(sc));
+    let ((l0, h0), (l1, h1)) = (lev(0), lev(1));
+    KminBlock {
+        lev: [l0, h0, l1, h1],
+        sc: idx.map(|i| _mm512_shuffle_epi8(scv, i)),
+        mins: avx2::mins_pairs(&m),
+        d: f16x4(le16(blk, 0) as u64 | (le16(blk, 2) as u64) << 16),
+    }
+}
+
+/// Adds one unpacked Q4_K/Q5_K super-block `kb` met by activations `x`
+/// (its 256 values), `bsums` (its 16) and `dx`: the sixteen level lanes
+/// times `d_w·d_x` to `acc`, the min lanes times `dmin_w·d_x` to `acc_min`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn kmin_add(
     acc: &mut __m512,
     acc_min: &mut __m256,
-    p: __m512i,
-    mins: __m256i,
-    blk: &[u8],
+    kb: &KminBlock,
+    x: &[i8],
+    bsums: &[i16],
     dx: f32,
 ) {
-    let d = f16x4(le16(blk, 0) as u64 | (le16(blk, 2) as u64) << 16);
-    let f = _mm_mul_ps(d, _mm_set1_ps(dx));
+    let mut p = _mm512_setzero_si512();
+    for (j, (lev, sc)) in kb.lev.iter().zip(&kb.sc).enumerate() {
+        let xj = load64(&x[64 * j..]);
+        p = _mm512_dpwssd_epi32(p, _mm512_maddubs_epi16(*lev, xj), *sc);
+    }
+    let mins = avx2::mins_dot(kb.mins, bsums);
+    let f = _mm_mul_ps(kb.d, _mm_set1_ps(dx));
     *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
     *acc_min = add_lanes(*acc_min, mins, _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
 }
@@ -361,25 +421,41 @@ fn kmin_idx() -> [__m512i; 4] {
     std::array::from_fn(|i| load64(&KMIN_IDX[i]))
 }
 
+/// Every super-block of a Q4_K/Q5_K row (`BYTES` each), unpacked by
+/// `block`, met by each activation row.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn dot_q4_k(w: &[u8], a: &ActRow, idx: &[__m512i; 4]) -> f32 {
+fn dot_kmin<const N: usize, const BYTES: usize>(
+    w: &[u8],
+    a: &[ActRow; N],
+    block: impl Fn(&[u8]) -> KminBlock,
+) -> [f32; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut acc_min = [_mm256_setzero_ps(); N];
+    for (b, blk) in w.chunks_exact(BYTES).enumerate() {
+        prefetch(blk, BYTES);
+        let kb = block(blk);
+        for ((acc, acc_min), a) in acc.iter_mut().zip(&mut acc_min).zip(a) {
+            let (x, bsums) = (&a.qs[QK_K * b..QK_K * (b + 1)], &a.bsums[16 * b..]);
+            kmin_add(acc, acc_min, &kb, x, bsums, a.d[b]);
+        }
+    }
+    std::array::from_fn(|t| reduce16(acc[t]) - avx2::reduce8(acc_min[t]))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+fn dot_q4_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
     let mask = _mm512_set1_epi8(15);
-    let (mut acc, mut acc_min) = (_mm512_setzero_ps(), _mm256_setzero_ps());
-    for (b, blk) in w.chunks_exact(q4_k::BYTES).enumerate() {
-        prefetch(blk, q4_k::BYTES);
-        let (sc, m) = scales_k4(&blk[q4_k::SCALES..q4_k::QS]);
-        let p = kmin_lanes(&sc, &a.qs[QK_K * b..QK_K * (b + 1)], idx, |k| {
+    dot_kmin::<N, { q4_k::BYTES }>(w, a, |blk| {
+        kmin_block(blk, &blk[q4_k::SCALES..q4_k::QS], idx, |k| {
             let q = load64(&blk[q4_k::QS + 64 * k..]);
             (
                 _mm512_and_si512(q, mask),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask),
             )
-        });
-        let mins = avx2::mins_lanes(&m, &a.bsums[16 * b..]);
-        kmin_add(&mut acc, &mut acc_min, p, mins, blk, a.d[b]);
-    }
-    reduce16(acc) - avx2::reduce8(acc_min)
+        })
+    })
 }
 
 /// Per-byte bit selectors: bytes 0..32 test bit `b[0]`, bytes 32..64 `b[1]`.
@@ -394,17 +470,14 @@ fn bits2(b: [u32; 2]) -> __m512i {
 
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn dot_q5_k(w: &[u8], a: &ActRow, idx: &[__m512i; 4]) -> f32 {
+fn dot_q5_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
     let (mask, sixteen) = (_mm512_set1_epi8(15), _mm512_set1_epi8(16));
     // Register k's low levels are chunks 2k, 2k+1 (qh bits 4k, 4k+2), its
     // high levels take bits 4k+1, 4k+3.
     let sel = [bits2([0, 2]), bits2([1, 3]), bits2([4, 6]), bits2([5, 7])];
-    let (mut acc, mut acc_min) = (_mm512_setzero_ps(), _mm256_setzero_ps());
-    for (b, blk) in w.chunks_exact(q5_k::BYTES).enumerate() {
-        prefetch(blk, q5_k::BYTES);
-        let (sc, m) = scales_k4(&blk[q5_k::SCALES..q5_k::QH]);
+    dot_kmin::<N, { q5_k::BYTES }>(w, a, |blk| {
         let qh = _mm512_broadcast_i64x4(load32(&blk[q5_k::QH..]));
-        let p = kmin_lanes(&sc, &a.qs[QK_K * b..QK_K * (b + 1)], idx, |k| {
+        kmin_block(blk, &blk[q5_k::SCALES..q5_k::QH], idx, |k| {
             let q = load64(&blk[q5_k::QS + 64 * k..]);
             let lo = _mm512_and_si512(q, mask);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask);
@@ -414,18 +487,16 @@ fn dot_q5_k(w: &[u8], a: &ActRow, idx: &[__m512i; 4]) -> f32 {
                 _mm512_mask_add_epi8(lo, mlo, lo, sixteen),
                 _mm512_mask_add_epi8(hi, mhi, hi, sixteen),
             )
-        });
-        let mins = avx2::mins_lanes(&m, &a.bsums[16 * b..]);
-        kmin_add(&mut acc, &mut acc_min, p, mins, blk, a.d[b]);
-    }
-    reduce16(acc) - avx2::reduce8(acc_min)
+        })
+    })
 }
 
 /// Q6_K as the AVX2 version: exact signed pairs `(level − 32)·x` from two
-/// `maddubs`, then `vpdpwssd` with the signed scales.
+/// `maddubs`, then `vpdpwssd` with the signed scales. Each super-block's
+/// levels and scales are unpacked once for every activation row.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn dot_q6_k(w: &[u8], a: &ActRow, idx: &[__m512i; 4]) -> f32 {
+fn dot_q6_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
     let (mask, three, m32) = (
         _mm512_set1_epi8(15),
         _mm512_set1_epi8(3),
@@ -435,30 +506,39 @@ fn dot_q6_k(w: &[u8], a: &ActRow, idx: &[__m512i; 4]) -> f32 {
     // register take s = 0 (or 2), values 32..64 take s = 1 (or 3).
     let shift = |s: [i16; 2]| join(_mm256_set1_epi16(s[0]), _mm256_set1_epi16(s[1]));
     let (sh_lo, sh_hi) = (shift([0, 2]), shift([4, 6]));
-    let mut acc = _mm512_setzero_ps();
+    let mut acc = [_mm512_setzero_ps(); N];
     for (b, blk) in w.chunks_exact(q6_k::BYTES).enumerate() {
         prefetch(blk, q6_k::BYTES);
-        let x = &a.qs[QK_K * b..QK_K * (b + 1)];
         let scv = scales_i16(load16(&blk[q6_k::SCALES..]));
-        let mut p = _mm512_setzero_si512();
+        // Register j: values 64j..64j+64, with scales spread by idx[j].
+        let mut lev = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
             let ql = load64(&blk[q6_k::QL + 64 * h..]);
             let qh = _mm512_broadcast_i64x4(load32(&blk[q6_k::QH + 32 * h..]));
             let top =
                 |sh| _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), three));
-            let lo = _mm512_or_si512(_mm512_and_si512(ql, mask), top(sh_lo));
+            lev[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, mask), top(sh_lo));
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), mask);
-            let hi = _mm512_or_si512(hi, top(sh_hi));
-            let (xl, xh) = (load64(&x[128 * h..]), load64(&x[128 * h + 64..]));
-            let plo = _mm512_sub_epi16(_mm512_maddubs_epi16(lo, xl), _mm512_maddubs_epi16(m32, xl));
-            let phi = _mm512_sub_epi16(_mm512_maddubs_epi16(hi, xh), _mm512_maddubs_epi16(m32, xh));
-            p = _mm512_dpwssd_epi32(p, plo, _mm512_permutexvar_epi16(idx[2 * h], scv));
-            p = _mm512_dpwssd_epi32(p, phi, _mm512_permutexvar_epi16(idx[2 * h + 1], scv));
+            lev[2 * h + 1] = _mm512_or_si512(hi, top(sh_hi));
         }
-        let f = _mm_mul_ps(f16x4(le16(blk, q6_k::D) as u64), _mm_set1_ps(a.d[b]));
-        acc = add_lanes16(acc, p, _mm512_broadcastss_ps(f));
+        let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
+        let dw = f16x4(le16(blk, q6_k::D) as u64);
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+            let mut p = _mm512_setzero_si512();
+            for (j, (lev, sc)) in lev.iter().zip(&sc).enumerate() {
+                let xj = load64(&x[64 * j..]);
+                let pj = _mm512_sub_epi16(
+                    _mm512_maddubs_epi16(*lev, xj),
+                    _mm512_maddubs_epi16(m32, xj),
+                );
+                p = _mm512_dpwssd_epi32(p, pj, *sc);
+            }
+            let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
+            *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
+        }
     }
-    reduce16(acc)
+    acc.map(|acc| reduce16(acc))
 }
 
 /// Four f32 from the front of `s`.

@@ -198,23 +198,53 @@ pub fn matmul(
         acts.prepare(ty, cols, x, n);
         let acts = &*acts;
         par_row_blocks(rows, cols, n, rb, y, |blk| {
-            let rs = blk.rows();
-            let mut out = [0f32; ROWS_PER_CALL];
-            for t in 0..n {
-                for r0 in rs.clone().step_by(ROWS_PER_CALL) {
-                    let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
-                    let out = &mut out[..r1 - r0];
-                    dot_rows(ty, &w[r0 * rb..r1 * rb], &acts.row(t), out);
-                    for (r, &v) in (r0..r1).zip(out.iter()) {
-                        blk.set(t, r, v);
-                    }
+            // Activation rows in groups of up to ACTS_PER_PASS, each group
+            // one pass over the block's weights.
+            let mut t = 0;
+            while t < n {
+                let k = (n - t).min(ACTS_PER_PASS);
+                match k {
+                    4 => pass::<4>(ty, w, rb, acts, t, blk),
+                    3 => pass::<3>(ty, w, rb, acts, t, blk),
+                    2 => pass::<2>(ty, w, rb, acts, t, blk),
+                    _ => pass::<1>(ty, w, rb, acts, t, blk),
                 }
+                t += k;
             }
         });
     });
 }
 
-/// Weight rows one [`dot_rows`] call covers (its results live on the stack).
+/// Activation rows one weight pass serves at most: every weight block is
+/// loaded and unpacked once for this many rows (prefill, verify, batches).
+const ACTS_PER_PASS: usize = 4;
+
+/// Activation rows `t0..t0 + N` against the weight rows of `blk`, one
+/// [`dot_rows_n`] call per [`ROWS_PER_CALL`] rows.
+fn pass<const N: usize>(
+    ty: BlockType,
+    w: &[u8],
+    rb: usize,
+    acts: &Activations,
+    t0: usize,
+    blk: &mut super::RowBlock<'_>,
+) {
+    let a: [ActRow; N] = std::array::from_fn(|t| acts.row(t0 + t));
+    let rs = blk.rows();
+    let mut out = [[0f32; N]; ROWS_PER_CALL];
+    for r0 in rs.clone().step_by(ROWS_PER_CALL) {
+        let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
+        let out = &mut out[..r1 - r0];
+        dot_rows_n(ty, &w[r0 * rb..r1 * rb], &a, out);
+        for (r, o) in (r0..r1).zip(out.iter()) {
+            for (t, &v) in o.iter().enumerate() {
+                blk.set(t0 + t, r, v);
+            }
+        }
+    }
+}
+
+/// Weight rows one [`dot_rows_n`] call covers (its results live on the stack).
 const ROWS_PER_CALL: usize = 64;
 
 thread_local! {
@@ -364,4 +394,42 @@ pub(crate) fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
         Simd::Scalar => {}
     }
     scalar::dot_rows(ty, w, a, out)
+}
+
+/// `out[k][t]` = the dot of row `k` of `w` (`out.len()` rows of `ty`
+/// blocks) with activation row `a[t]`: the same bits as [`dot_rows`] row by
+/// row. The AVX-512 VNNI dots unpack each weight block once for all `N`;
+/// the other ISAs run [`dot_rows`] per activation row.
+pub(crate) fn dot_rows_n<const N: usize>(
+    ty: BlockType,
+    w: &[u8],
+    a: &[ActRow; N],
+    out: &mut [[f32; N]],
+) {
+    let rb = w.len() / out.len().max(1);
+    assert_eq!(w.len(), rb * out.len(), "ggml dot_rows_n: whole rows");
+    if rb == 0 {
+        // No rows, or rows of no blocks: every dot is the empty sum.
+        out.fill([0.0; N]);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd() == Simd::Vnni {
+        a.iter().for_each(|a| a.check(ty, &w[..rb]));
+        // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+        return unsafe { avx512::dot_rows_n(ty, w, a, out) };
+    }
+    let mut col = [0f32; ROWS_PER_CALL];
+    for (t, a) in a.iter().enumerate() {
+        for (rows, w) in out
+            .chunks_mut(ROWS_PER_CALL)
+            .zip(w.chunks(ROWS_PER_CALL * rb))
+        {
+            let col = &mut col[..rows.len()];
+            dot_rows(ty, &w[..rows.len() * rb], a, col);
+            for (o, &v) in rows.iter_mut().zip(col.iter()) {
+                o[t] = v;
+            }
+        }
+    }
 }

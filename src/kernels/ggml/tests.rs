@@ -612,6 +612,55 @@ fn twins_agree_on_random_rows() {
     }
 }
 
+/// `dot_rows_n::<N>` (dispatched, and the AVX-512 kernel itself) against
+/// the scalar twin's one-row dot for each of the first `N` rows of `a`.
+fn check_multi_twins<const N: usize>(ty: BlockType, w: &[u8], rows: usize, a: &Activations) {
+    let rb = w.len() / rows;
+    let acts: [scalar::ActRow; N] = std::array::from_fn(|t| a.row(t));
+    let check = |got: &[[f32; N]], isa: &str| {
+        for (r, (g, row)) in got.iter().zip(w.chunks_exact(rb)).enumerate() {
+            for (t, &g) in g.iter().enumerate() {
+                let s = scalar::vec_dot(ty, row, &acts[t]);
+                assert!(
+                    same(g, s),
+                    "{} N={N} row {r} t {t}: {isa} {g} vs scalar {s}",
+                    ty.name()
+                );
+            }
+        }
+    };
+    let mut got = vec![[f32::NAN; N]; rows];
+    dot_rows_n(ty, w, &acts, &mut got);
+    check(&got, "dispatched");
+    #[cfg(target_arch = "x86_64")]
+    if vnni() {
+        got.fill([f32::NAN; N]);
+        // SAFETY: AVX2, F16C, AVX-512F/BW and VNNI detected just above.
+        unsafe { avx512::dot_rows_n(ty, w, &acts, &mut got) };
+        check(&got, "avx512");
+    }
+}
+
+#[test]
+fn multi_row_dots_equal_the_one_row_twin() {
+    for ty in BlockType::ALL {
+        for cols in twin_cols(ty) {
+            let rows = 5;
+            let w = random_weights(ty, rows, cols, 3 * cols as u64);
+            let mut x = Rng::new(cols as u64 + 7).floats(4 * cols, 3.0);
+            // One row at the extremes: full-scale values of both signs.
+            for (i, v) in x[3 * cols..].iter_mut().enumerate() {
+                *v = if i % 3 == 0 { -1e4 } else { 1e4 };
+            }
+            let a = prepared(ty, cols, &x, 4);
+            check_multi_twins::<1>(ty, &w, rows, &a);
+            check_multi_twins::<2>(ty, &w, rows, &a);
+            check_multi_twins::<3>(ty, &w, rows, &a);
+            check_multi_twins::<4>(ty, &w, rows, &a);
+        }
+    }
+}
+
 #[test]
 fn twins_agree_at_extreme_levels_and_activations() {
     for ty in BlockType::ALL {
@@ -696,7 +745,7 @@ fn matmul_equals_the_scalar_twin_bit_for_bit() {
             (301, 512),
             (127, 2048),
         ] {
-            for n in [1, 2, 5] {
+            for n in [1, 2, 3, 5] {
                 let w = random_weights(ty, rows, cols, (rows * cols) as u64);
                 let x = Rng::new(n as u64).floats(n * cols, 1.5);
                 let got = run_matmul(ty, &w, rows, cols, &x, n);
