@@ -49,10 +49,17 @@ pub unsafe fn dot_rows_n<const N: usize>(
     // Each arm is one loop, so the row kernel inlines and its constants are
     // loaded once per call, not once per row.
     match ty {
+        BlockType::Q4_0 if N == 1 => dot_q4_0(w, &a[0], out.as_flattened_mut()),
         BlockType::Q4_0 => {
-            let n = out.len();
+            // One activation row a pass (see `dot_q4_0`), through a column.
+            // (`matmul` passes Q4_0 one row at a time, so this allocation is
+            // off its path.)
+            let mut col = vec![0f32; out.len()];
             for (t, a) in a.iter().enumerate() {
-                dot_q4_0(w, n, a, |k, v| out[k][t] = v);
+                dot_q4_0(w, a, &mut col);
+                for (o, &v) in out.iter_mut().zip(&col) {
+                    o[t] = v;
+                }
             }
         }
         BlockType::Q8_0 => {
@@ -259,22 +266,21 @@ fn q4_0_group(blk: [&[u8]; 4]) -> (__m512i, __m128) {
 }
 /// Four blocks a step, block `b + i` in lanes `4i..4i+4`; the unsigned
 /// nibbles meet the split activation halves, and `c8` adds `−8·Σx`. A last
-/// group of one to three blocks leaves the other lanes as they were. Row
-/// `k`'s dot goes to `put(k, ·)`.
+/// group of one to three blocks leaves the other lanes as they were.
 ///
 /// One activation row a pass, the row loop inside: sharing the unpacked
 /// nibbles among several activation rows (as the other types do) ran 5–20%
 /// slower here, since a Q4_0 group's unpacking is two instructions and the
 /// per-row work around it is the cost.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn dot_q4_0(w: &[u8], rows: usize, a: &ActRow, mut put: impl FnMut(usize, f32)) {
+fn dot_q4_0(w: &[u8], a: &ActRow, out: &mut [f32]) {
     const B: usize = q4_0::BYTES;
-    let rb = w.len() / rows.max(1);
+    let rb = w.len() / out.len().max(1);
     let nb = rb / B;
     let (xlo, xhi) = a.qs.split_at(16 * nb);
     let s4 = load64(&SPREAD4);
     let full = nb / 4 * 4;
-    for (k, row) in w.chunks_exact(rb.max(1)).take(rows).enumerate() {
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(rb.max(1))) {
         let mut acc = _mm512_setzero_ps();
         let groups = row[..full * B]
             .chunks_exact(4 * B)
@@ -290,7 +296,7 @@ fn dot_q4_0(w: &[u8], rows: usize, a: &ActRow, mut put: impl FnMut(usize, f32)) 
         if full < nb {
             acc = q4_0_tail(acc, &row[full * B..], a, full, s4);
         }
-        put(k, reduce16(acc));
+        *o = reduce16(acc);
     }
 }
 

@@ -198,29 +198,39 @@ pub fn matmul(
         acts.prepare(ty, cols, x, n);
         let acts = &*acts;
         par_row_blocks(rows, cols, n, rb, y, |blk| {
-            // Activation rows in groups of up to ACTS_PER_PASS, each group
+            // Activation rows in groups of up to `acts_per_pass`, each group
             // one pass over the block's weights.
             let mut t = 0;
             while t < n {
-                let k = (n - t).min(ACTS_PER_PASS);
-                match k {
-                    4 => pass::<4>(ty, w, rb, acts, t, blk),
+                t += match (n - t).min(acts_per_pass(ty)) {
+                    8.. => pass::<8>(ty, w, rb, acts, t, blk),
+                    4..=7 => pass::<4>(ty, w, rb, acts, t, blk),
                     3 => pass::<3>(ty, w, rb, acts, t, blk),
                     2 => pass::<2>(ty, w, rb, acts, t, blk),
                     _ => pass::<1>(ty, w, rb, acts, t, blk),
-                }
-                t += k;
+                };
             }
         });
     });
 }
 
-/// Activation rows one weight pass serves at most: every weight block is
-/// loaded and unpacked once for this many rows (prefill, verify, batches).
-const ACTS_PER_PASS: usize = 4;
+/// Activation rows one weight pass serves at most, measured per type on
+/// this machine's AVX-512 (results/kernels.md): Q4_K/Q5_K keep 4 (8 spill
+/// their two accumulators a row and ran 25% slower), Q6_K gains to 8, Q8_0
+/// is flat past 4, and Q4_0 runs one activation row a pass (its unpacking
+/// is two instructions; sharing it ran slower).
+fn acts_per_pass(ty: BlockType) -> usize {
+    match ty {
+        BlockType::Q4_0 => 1,
+        BlockType::Q4K | BlockType::Q5K => 4,
+        BlockType::Q8_0 | BlockType::Q6K => 8,
+    }
+}
 
 /// Activation rows `t0..t0 + N` against the weight rows of `blk`, one
-/// [`dot_rows_n`] call per [`ROWS_PER_CALL`] rows.
+/// [`dot_rows_n`] call per [`ROWS_PER_CALL`] rows; returns `N`. Every
+/// weight block is loaded and unpacked once for the `N` rows (prefill,
+/// verify, batches).
 fn pass<const N: usize>(
     ty: BlockType,
     w: &[u8],
@@ -228,7 +238,7 @@ fn pass<const N: usize>(
     acts: &Activations,
     t0: usize,
     blk: &mut super::RowBlock<'_>,
-) {
+) -> usize {
     let a: [ActRow; N] = std::array::from_fn(|t| acts.row(t0 + t));
     let rs = blk.rows();
     let mut out = [[0f32; N]; ROWS_PER_CALL];
@@ -242,6 +252,7 @@ fn pass<const N: usize>(
             }
         }
     }
+    N
 }
 
 /// Weight rows one [`dot_rows_n`] call covers (its results live on the stack).
