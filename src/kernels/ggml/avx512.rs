@@ -51,14 +51,10 @@ pub unsafe fn dot_rows_n<const N: usize>(
     match ty {
         BlockType::Q4_0 if N == 1 => dot_q4_0(w, &a[0], out.as_flattened_mut()),
         BlockType::Q4_0 => {
-            // One activation row a pass (see `dot_q4_0`), through a column.
-            // (`matmul` passes Q4_0 one row at a time, so this allocation is
-            // off its path.)
-            let mut col = vec![0f32; out.len()];
-            for (t, a) in a.iter().enumerate() {
-                dot_q4_0(w, a, &mut col);
-                for (o, &v) in out.iter_mut().zip(&col) {
-                    o[t] = v;
+            // One activation row a pass (see `dot_q4_0`), row by row.
+            for (o, r) in rows {
+                for (o, a) in o.iter_mut().zip(a) {
+                    dot_q4_0(r, a, std::slice::from_mut(o));
                 }
             }
         }
@@ -264,13 +260,14 @@ fn q4_0_group(blk: [&[u8]; 4]) -> (__m512i, __m128) {
         .fold(0u64, |h, b| h << 16 | le16(b, q4_0::D) as u64);
     (vq, f16x4(h))
 }
+
 /// Four blocks a step, block `b + i` in lanes `4i..4i+4`; the unsigned
 /// nibbles meet the split activation halves, and `c8` adds `−8·Σx`. A last
 /// group of one to three blocks leaves the other lanes as they were.
 ///
 /// One activation row a pass, the row loop inside: sharing the unpacked
-/// nibbles among several activation rows (as the other types do) ran 5–20%
-/// slower here, since a Q4_0 group's unpacking is two instructions and the
+/// nibbles among several activation rows (as the other types do) ran
+/// 10–50% slower here (results/kernels.md), since a Q4_0 group's unpacking is two instructions and the
 /// per-row work around it is the cost.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn dot_q4_0(w: &[u8], a: &ActRow, out: &mut [f32]) {
