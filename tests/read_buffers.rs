@@ -11,12 +11,10 @@
 
 mod common;
 
-use common::fixture;
+use common::{fixture, Greedy};
 use moestream::convert::{self, ConvertOptions};
 use moestream::model::{LoadOptions, Model};
-use moestream::profile::Profile;
 use moestream::quant::policy::Policy;
-use moestream::sampler::argmax;
 use moestream_io::{shared_pool, AlignedBuf, MAP_BYTES_MIN};
 use std::time::Duration;
 
@@ -45,22 +43,10 @@ fn fresh_buffer_allocation_touches_no_page() {
 /// the pool's fresh allocations during the decode steps (a prefill's burst
 /// of misses may hold more buffers than the plan's in-flight item).
 fn decode(model: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, u64) {
-    let mut kv = model.new_kv(prompt.len() + steps + 1);
-    let mut prof = Profile::default();
-    let mut logits = Vec::new();
-    model
-        .forward_into(prompt, &mut kv, false, &mut prof, &mut logits)
-        .unwrap();
-    let mut tokens = vec![argmax(&logits)];
+    let mut g = Greedy::prefill(model, prompt, steps);
     let before = shared_pool().stats().fresh_takes;
-    for _ in 0..steps {
-        let id = *tokens.last().unwrap();
-        model
-            .forward_into(&[id], &mut kv, false, &mut prof, &mut logits)
-            .unwrap();
-        tokens.push(argmax(&logits));
-    }
-    (tokens, shared_pool().stats().fresh_takes - before)
+    g.steps(steps);
+    (g.tokens, shared_pool().stats().fresh_takes - before)
 }
 
 /// Waits until the pool's warming thread is done.

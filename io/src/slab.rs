@@ -19,6 +19,13 @@
 //! plus those in flight) can [`SlabPool::warm`] it: a background thread at
 //! idle priority faults buffers in ahead of need while compute waits on the
 //! disk, up to that many bytes alive, never more.
+//!
+//! Idle priority means the warmer never takes a core from compute, and also
+//! that on a busy machine (a background build on every core) it may not run
+//! at all. So the pool tells when warming lags ([`SlabPool::warming_lags`]:
+//! no buffer finished for longer than one should take), and a caller that
+//! waits on warmed buffers (the expert cache's gate) stops waiting: its
+//! reads then fault their own buffers, as they would with no warmer.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -147,7 +154,25 @@ pub struct SlabPool {
     counters: PoolCounters,
     /// Warming threads running now.
     warming: AtomicUsize,
+    /// When warming last made progress (started, or finished a buffer), in
+    /// nanoseconds since `born`.
+    warm_progress_ns: AtomicU64,
+    born: std::time::Instant,
     free: Mutex<FreeList>,
+}
+
+/// How long faulting in one buffer may take before warming counts as
+/// lagging: a floor for small buffers, plus the buffer's bytes at the
+/// slowest fault rate we have measured (0.5 GB/s on virtio machines),
+/// halved again for margin.
+const WARM_PATIENCE_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+const WARM_FAULT_BYTES_PER_S_MIN: u64 = 250_000_000;
+
+/// Whether warming that last progressed `since` ago, with buffers of
+/// `len` bytes, lags behind (see [`SlabPool::warming_lags`]).
+fn lags(since: std::time::Duration, len: usize) -> bool {
+    let per_buffer_ns = (len as u64).saturating_mul(1_000_000_000) / WARM_FAULT_BYTES_PER_S_MIN;
+    since > WARM_PATIENCE_MIN + std::time::Duration::from_nanos(per_buffer_ns)
 }
 
 #[derive(Default)]
@@ -187,6 +212,8 @@ impl SlabPool {
             class_len: AtomicUsize::new(0),
             counters: PoolCounters::default(),
             warming: AtomicUsize::new(0),
+            warm_progress_ns: AtomicU64::new(0),
+            born: std::time::Instant::now(),
             free: Mutex::new(FreeList::default()),
         })
     }
@@ -250,6 +277,7 @@ impl SlabPool {
             free.class_bufs = free.bufs.iter().filter(|b| b.capacity() == class).count();
         }
         let pool: Weak<SlabPool> = Arc::downgrade(self);
+        self.note_warm_progress();
         self.warming.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name("slab-warm".into())
@@ -264,6 +292,24 @@ impl SlabPool {
         if spawned.is_err() {
             self.warming.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a warming thread is running but has finished no buffer for
+    /// longer than faulting one in should take (the machine's cores are
+    /// busy and its idle priority starves it). A caller that waits on
+    /// warmed buffers should stop waiting.
+    pub fn warming_lags(&self) -> bool {
+        if self.warming.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let last = std::time::Duration::from_nanos(self.warm_progress_ns.load(Ordering::Relaxed));
+        let since = self.born.elapsed().saturating_sub(last);
+        lags(since, self.class_len.load(Ordering::Relaxed))
+    }
+
+    fn note_warm_progress(&self) {
+        let now = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.warm_progress_ns.store(now, Ordering::Relaxed);
     }
 
     /// Lowers the limit on idle bytes to at most `bytes` (never raises it),
@@ -403,6 +449,7 @@ fn warm_loop(pool: &Weak<SlabPool>, len: usize, count: usize) {
         };
         buf.prefault();
         pool.counters.warmed.fetch_add(1, Ordering::Relaxed);
+        pool.note_warm_progress();
         pool.give(buf);
     }
 }
@@ -521,6 +568,18 @@ mod tests {
         assert_eq!(pool.take(10).unwrap().capacity(), 4 * 4096);
         assert_eq!(pool.stats().fresh_takes, 1);
         drop(bufs);
+    }
+
+    #[test]
+    fn warming_lags_only_past_its_patience_for_the_buffer_size() {
+        use std::time::Duration;
+        assert!(!lags(Duration::from_millis(10), 4096));
+        assert!(lags(Duration::from_millis(60), 4096));
+        // A 19 MB expert buffer may take 76 ms at the slowest fault rate.
+        assert!(!lags(Duration::from_millis(100), 19 << 20));
+        assert!(lags(Duration::from_millis(200), 19 << 20));
+        let pool = SlabPool::new(0);
+        assert!(!pool.warming_lags(), "no warming thread, nothing lags");
     }
 
     #[test]

@@ -190,3 +190,45 @@ pub fn copy_fixture(family: &str) -> tempfile::TempDir {
     }
     tmp
 }
+
+/// A greedy decode driven step by step, for tests that count something
+/// between the prompt and the decode (allocations, cache hits, fresh read
+/// buffers).
+pub struct Greedy<'m> {
+    model: &'m moestream::model::Model,
+    kv: moestream::kv::KvCache,
+    prof: moestream::profile::Profile,
+    logits: Vec<f32>,
+    pub tokens: Vec<u32>,
+}
+
+impl<'m> Greedy<'m> {
+    /// Runs `prompt` with room for `steps` more tokens; the first token is
+    /// chosen.
+    pub fn prefill(model: &'m moestream::model::Model, prompt: &[u32], steps: usize) -> Self {
+        let mut g = Greedy {
+            model,
+            kv: model.new_kv(prompt.len() + steps + 1),
+            prof: Default::default(),
+            logits: Vec::new(),
+            tokens: Vec::new(),
+        };
+        g.forward(prompt);
+        g
+    }
+
+    /// `steps` decode steps, each feeding the last token chosen.
+    pub fn steps(&mut self, steps: usize) {
+        for _ in 0..steps {
+            let id = *self.tokens.last().expect("a chosen token");
+            self.forward(&[id]);
+        }
+    }
+
+    fn forward(&mut self, ids: &[u32]) {
+        self.model
+            .forward_into(ids, &mut self.kv, false, &mut self.prof, &mut self.logits)
+            .expect("forward");
+        self.tokens.push(moestream::sampler::argmax(&self.logits));
+    }
+}
