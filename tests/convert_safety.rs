@@ -112,17 +112,22 @@ fn an_unfinished_conversion_is_refused_by_run() {
     assert_clean_failure(&ran, &["unfinished conversion", MANIFEST]);
 }
 
-#[test]
-fn resume_from_a_different_input_is_refused() {
+/// A conversion of deepseek_v3 into `tmp`/c, interrupted: unfinished, its
+/// last file gone.
+fn interrupted_conversion() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("c");
     assert!(convert(&fixture("deepseek_v3"), &out, &[]).ok);
-    // Interrupted: unfinished, its last file gone.
     let mut m = manifest(&out);
     m["census"] = serde_json::Value::Null;
     set_manifest(&out, &m);
-    let files = shards(&out);
-    std::fs::remove_file(files.last().unwrap()).unwrap();
+    std::fs::remove_file(shards(&out).last().unwrap()).unwrap();
+    (tmp, out)
+}
+
+#[test]
+fn resume_from_a_different_input_is_refused() {
+    let (tmp, out) = interrupted_conversion();
     let before = snapshot(&out);
     let other = convert(&fixture("glm4_moe"), &out, &["--resume"]);
     assert_clean_failure(&other, &["not from this input", "config.json differs"]);
@@ -173,13 +178,7 @@ fn a_config_that_is_not_a_regular_file_is_refused() {
 
 #[test]
 fn resume_from_a_checkpoint_with_other_data_but_the_same_headers_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("c");
-    assert!(convert(&fixture("deepseek_v3"), &out, &[]).ok);
-    let mut m = manifest(&out);
-    m["census"] = serde_json::Value::Null;
-    set_manifest(&out, &m);
-    std::fs::remove_file(shards(&out).last().unwrap()).unwrap();
+    let (tmp, out) = interrupted_conversion();
     // Another checkpoint: same config, same headers and sizes, one weight
     // differing in its lowest bit.
     let other = tmp.path().join("other");

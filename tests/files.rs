@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{assert_clean_failure, fixture, tiny_model, Out};
+use common::{assert_clean_failure, fixture, listing, tiny_model, wait_within, Out};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// Runs `moestream args` (through `sh -c` when `limit_blocks` is set:
 /// SIGXFSZ ignored and `ulimit -f` at that many blocks, so a write past
@@ -32,21 +31,13 @@ fn moestream_bounded(args: &[&str], limit_blocks: Option<u64>) -> Out {
             c
         }
     };
-    let mut child = cmd
+    let child = cmd
         .env("MOESTREAM_NO_HISTORY", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn moestream");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("moestream {args:?} still running after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = wait_within(child, 60, &format!("moestream {args:?}"));
     Out {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -56,16 +47,6 @@ fn moestream_bounded(args: &[&str], limit_blocks: Option<u64>) -> Out {
 
 fn mkfifo(path: &Path) {
     nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU).unwrap();
-}
-
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -179,7 +160,7 @@ fn a_replay_csv_or_trace_that_fills_the_disk_leaves_no_partial_file() {
     let model = tiny_model();
     let tmp = tempfile::tempdir().unwrap();
     let trace = traced(model.path(), tmp.path());
-    let before = names(tmp.path());
+    let before = listing(tmp.path());
     let csv = tmp.path().join("r.csv");
     let args = [
         "replay",
@@ -190,7 +171,7 @@ fn a_replay_csv_or_trace_that_fills_the_disk_leaves_no_partial_file() {
     ];
     let out = moestream_bounded(&args, Some(0));
     assert_clean_failure(&out, &["r.csv"]);
-    assert_eq!(names(tmp.path()), before, "a partial CSV was left");
+    assert_eq!(listing(tmp.path()), before, "a partial CSV was left");
     // A traced run whose trace cannot be written: no part or temp file.
     let second = tmp.path().join("second");
     std::fs::create_dir(&second).unwrap();
@@ -208,7 +189,7 @@ fn a_replay_csv_or_trace_that_fills_the_disk_leaves_no_partial_file() {
     let mut args = args.to_vec();
     args.extend(["--trace", t2.to_str().unwrap()]);
     let _ = moestream_bounded(&args, Some(0));
-    let left: Vec<String> = names(&second)
+    let left: Vec<String> = listing(&second)
         .into_iter()
         .filter(|n| n != "t.parquet.lock")
         .collect();

@@ -711,7 +711,7 @@ fn a_second_server_on_one_kv_dir_is_refused_naming_the_dir_and_the_first() {
     let k = kv.path().to_str().unwrap();
     let model = fixture("qwen3_moe");
     let first = Server::start(&model, &["--kv-dir", k]);
-    let mut second = Command::new(env!("CARGO_BIN_EXE_moestream"))
+    let second = Command::new(env!("CARGO_BIN_EXE_moestream"))
         .args(["serve", "--port", "0", "--kv-dir", k, "--model"])
         .arg(&model)
         .env("MOESTREAM_NO_HISTORY", "1")
@@ -719,15 +719,7 @@ fn a_second_server_on_one_kv_dir_is_refused_naming_the_dir_and_the_first() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while second.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = second.kill();
-            panic!("a second server on {k} kept running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = second.wait_with_output().unwrap();
+    let out = common::wait_within(second, 60, &format!("a second server on {k}"));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     let pid = format!("pid {}", first.child.id());
