@@ -10,6 +10,12 @@
 //! Invariants: nothing here blocks on a FIFO, reads without bound, writes
 //! through a device or a planted symlink, or leaves a temp file behind on
 //! an error it sees.
+//!
+//! Not through here, on purpose: the kernel's own files (`/proc`, `/sys`,
+//! cgroup control files such as `memory.max`), which are read as the kernel
+//! serves them and written in place (a rename cannot replace them), and the
+//! expert reads of `moestream-io` (shards already opened through
+//! [`read::open`]'s checks by the weight index).
 
 pub mod guard;
 pub mod lock;
