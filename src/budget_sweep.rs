@@ -132,7 +132,7 @@ pub fn write_csv(rows: &[SweepRow], path: &Path) -> std::io::Result<()> {
     if rows.is_empty() {
         bytes = format!("{}\n", CSV_COLUMNS.join(",")).into_bytes();
     }
-    std::fs::write(path, bytes)
+    crate::fs::write(path, &bytes).map_err(std::io::Error::other)
 }
 
 /// Per read mode, `(ram_gb, y)` medians over rounds of the finished runs
@@ -183,10 +183,16 @@ pub fn write_plots(rows: &[SweepRow], title: &str, svg: &Path, png: &Path) -> Re
         ("decode tok/s", lines(rows, |r| r.decode_tok_s.or(r.tok_s))),
         ("MB read per token", lines(rows, |r| r.mb_per_token)),
     ];
-    let svg_root = SVGBackend::new(svg, (PLOT_W, PLOT_H)).into_drawing_area();
-    draw(svg_root, title, &panels).map_err(|e| format!("{}: {e}", svg.display()))?;
-    let png_root = BitMapBackend::new(png, (PLOT_W, PLOT_H)).into_drawing_area();
-    draw(png_root, title, &panels).map_err(|e| format!("{}: {e}", png.display()))
+    crate::fs::write::write_via(svg, |inner| {
+        let root = SVGBackend::new(inner, (PLOT_W, PLOT_H)).into_drawing_area();
+        draw(root, title, &panels)
+    })
+    .map_err(|e| e.to_string())?;
+    crate::fs::write::write_via(png, |inner| {
+        let root = BitMapBackend::new(inner, (PLOT_W, PLOT_H)).into_drawing_area();
+        draw(root, title, &panels)
+    })
+    .map_err(|e| e.to_string())
 }
 
 type Panel = (&'static str, Vec<(String, Vec<(f64, f64)>)>);

@@ -104,7 +104,7 @@ impl ChatTemplate {
         };
         let file = dir.join(CHAT_TEMPLATE_FILE);
         if dir.is_dir() && file.is_file() {
-            let source = crate::config::read_capped(&file)?;
+            let source = crate::fs::read_to_string(&file, crate::fs::read::JSON_SIDE_FILE)?;
             return ChatTemplate::new(source, tokens, file.display().to_string()).map(Some);
         }
         match config.map(|c| c.template()).transpose()?.flatten() {
@@ -116,7 +116,7 @@ impl ChatTemplate {
     /// `--chat-template FILE`: the file's text is the template; bos/eos
     /// still come from dir's tokenizer_config.json when present.
     pub fn from_file(path: &Path, dir: &Path) -> Result<ChatTemplate> {
-        let source = crate::config::read_capped(path)?;
+        let source = crate::fs::read_to_string(path, crate::fs::read::JSON_SIDE_FILE)?;
         let tokens = match TokenizerConfig::read(dir)? {
             Some(c) => c.special_tokens()?,
             None => SpecialTokens::default(),

@@ -311,49 +311,6 @@ impl Fields<'_> {
     }
 }
 
-/// The most bytes any JSON side file (config, tokenizer, generation config,
-/// manifests, usage history, tuned profiles) may hold: the largest real
-/// tokenizer.json files are tens of MiB.
-pub const JSON_FILE_BYTES_MAX: u64 = 256 << 20;
-
-/// Reads a JSON side file as text, refusing what is not a regular file (a
-/// FIFO would block, a device such as /dev/zero never ends) and anything
-/// over [`JSON_FILE_BYTES_MAX`].
-pub fn read_capped(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let md = std::fs::metadata(path).map_err(|e| Error::file(path, e))?;
-    if !md.is_file() {
-        return Err(Error::config(
-            path,
-            "(file)",
-            "not a regular file".to_string(),
-        ));
-    }
-    if md.len() > JSON_FILE_BYTES_MAX {
-        return Err(Error::config(
-            path,
-            "(file)",
-            format!(
-                "{} bytes, over the {JSON_FILE_BYTES_MAX}-byte limit",
-                md.len()
-            ),
-        ));
-    }
-    let f = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
-    let mut text = String::new();
-    f.take(JSON_FILE_BYTES_MAX + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| Error::file(path, e))?;
-    if text.len() as u64 > JSON_FILE_BYTES_MAX {
-        return Err(Error::config(
-            path,
-            "(file)",
-            format!("grew past the {JSON_FILE_BYTES_MAX}-byte limit while read"),
-        ));
-    }
-    Ok(text)
-}
-
 /// The largest size any config field may give (dimensions, vocabulary,
 /// layers): far above every real model, far below what overflows a plan.
 const SIZE_MAX: usize = 1 << 24;

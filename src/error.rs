@@ -104,6 +104,11 @@ pub enum Error {
     /// tokenizer_config.json field).
     #[error("chat template {origin}: {reason}")]
     ChatTemplate { origin: String, reason: String },
+    /// A file refused before it is read or written: not a regular file (a
+    /// FIFO, device, socket or directory), over its kind's size limit, or
+    /// an output that is one of the command's inputs.
+    #[error("{path}: {reason}")]
+    FileRefused { path: PathBuf, reason: String },
 }
 
 impl Error {

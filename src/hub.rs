@@ -44,7 +44,9 @@ pub fn resolve_in(cache: &Path, repo: &str, revision: Option<&str>) -> Result<Pa
     let revision = revision.unwrap_or("main");
     let refs = dir.join("refs").join(revision);
     let commit = if refs.is_file() {
-        crate::config::read_capped(&refs)?.trim().to_string()
+        crate::fs::read_to_string(&refs, crate::fs::read::JSON_SIDE_FILE)?
+            .trim()
+            .to_string()
     } else {
         revision.to_string()
     };

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! "MSKV0001" | header length (u32 LE) | header (JSON) | rows (f32 LE)
-//! header: {model_key, layouts, tokens, crc32}
+//! header: {model_key, model_dir, layouts, tokens, crc32}
 //! ```
 //!
 //! `crc32` covers the tokens and every row. Loading refuses, naming the
@@ -14,11 +14,14 @@
 //! whose length or checksum does not match, and anything unparsable: a
 //! refused file is recomputed, never used. Files are written through a
 //! unique temporary file and a rename, so a crash leaves the old file or
-//! the new one.
+//! the new one. Headers are read alone first ([`read_head`]), so a
+//! directory of files is sorted out without reading its rows; a file
+//! without the magic is not one of ours and is never touched.
 
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvLayout};
 use serde::{Deserialize, Serialize};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"MSKV0001";
@@ -27,11 +30,78 @@ const HEADER_MAX: usize = 64 << 20;
 
 #[derive(Serialize, Deserialize)]
 struct Header {
-    /// [`crate::tune::model_key`] of the model that computed it, in hex.
+    /// The KV key of the model that computed it ([`crate::server::kv_dir`]:
+    /// its identity and its weights' content), in hex.
     model_key: String,
+    /// The canonical directory (or GGUF file) of that model: a file of this
+    /// model whose key is stale (the weights changed) may be removed; one of
+    /// another model is left alone.
+    #[serde(default)]
+    model_dir: String,
     layouts: Vec<KvLayout>,
     tokens: Vec<u32>,
     crc32: u32,
+}
+
+/// A KV file's header, read without its rows.
+pub struct Head {
+    header: Header,
+    /// Where the rows start and how many bytes follow.
+    rows_at: u64,
+    rows_len: u64,
+}
+
+impl Head {
+    /// The tokens whose positions the file holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.header.tokens
+    }
+
+    /// The model directory recorded by the writer ("" for older files).
+    pub fn model_dir(&self) -> &str {
+        &self.header.model_dir
+    }
+
+    /// Refuses a file of another model key or of other layer shapes, or
+    /// whose length disagrees with its tokens.
+    pub fn check(&self, path: &Path, model_key: u64, layouts: &[KvLayout]) -> Result<()> {
+        let want = format!("{model_key:016x}");
+        if self.header.model_key != want {
+            return Err(bad(
+                path,
+                format!(
+                    "saved by model {} (this model is {want})",
+                    self.header.model_key
+                ),
+            ));
+        }
+        if self.header.layouts != layouts {
+            return Err(bad(
+                path,
+                "its layer shapes differ from this model's".into(),
+            ));
+        }
+        let n = self.header.tokens.len() as u64;
+        let floats: u64 = layouts.iter().map(|l| floats_per_position(*l) as u64).sum();
+        if self.rows_len != n * floats * 4 {
+            return Err(bad(
+                path,
+                format!(
+                    "{} bytes of rows; {n} positions need {}",
+                    self.rows_len,
+                    n * floats * 4
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn bad(path: &Path, reason: String) -> Error {
+    Error::KvFile {
+        path: path.to_path_buf(),
+        reason,
+    }
 }
 
 fn checksum(tokens: &[u32], rows: &[u8]) -> u32 {
@@ -59,8 +129,13 @@ fn rows_of(kv: &mut KvCache) -> Vec<u8> {
 }
 
 /// Saves `kv` (whose filled positions hold `tokens`) for the model keyed
-/// `model_key`.
-pub fn save(path: &Path, model_key: u64, tokens: &[u32], kv: &mut KvCache) -> Result<()> {
+/// `model_key` in `model_dir`.
+pub fn save(
+    path: &Path,
+    (model_key, model_dir): (u64, &str),
+    tokens: &[u32],
+    kv: &mut KvCache,
+) -> Result<()> {
     assert_eq!(
         tokens.len(),
         kv.len(),
@@ -69,6 +144,7 @@ pub fn save(path: &Path, model_key: u64, tokens: &[u32], kv: &mut KvCache) -> Re
     let rows = rows_of(kv);
     let header = Header {
         model_key: format!("{model_key:016x}"),
+        model_dir: model_dir.to_string(),
         layouts: kv.layouts().to_vec(),
         tokens: tokens.to_vec(),
         crc32: checksum(tokens, &rows),
@@ -79,60 +155,74 @@ pub fn save(path: &Path, model_key: u64, tokens: &[u32], kv: &mut KvCache) -> Re
     bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
     bytes.extend_from_slice(&header);
     bytes.extend_from_slice(&rows);
-    crate::convert::writer::write_atomic(path, &bytes)
+    crate::fs::write(path, &bytes)
+}
+
+/// Reads the header of `path` (a regular file, through the bounded
+/// reader); `None` when the file does not start with the KV magic: not a
+/// moestream KV file, another program's, never to be touched.
+pub fn read_head(path: &Path) -> Result<Option<Head>> {
+    let (file, len) = crate::fs::read::open_capped(path, crate::fs::read::KV_FILE)?;
+    let mut start = Vec::with_capacity(12);
+    (&file)
+        .take(12)
+        .read_to_end(&mut start)
+        .map_err(|e| Error::file(path, e))?;
+    if start.len() < MAGIC.len() || &start[..8] != MAGIC {
+        return Ok(None);
+    }
+    if start.len() < 12 {
+        return Err(bad(path, format!("truncated: {len} bytes")));
+    }
+    let hlen = u32::from_le_bytes(start[8..12].try_into().expect("4 bytes")) as u64;
+    if hlen > HEADER_MAX as u64 || 12 + hlen > len {
+        return Err(bad(
+            path,
+            format!("header length {hlen} passes the file's end ({len} bytes)"),
+        ));
+    }
+    let mut header = Vec::with_capacity(hlen as usize);
+    (&file)
+        .take(hlen)
+        .read_to_end(&mut header)
+        .map_err(|e| Error::file(path, e))?;
+    let header: Header =
+        serde_json::from_slice(&header).map_err(|e| bad(path, format!("header: {e}")))?;
+    Ok(Some(Head {
+        header,
+        rows_at: 12 + hlen,
+        rows_len: len - 12 - hlen,
+    }))
+}
+
+/// Reads the rows of the file whose checked header is `head`: its tokens
+/// and a cache holding exactly their positions.
+pub fn load_rows(path: &Path, head: Head, layouts: &[KvLayout]) -> Result<(Vec<u32>, KvCache)> {
+    let mut file = crate::fs::open(path)?;
+    file.seek(SeekFrom::Start(head.rows_at))
+        .map_err(|e| Error::file(path, e))?;
+    let mut rows = Vec::with_capacity(head.rows_len as usize);
+    file.take(head.rows_len)
+        .read_to_end(&mut rows)
+        .map_err(|e| Error::file(path, e))?;
+    let tokens = head.header.tokens;
+    if rows.len() as u64 != head.rows_len || checksum(&tokens, &rows) != head.header.crc32 {
+        return Err(bad(path, "checksum mismatch (the file is corrupt)".into()));
+    }
+    let n = tokens.len();
+    let mut kv = KvCache::new(layouts, n);
+    fill(&mut kv, &rows);
+    kv.advance(n);
+    Ok((tokens, kv))
 }
 
 /// Loads a KV file saved for the model keyed `model_key` whose layers have
 /// `layouts`: its tokens and a cache holding exactly their positions.
 pub fn load(path: &Path, model_key: u64, layouts: &[KvLayout]) -> Result<(Vec<u32>, KvCache)> {
-    let bad = |reason: String| Error::KvFile {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
-    let (header, rows) = split(&bytes).map_err(bad)?;
-    let header: Header = serde_json::from_slice(header).map_err(|e| bad(format!("header: {e}")))?;
-    let want = format!("{model_key:016x}");
-    if header.model_key != want {
-        return Err(bad(format!(
-            "saved by model {} (this model is {want})",
-            header.model_key
-        )));
-    }
-    if header.layouts != layouts {
-        return Err(bad("its layer shapes differ from this model's".into()));
-    }
-    let n = header.tokens.len();
-    let floats: usize = layouts.iter().map(|l| floats_per_position(*l)).sum();
-    if rows.len() != n * floats * 4 {
-        return Err(bad(format!(
-            "{} bytes of rows; {n} positions need {}",
-            rows.len(),
-            n * floats * 4
-        )));
-    }
-    if checksum(&header.tokens, rows) != header.crc32 {
-        return Err(bad("checksum mismatch (the file is corrupt)".into()));
-    }
-    let mut kv = KvCache::new(layouts, n);
-    fill(&mut kv, rows);
-    kv.advance(n);
-    Ok((header.tokens, kv))
-}
-
-/// The magic-checked header and rows of a KV file's bytes.
-fn split(bytes: &[u8]) -> std::result::Result<(&[u8], &[u8]), String> {
-    if bytes.len() < 12 || &bytes[..8] != MAGIC {
-        return Err("not a moestream KV file (bad magic)".into());
-    }
-    let len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
-    if len > HEADER_MAX || 12 + len > bytes.len() {
-        return Err(format!(
-            "header length {len} passes the file's end ({} bytes)",
-            bytes.len()
-        ));
-    }
-    Ok((&bytes[12..12 + len], &bytes[12 + len..]))
+    let head =
+        read_head(path)?.ok_or_else(|| bad(path, "not a moestream KV file (bad magic)".into()))?;
+    head.check(path, model_key, layouts)?;
+    load_rows(path, head, layouts)
 }
 
 fn floats_per_position(layout: KvLayout) -> usize {
@@ -191,7 +281,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.kv");
         let mut kv = filled(3);
-        save(&path, 7, &[5, 6, 7], &mut kv).unwrap();
+        save(&path, (7, "m"), &[5, 6, 7], &mut kv).unwrap();
         let (tokens, mut back) = load(&path, 7, &layouts()).unwrap();
         assert_eq!(tokens, [5, 6, 7]);
         assert_eq!(back.len(), 3);
@@ -202,7 +292,7 @@ mod tests {
     fn refuses_other_models_shapes_and_corruption() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.kv");
-        save(&path, 7, &[5, 6], &mut filled(2)).unwrap();
+        save(&path, (7, "m"), &[5, 6], &mut filled(2)).unwrap();
         let err = |r: Result<(Vec<u32>, KvCache)>| r.err().unwrap().to_string();
         assert!(err(load(&path, 8, &layouts())).contains("saved by model"));
         assert!(err(load(&path, 7, &layouts()[..1])).contains("layer shapes"));

@@ -23,6 +23,7 @@ pub mod disk;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+pub mod fs;
 pub mod gen_config;
 pub mod generate;
 pub mod gguf;

@@ -29,7 +29,7 @@ pub fn read(model: &Path, name: &str) -> Result<Option<Document>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = crate::config::read_capped(&path)?;
+    let text = crate::fs::read_to_string(&path, crate::fs::read::JSON_SIDE_FILE)?;
     Ok(Some(Document { path, text }))
 }
 

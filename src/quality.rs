@@ -3,7 +3,6 @@
 //! and compared by a later `eval --ref-logits` run: top-1 agreement and the
 //! KL divergence `KL(P_ref ‖ P_model)` at every position.
 
-use crate::convert::writer::write_atomic;
 use crate::error::{Error, Result};
 use crate::sampler::argmax;
 use serde::Serialize;
@@ -36,7 +35,7 @@ pub fn save_logits(path: &Path, ids: &[u32], logits: &[f32], vocab: usize) -> Re
     ];
     let bytes = safetensors::serialize(views, None)
         .map_err(|e| Error::Request(format!("serializing logits: {e}")))?;
-    write_atomic(path, &bytes)
+    crate::fs::write(path, &bytes)
 }
 
 /// Reference logits: the ids they were computed on and `(ids, vocab)` values.
@@ -48,7 +47,7 @@ pub struct RefLogits {
 
 /// Loads a file written by [`save_logits`].
 pub fn load_logits(path: &Path) -> Result<RefLogits> {
-    let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
+    let bytes = crate::fs::read(path, crate::fs::read::LOGITS)?;
     let bad = |why: String| Error::Shard {
         path: path.to_path_buf(),
         reason: format!("not a reference-logits file: {why}"),

@@ -88,7 +88,7 @@ pub fn model_key(dir: &Path) -> Result<u64> {
         return Ok(h.0);
     }
     let config = dir.join("config.json");
-    h.update(crate::config::read_capped(&config)?.as_bytes());
+    h.update(crate::fs::read_to_string(&config, crate::fs::read::JSON_SIDE_FILE)?.as_bytes());
     let mut shards: Vec<(String, u64)> = std::fs::read_dir(dir)
         .map_err(|e| Error::file(dir, e))?
         .filter_map(|e| e.ok())
@@ -149,7 +149,7 @@ pub fn save_in(cache: &Path, dir: &Path, profile: &Profile) -> Result<PathBuf> {
     let parent = path.parent().expect("the profile path has a directory");
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
     let json = serde_json::to_vec_pretty(profile).expect("a profile serializes");
-    crate::convert::writer::write_atomic(&path, &json)?;
+    crate::fs::write(&path, &json)?;
     Ok(path)
 }
 
@@ -166,7 +166,7 @@ pub fn load_in(cache: &Path, dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = crate::config::read_capped(&path)?;
+    let text = crate::fs::read_to_string(&path, crate::fs::read::JSON_SIDE_FILE)?;
     let p: Profile = serde_json::from_str(&text)
         .map_err(|e| Error::Request(format!("tuned profile {}: {e}", path.display())))?;
     if p.version != PROFILE_VERSION {

@@ -112,17 +112,22 @@ fn an_unfinished_conversion_is_refused_by_run() {
     assert_clean_failure(&ran, &["unfinished conversion", MANIFEST]);
 }
 
-#[test]
-fn resume_from_a_different_input_is_refused() {
+/// A conversion of deepseek_v3 into `tmp`/c, interrupted: unfinished, its
+/// last file gone.
+fn interrupted_conversion() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("c");
     assert!(convert(&fixture("deepseek_v3"), &out, &[]).ok);
-    // Interrupted: unfinished, its last file gone.
     let mut m = manifest(&out);
     m["census"] = serde_json::Value::Null;
     set_manifest(&out, &m);
-    let files = shards(&out);
-    std::fs::remove_file(files.last().unwrap()).unwrap();
+    std::fs::remove_file(shards(&out).last().unwrap()).unwrap();
+    (tmp, out)
+}
+
+#[test]
+fn resume_from_a_different_input_is_refused() {
+    let (tmp, out) = interrupted_conversion();
     let before = snapshot(&out);
     let other = convert(&fixture("glm4_moe"), &out, &["--resume"]);
     assert_clean_failure(&other, &["not from this input", "config.json differs"]);
@@ -169,4 +174,49 @@ fn a_config_that_is_not_a_regular_file_is_refused() {
     std::os::unix::fs::symlink("/dev/zero", model.join("config.json")).unwrap();
     let out = run_ok(&model);
     assert_clean_failure(&out, &["config.json", "not a regular file"]);
+}
+
+#[test]
+fn resume_from_a_checkpoint_with_other_data_but_the_same_headers_is_refused() {
+    let (tmp, out) = interrupted_conversion();
+    // Another checkpoint: same config, same headers and sizes, one weight
+    // differing in its lowest bit.
+    let other = tmp.path().join("other");
+    copy_dir(&fixture("deepseek_v3"), &other);
+    let shard = shards(&other)[0].clone();
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let data_start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[data_start] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let before = snapshot(&out);
+    let resumed = convert(&other, &out, &["--resume"]);
+    assert_clean_failure(&resumed, &["not from this input", "its data"]);
+    assert_eq!(snapshot(&out), before);
+}
+
+#[test]
+fn a_conversion_that_fills_the_disk_leaves_no_partial_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    // SIGXFSZ ignored and a 64-block file size limit: the first write past
+    // it fails with EFBIG, as one past a full disk fails with ENOSPC.
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_moestream"))
+        .args(["convert", "--quiet", "--input"])
+        .arg(fixture("deepseek_v3"))
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!status.status.success());
+    let err = String::from_utf8_lossy(&status.stderr);
+    assert!(err.contains("too large"), "{err}");
+    let partial: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(partial.is_empty(), "partial files left: {partial:?}");
 }

@@ -35,3 +35,30 @@ fn demo_creates_the_model_then_reuses_it() {
         "seeded demo output is reproducible"
     );
 }
+
+#[test]
+fn three_demos_started_at_once_on_first_use_all_succeed() {
+    let cache = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_moestream"))
+                .args(["demo", "--max-tokens", "2"])
+                .env("MOESTREAM_CACHE", cache.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+    }
+    let left: Vec<String> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -648,3 +648,108 @@ fn response_format_json_schema_constrains_the_answer() {
     let text = text_of(&s.post("/v1/chat/completions", &body));
     assert!(text.starts_with('{'), "{text:?}");
 }
+
+/// A chat on `s` answered within 60 s (a server whose engine thread hangs
+/// fails the test instead of hanging it).
+fn chat_within(s: &Server, body: &Value) -> Reply {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (base, body) = (s.base.clone(), body.clone());
+    std::thread::spawn(move || {
+        let r = ureq::post(&format!("{base}/v1/chat/completions")).send_json(body);
+        let _ = tx.send(
+            r.map(|r| r.into_json::<Value>().unwrap())
+                .map_err(|e| e.to_string()),
+        );
+    });
+    let json = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the request was answered within 60 s")
+        .expect("a 200 reply");
+    Reply {
+        status: 200,
+        json,
+        retry_after: None,
+    }
+}
+
+#[test]
+fn the_kv_dir_leaves_files_it_did_not_write_and_a_fifo_does_not_block_it() {
+    let kv = tempfile::tempdir().unwrap();
+    let mine = [
+        ("notes.kv", &b"my own notes"[..]),
+        ("0123456789abcdef.kv", b"not a KV file at all"),
+    ];
+    for (name, bytes) in mine {
+        std::fs::write(kv.path().join(name), bytes).unwrap();
+    }
+    let fifo = kv.path().join("fedcba9876543210.kv");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let s = Server::start(
+        &fixture("qwen3_moe"),
+        &["--kv-dir", kv.path().to_str().unwrap()],
+    );
+    let r = chat_within(&s, &chat("what is an expert?", 4));
+    text_of(&r);
+    assert!(s.stop().success());
+    for (name, bytes) in mine {
+        assert_eq!(
+            std::fs::read(kv.path().join(name)).unwrap(),
+            bytes,
+            "{name}"
+        );
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+}
+
+#[test]
+fn a_second_server_on_one_kv_dir_is_refused_naming_the_dir_and_the_first() {
+    let kv = tempfile::tempdir().unwrap();
+    let k = kv.path().to_str().unwrap();
+    let model = fixture("qwen3_moe");
+    let first = Server::start(&model, &["--kv-dir", k]);
+    let second = Command::new(env!("CARGO_BIN_EXE_moestream"))
+        .args(["serve", "--port", "0", "--kv-dir", k, "--model"])
+        .arg(&model)
+        .env("MOESTREAM_NO_HISTORY", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = common::wait_within(second, 60, &format!("a second server on {k}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let pid = format!("pid {}", first.child.id());
+    assert!(err.contains(k) && err.contains(&pid), "{err}");
+    assert!(first.stop().success());
+}
+
+#[test]
+fn kv_saved_before_the_weights_changed_in_place_is_refused() {
+    let kv = tempfile::tempdir().unwrap();
+    let kv_flag = ["--kv-dir", kv.path().to_str().unwrap()];
+    let model = common::copy_fixture("qwen3_moe");
+    let first = chat("what is an expert?", 4);
+    let s = Server::start(model.path(), &kv_flag);
+    let reply = text_of(&s.post("/v1/chat/completions", &first));
+    assert!(s.stop().success());
+    // New weights, same names and sizes: one weight's lowest bit flipped
+    // (the first byte of a shard's data).
+    let shard = model.path().join("model-00001-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let data_start = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[data_start] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let s = Server::start(model.path(), &kv_flag);
+    let r = s.post("/v1/chat/completions", &turns(&reply));
+    assert_eq!(r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let err = s.stderr.lock().unwrap().clone();
+    assert!(
+        err.contains("KV file refused") && err.contains("saved by model"),
+        "{err}"
+    );
+    assert!(s.stop().success());
+}

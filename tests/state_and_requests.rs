@@ -4,17 +4,8 @@
 
 mod common;
 
-use common::{moestream_env, tiny_model};
+use common::{listing, moestream_env, tiny_model};
 use moestream::state::history_path;
-
-fn listing(dir: &std::path::Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn concurrent_runs_merge_their_history_outside_the_model_directory() {

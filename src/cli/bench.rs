@@ -168,16 +168,16 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         .collect();
     println!("{}", pairs.join(" "));
     if let Some(path) = &a.csv {
-        let mut text = std::fs::read(path).unwrap_or_default();
-        let mut w = csv::WriterBuilder::new()
-            .has_headers(false)
-            .from_writer(Vec::new());
-        if text.is_empty() {
-            w.write_record(&header)?;
-        }
-        w.write_record(&values)?;
-        text.extend(w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?);
-        moestream::convert::writer::write_atomic(path, &text)?;
+        moestream::fs::write::append(path, moestream::fs::read::RESULTS_CSV, |fresh| {
+            let mut w = csv::WriterBuilder::new()
+                .has_headers(false)
+                .from_writer(Vec::new());
+            if fresh {
+                w.write_record(&header).map_err(|e| e.to_string())?;
+            }
+            w.write_record(&values).map_err(|e| e.to_string())?;
+            w.into_inner().map_err(|e| e.to_string())
+        })?;
     }
     Ok(())
 }

@@ -90,10 +90,9 @@ pub(super) fn cmd_bench_io(a: IoBenchArgs) -> Result<()> {
     .with_context(|| format!("disk sweep over {}", describe(&a, &files)))?;
     print!("{}", summary(&rows));
     if let Some(path) = &a.csv {
-        let f =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        write_csv(&rows, std::io::BufWriter::new(f))
-            .with_context(|| format!("writing {}", path.display()))?;
+        let mut out = moestream::fs::Output::create(path)?;
+        write_csv(&rows, &mut out).with_context(|| format!("writing {}", path.display()))?;
+        out.finish()?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.svg {
@@ -102,8 +101,7 @@ pub(super) fn cmd_bench_io(a: IoBenchArgs) -> Result<()> {
             describe(&a, &files),
             cfg.cell_time.as_secs_f64()
         );
-        std::fs::write(path, sweep_svg(&rows, &title))
-            .with_context(|| format!("writing {}", path.display()))?;
+        moestream::fs::write(path, sweep_svg(&rows, &title).as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -141,18 +141,16 @@ fn run_rounds(a: &BenchServeArgs, base: &str) -> Result<()> {
     Ok(())
 }
 
+/// Appends `row` to the CSV at `path`: the old rows are read (bounded,
+/// regular files only) and the whole file replaced through the safe writer.
 fn append_csv(path: &Path, row: &Row) -> Result<()> {
-    let fresh = !path.exists();
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    let mut w = csv::WriterBuilder::new()
-        .has_headers(fresh)
-        .from_writer(file);
-    w.serialize(row)?;
-    w.flush()?;
+    moestream::fs::write::append(path, moestream::fs::read::RESULTS_CSV, |fresh| {
+        let mut w = csv::WriterBuilder::new()
+            .has_headers(fresh)
+            .from_writer(Vec::new());
+        w.serialize(row).map_err(|e| e.to_string())?;
+        w.into_inner().map_err(|e| e.to_string())
+    })?;
     Ok(())
 }
 

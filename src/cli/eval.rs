@@ -50,6 +50,15 @@ pub(super) struct EvalArgs {
 }
 
 pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
+    if let Some(out) = &a.save_logits {
+        let inputs: Vec<&Path> = a
+            .ref_logits
+            .iter()
+            .chain(&a.text)
+            .map(PathBuf::as_path)
+            .collect();
+        moestream::fs::check_not_input(&[out], &inputs).context("--save-logits")?;
+    }
     let model = load(&a.model)?;
     if let Some(path) = &a.text {
         return eval_text(&model, path, &a);
@@ -95,8 +104,8 @@ pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
 
 /// `eval --text FILE`: the file's perplexity.
 fn eval_text(model: &Model, path: &Path, a: &EvalArgs) -> Result<()> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = moestream::fs::read_to_string(path, moestream::fs::read::PROMPTS)
+        .with_context(|| format!("--text {}", path.display()))?;
     let tok = Tokenizer::load(&a.model.model)?;
     let ids = tok.encode(&text)?;
     let window = a.window.min(model.cfg.rope.max_position_embeddings);
@@ -152,7 +161,7 @@ struct Scored {
 pub(super) fn cmd_score(a: ScoreArgs) -> Result<()> {
     let model = load(&a.model)?;
     let tok = Tokenizer::load(&a.model.model)?;
-    let text = std::fs::read_to_string(&a.tasks)
+    let text = moestream::fs::read_to_string(&a.tasks, moestream::fs::read::PROMPTS)
         .with_context(|| format!("reading {}", a.tasks.display()))?;
     let mut scored = Vec::new();
     for (n, line) in (1..).zip(text.lines()) {

@@ -19,6 +19,7 @@ pub(super) struct ExportArgs {
 }
 
 pub(super) fn cmd_export(a: ExportArgs) -> Result<()> {
+    moestream::fs::check_not_input(&[&a.out], &[&a.model]).context("--out")?;
     let ty = match a.r#type.to_ascii_uppercase().as_str() {
         "F32" => None,
         name => Some(

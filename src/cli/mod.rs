@@ -778,10 +778,12 @@ fn constrained(
     eos: &[u32],
 ) -> Result<Option<moestream::engine::Constrained>> {
     use moestream::engine::{Constrained, Constraint, Grammars};
-    let read =
-        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    use moestream::fs::read::{GRAMMAR, JSON_SCHEMA};
+    let read = |p: &Path, cap, flag: &str| {
+        moestream::fs::read_to_string(p, cap).with_context(|| format!("{flag} {}", p.display()))
+    };
     let constraint = match (&g.grammar, &g.json_schema, &g.regex) {
-        (Some(p), _, _) => Constraint::Lark(match read(p)? {
+        (Some(p), _, _) => Constraint::Lark(match read(p, GRAMMAR, "--grammar")? {
             text if moestream::engine::gbnf::is_gbnf(&text) => {
                 moestream::engine::gbnf::to_lark(&text)
                     .map_err(moestream::Error::from)
@@ -790,7 +792,7 @@ fn constrained(
             text => text,
         }),
         (_, Some(p), _) => Constraint::JsonSchema(
-            serde_json::from_str(&read(p)?)
+            serde_json::from_str(&read(p, JSON_SCHEMA, "--json-schema")?)
                 .with_context(|| format!("{}: not JSON", p.display()))?,
         ),
         (_, _, Some(r)) => Constraint::Regex(r.clone()),

@@ -72,6 +72,8 @@ fn parse_slots(v: &[String]) -> Result<Vec<Slots>> {
 }
 
 pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
+    let outputs: Vec<&Path> = a.csv.iter().chain(&a.plot).map(PathBuf::as_path).collect();
+    moestream::fs::check_not_input(&outputs, &[&a.trace]).context("--csv/--plot")?;
     let slots = parse_slots(&a.slots)?;
     let policies: Vec<&str> = a.policy.iter().map(|p| p.trim()).collect();
     if let Some(bad) = policies.iter().find(|p| policy::build(p, 1).is_none()) {

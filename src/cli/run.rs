@@ -88,7 +88,7 @@ pub(super) fn serve_prompts(
     path: &Path,
     a: &RunArgs,
 ) -> Result<()> {
-    let text = std::fs::read_to_string(path)
+    let text = moestream::fs::read_to_string(path, moestream::fs::read::PROMPTS)
         .with_context(|| format!("reading prompts from {}", path.display()))?;
     let lines: Vec<(usize, &str)> = (1..)
         .zip(text.lines())

@@ -34,6 +34,7 @@ pub(super) fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<()> {
     if !holdout_ok || !rate_ok || a.epochs == 0 {
         bail!("--holdout must be in (0, 1), --epochs at least 1 and --learning-rate positive");
     }
+    moestream::fs::check_not_input(&[&a.out], &[&a.trace]).context("--out")?;
     let runs = moestream::trace::read::read(&a.trace, None)?;
     let o = TrainOptions {
         epochs: a.epochs,

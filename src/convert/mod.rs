@@ -37,7 +37,7 @@ use moestream_io::ReadMode;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use writer::{write_atomic, Checksum, FileWriter, Layout};
+use writer::{Checksum, FileWriter, Layout};
 
 /// The manifest of finished output files.
 pub const MANIFEST: &str = "moestream-convert.json";
@@ -140,9 +140,11 @@ pub struct Manifest {
     pub census: Option<Census>,
 }
 
-/// What identifies a conversion's input without reading its weights:
-/// config.json's checksum and each shard's name, size and header checksum
-/// (the header fixes every tensor's name, type, shape and offset).
+/// What identifies a conversion's input without reading all its weights:
+/// config.json's checksum and each shard's name, size, header checksum
+/// (the header fixes every tensor's name, type, shape and offset) and data
+/// checksum (of its first and last MiB: two checkpoints whose configs and
+/// headers agree differ there).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct InputFingerprint {
     pub config_checksum: String,
@@ -155,13 +157,17 @@ pub struct ShardPrint {
     pub name: String,
     pub bytes: u64,
     pub header_checksum: String,
+    /// [`crate::fs::print::Print::data_hex`] of the shard ("" in manifests
+    /// of older versions, which then cannot be resumed).
+    #[serde(default)]
+    pub data_checksum: String,
 }
 
 impl InputFingerprint {
     /// The fingerprint of the checkpoint `index` was opened from.
     fn of(input: &Path, index: &WeightIndex) -> Result<InputFingerprint> {
         let config = input.join("config.json");
-        let text = crate::config::read_capped(&config)?;
+        let text = crate::fs::read_to_string(&config, crate::fs::read::JSON_SIDE_FILE)?;
         let mut shards = Vec::with_capacity(index.shards.len());
         for shard in &index.shards {
             let (bytes, header) = header_bytes(&shard.path)?;
@@ -169,6 +175,7 @@ impl InputFingerprint {
                 name: file_name(&shard.path),
                 bytes,
                 header_checksum: checksum_hex(&header),
+                data_checksum: crate::fs::print::Print::of(&shard.path)?.data_hex(),
             });
         }
         Ok(InputFingerprint {
@@ -194,8 +201,15 @@ impl InputFingerprint {
             .zip(&now.shards)
             .find(|(a, b)| a != b)
             .map(|(a, b)| {
+                let part = if a.data_checksum != b.data_checksum
+                    && a.header_checksum == b.header_checksum
+                {
+                    "its data"
+                } else {
+                    "its header or size"
+                };
                 format!(
-                    "shard {} ({} bytes then) differs from {} ({} bytes now)",
+                    "shard {} ({} bytes then) differs from {} ({} bytes now) in {part}",
                     a.name, a.bytes, b.name, b.bytes
                 )
             })
@@ -216,7 +230,7 @@ fn checksum_hex(bytes: &[u8]) -> String {
 /// A safetensors file's size and its header bytes (length prefix included).
 fn header_bytes(path: &Path) -> Result<(u64, Vec<u8>)> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    let mut f = crate::fs::open(path)?;
     let size = f.metadata().map_err(|e| Error::file(path, e))?.len();
     let mut n8 = [0u8; 8];
     f.read_exact(&mut n8).map_err(|e| Error::file(path, e))?;
@@ -236,7 +250,7 @@ pub fn check_finished(dir: &Path) -> Result<()> {
     if !path.exists() {
         return Ok(());
     }
-    let text = crate::config::read_capped(&path)?;
+    let text = crate::fs::read_to_string(&path, crate::fs::read::JSON_SIDE_FILE)?;
     let m: Manifest = serde_json::from_str(&text)
         .map_err(|e| Error::config(&path, "(file)", format!("not a conversion manifest: {e}")))?;
     if m.census.is_none() {
@@ -552,7 +566,7 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport> {
     if let (Some(parent), Some(name)) = (staging.parent(), opts.output.file_name()) {
         for what in ["convert", "replaced"] {
             let prefix = format!(".{}.{what}-", name.to_string_lossy());
-            crate::state::remove_stale(parent, &prefix);
+            crate::fs::remove_stale(parent, &prefix);
         }
     }
     let _ = std::fs::remove_dir_all(&staging);
@@ -644,6 +658,7 @@ fn convert_into(
     for (fname, layout, order) in &plan.files {
         let path = out.join(fname);
         let _ = std::fs::remove_file(writer::tmp_path(&path));
+        crate::fs::remove_stale(out, &crate::fs::write::tmp_prefix(&path));
         if let Some(rec) = manifest.files.get(fname) {
             if finished(&path, layout, rec) {
                 bar.inc(order.iter().map(Source::input_bytes).sum());
@@ -713,7 +728,7 @@ fn load_manifest(
     if !path.exists() {
         return Ok(fresh);
     }
-    let text = crate::config::read_capped(path)?;
+    let text = crate::fs::read_to_string(path, crate::fs::read::JSON_SIDE_FILE)?;
     if !opts.resume {
         return Err(Error::OutputOccupied {
             path: opts.output.clone(),
@@ -751,7 +766,7 @@ fn load_manifest(
 
 fn save_manifest(path: &Path, m: &Manifest) -> Result<()> {
     let text = serde_json::to_vec_pretty(m).expect("the manifest serializes");
-    write_atomic(path, &text)
+    crate::fs::write(path, &text)
 }
 
 /// Whether `path` is the finished file the manifest records: its length and
@@ -798,7 +813,7 @@ fn header_matches(path: &Path, layout: &Layout) -> Result<()> {
 fn verify(path: &Path, layout: &Layout, sum: u64) -> Result<()> {
     header_matches(path, layout)?;
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    let mut f = crate::fs::open(path)?;
     f.seek(SeekFrom::Start(layout.data_start()))
         .map_err(|e| Error::file(path, e))?;
     let mut check = Checksum::default();
@@ -832,7 +847,7 @@ fn write_index_json(out: &Path, plan: &Plan) -> Result<()> {
     }
     let v = serde_json::json!({"metadata": {"total_size": total}, "weight_map": map});
     let path = out.join("model.safetensors.index.json");
-    write_atomic(
+    crate::fs::write(
         &path,
         &serde_json::to_vec_pretty(&v).expect("JSON serializes"),
     )
@@ -855,7 +870,7 @@ fn copy_side_files(input: &Path, out: &Path) -> Result<()> {
         {
             continue;
         }
-        let bytes = std::fs::read(&p).map_err(|e| Error::file(&p, e))?;
+        let bytes = crate::fs::read(&p, crate::fs::read::SIDE_FILE)?;
         let bytes = if name == "config.json" {
             let mut v: serde_json::Value = serde_json::from_slice(&bytes)
                 .map_err(|e| Error::config(&p, "(file)", format!("not valid JSON: {e}")))?;
@@ -866,7 +881,7 @@ fn copy_side_files(input: &Path, out: &Path) -> Result<()> {
         } else {
             bytes
         };
-        write_atomic(&out.join(&name), &bytes)?;
+        crate::fs::write(&out.join(&name), &bytes)?;
     }
     Ok(())
 }

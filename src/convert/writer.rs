@@ -3,12 +3,13 @@
 //! boundary, and whose aligned groups (a routed expert's tensors) start on
 //! 4096-byte boundaries, the gaps filled by zero `U8` padding tensors
 //! (`__pad__.*`), so offsets stay contiguous and any safetensors reader
-//! loads the file. The file is written to `NAME.tmp`, synced and renamed.
+//! loads the file. The file is written through [`crate::fs::Output`] (a temp
+//! file beside it, synced and renamed; removed on any error).
 
 use crate::error::{Error, Result};
+use crate::fs::Output;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Alignment of the data section and of every aligned group.
@@ -170,12 +171,11 @@ impl Checksum {
     }
 }
 
-/// A file being written: `NAME.tmp` until [`FileWriter::finish`] renames it.
+/// A file being written: a temp file until [`FileWriter::finish`] renames
+/// it; dropped unfinished (an error on the way), the temp file is removed.
 pub struct FileWriter {
     layout: Layout,
-    path: PathBuf,
-    tmp: PathBuf,
-    out: BufWriter<File>,
+    out: Output,
     next: usize,
     /// Bytes of the next tensor already written (by `write_part`).
     partial: u64,
@@ -184,19 +184,15 @@ pub struct FileWriter {
 }
 
 impl FileWriter {
-    /// Creates `path.tmp` and writes the header of `layout`.
+    /// Starts `path` (through a temp file) and writes the header of `layout`.
     pub fn create(path: &Path, layout: Layout) -> Result<FileWriter> {
-        let tmp = tmp_path(path);
-        let file = File::create(&tmp).map_err(|e| Error::file(&tmp, e))?;
-        let mut out = BufWriter::with_capacity(8 << 20, file);
+        let mut out = Output::create(path)?;
         let header = layout.header();
         out.write_all(&(header.len() as u64).to_le_bytes())
             .and_then(|_| out.write_all(&header))
-            .map_err(|e| Error::file(&tmp, e))?;
+            .map_err(|e| Error::file(out.tmp(), e))?;
         Ok(FileWriter {
             layout,
-            path: path.to_path_buf(),
-            tmp,
             out,
             next: 0,
             partial: 0,
@@ -237,7 +233,7 @@ impl FileWriter {
         );
         self.out
             .write_all(bytes)
-            .map_err(|e| Error::file(&self.tmp, e))?;
+            .map_err(|e| Error::file(self.out.tmp(), e))?;
         self.sum.update(bytes);
         self.written += bytes.len() as u64;
         self.partial += bytes.len() as u64;
@@ -269,42 +265,17 @@ impl FileWriter {
             "file finished with tensors unwritten"
         );
         assert_eq!(self.written, self.layout.data_len());
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| Error::file(&self.tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::file(&self.tmp, e))?;
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::file(&self.path, e))?;
+        self.out.finish()?;
         Ok(self.sum.finish())
     }
 }
 
-/// The temporary name of `path` while it is written.
+/// The temporary name older versions wrote `path` under (`NAME.tmp`): a
+/// crash of one may have left it; resuming removes it.
 pub fn tmp_path(path: &Path) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".tmp");
     PathBuf::from(s)
-}
-
-/// Writes `bytes` to `path` through a temporary file unique to this
-/// process and call (`PATH.tmp-PID-N`: concurrent writers never share one)
-/// and a rename, so readers see the old file or the new one, never a mix.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp-{}-{n}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let mut f = File::create(&tmp).map_err(|e| Error::file(&tmp, e))?;
-    let written = f.write_all(bytes).and_then(|_| f.sync_all());
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::file(&tmp, e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::file(path, e)
-    })
 }
 
 #[cfg(test)]

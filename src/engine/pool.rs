@@ -96,6 +96,11 @@ impl<'m> SessionPool<'m> {
         self.trim_prefixes();
     }
 
+    /// How many ended sessions' KV are kept at most.
+    pub fn prefixes_max(&self) -> usize {
+        self.prefixes_max
+    }
+
     fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
     }

@@ -181,10 +181,8 @@ pub struct GgufFile {
 impl GgufFile {
     /// Reads and checks the header of `path`.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let file = std::fs::File::open(path).map_err(|e| Error::File {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        // A FIFO named `.gguf` is refused on the open, never waited on.
+        let file = crate::fs::open(path)?;
         let file_len = file
             .metadata()
             .map_err(|e| Error::File {

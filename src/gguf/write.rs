@@ -1,12 +1,13 @@
 //! Writes a GGUF file (version 3, little-endian, 32-byte alignment): the
 //! header from the metadata and tensor list, then each tensor's bytes as a
 //! callback streams them, so a file far larger than RAM can be written.
-//! The file is written under a unique temporary name beside the target and
-//! renamed into place when complete: a crash never leaves half a model.
+//! The file is written through [`crate::fs::Output`] (a temp file beside
+//! the target, renamed into place when complete, removed on an error): a
+//! crash never leaves half a model.
 
 use super::file::{ggml_type, Value, MAGIC};
 use crate::error::{Error, Result};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
 /// Data alignment of the files written here (GGUF's default).
@@ -45,47 +46,29 @@ pub fn write_gguf(
     tensors: &[TensorSpec],
     mut fill: impl FnMut(usize, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
-    let tmp = path.with_extension(format!("gguf.tmp-{}-{}", std::process::id(), unique()));
-    let result = (|| {
-        let file = std::fs::File::create(&tmp).map_err(|e| Error::file(&tmp, e))?;
-        let mut w = Counting {
-            inner: BufWriter::with_capacity(8 << 20, file),
-            written: 0,
-        };
-        header(&mut w, metadata, tensors).map_err(|e| Error::file(&tmp, e))?;
+    let out = crate::fs::Output::create(path)?;
+    let tmp = out.tmp().to_path_buf();
+    let mut w = Counting {
+        inner: out,
+        written: 0,
+    };
+    header(&mut w, metadata, tensors).map_err(|e| Error::file(&tmp, e))?;
+    pad(&mut w).map_err(|e| Error::file(&tmp, e))?;
+    for (i, t) in tensors.iter().enumerate() {
+        let start = w.written;
+        fill(i, &mut w)?;
+        let got = w.written - start;
+        if got != t.bytes() {
+            return Err(Error::Request(format!(
+                "GGUF writer: tensor `{}` got {got} bytes, its type and shape need {}",
+                t.name,
+                t.bytes()
+            )));
+        }
         pad(&mut w).map_err(|e| Error::file(&tmp, e))?;
-        for (i, t) in tensors.iter().enumerate() {
-            let start = w.written;
-            fill(i, &mut w)?;
-            let got = w.written - start;
-            if got != t.bytes() {
-                return Err(Error::Request(format!(
-                    "GGUF writer: tensor `{}` got {got} bytes, its type and shape need {}",
-                    t.name,
-                    t.bytes()
-                )));
-            }
-            pad(&mut w).map_err(|e| Error::file(&tmp, e))?;
-        }
-        let file = w
-            .inner
-            .into_inner()
-            .map_err(|e| Error::file(&tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::file(&tmp, e))
-    })();
-    match result {
-        Ok(()) => std::fs::rename(&tmp, path).map_err(|e| Error::file(path, e)),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
     }
-}
-
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
+    // Dropped on an error above, the output removes its temp file.
+    w.inner.finish()
 }
 
 /// A writer that counts bytes (for offsets and padding).

@@ -37,21 +37,24 @@ pub fn hit_rate(
     let png = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    if png {
-        draw(
-            BitMapBackend::new(path, (800, 500)).into_drawing_area(),
-            &points,
-            (lo, hi),
-            title,
-        )
-    } else {
-        draw(
-            SVGBackend::new(path, (800, 500)).into_drawing_area(),
-            &points,
-            (lo, hi),
-            title,
-        )
-    }
+    crate::fs::write::write_via(path, |inner| {
+        if png {
+            draw(
+                BitMapBackend::new(inner, (800, 500)).into_drawing_area(),
+                &points,
+                (lo, hi),
+                title,
+            )
+        } else {
+            draw(
+                SVGBackend::new(inner, (800, 500)).into_drawing_area(),
+                &points,
+                (lo, hi),
+                title,
+            )
+        }
+    })?;
+    Ok(())
 }
 
 fn draw<DB: DrawingBackend>(

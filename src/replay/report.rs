@@ -58,8 +58,21 @@ pub const CSV_COLUMNS: [&str; 12] = [
 ];
 
 /// Writes one row per outcome to `path`.
-pub fn write_csv(path: &Path, outcomes: &[Outcome], prefetch: &str) -> csv::Result<()> {
-    let mut w = csv::Writer::from_path(path)?;
+pub fn write_csv(path: &Path, outcomes: &[Outcome], prefetch: &str) -> crate::Result<()> {
+    let out = crate::fs::Output::create(path)?;
+    let csv_err = |e: csv::Error| crate::Error::file(path, std::io::Error::other(e));
+    let mut w = csv::Writer::from_writer(out);
+    rows(&mut w, outcomes, prefetch).map_err(csv_err)?;
+    w.into_inner()
+        .map_err(|e| crate::Error::file(path, std::io::Error::other(e.to_string())))?
+        .finish()
+}
+
+fn rows<W: std::io::Write>(
+    w: &mut csv::Writer<W>,
+    outcomes: &[Outcome],
+    prefetch: &str,
+) -> csv::Result<()> {
     w.write_record(CSV_COLUMNS)?;
     for o in outcomes {
         w.write_record([

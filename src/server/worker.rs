@@ -272,8 +272,9 @@ impl Worker<'_> {
 
     /// Loads the saved prefixes of the KV directory, if one is set.
     fn restore(&mut self) {
-        let Some(dir) = &self.kv_dir else { return };
-        for prefix in dir.restore(self.pool.engine().model()) {
+        let Some(dir) = &mut self.kv_dir else { return };
+        let slots = self.pool.prefixes_max();
+        for prefix in dir.restore(self.pool.engine().model(), slots) {
             self.pool.keep_prefix(prefix);
         }
     }
@@ -281,7 +282,7 @@ impl Worker<'_> {
     /// Saves the kept prefixes when they changed since the last save.
     fn save_if_changed(&mut self) {
         let generation = self.pool.prefix_generation();
-        let Some(dir) = &self.kv_dir else { return };
+        let Some(dir) = &mut self.kv_dir else { return };
         if generation == self.saved_generation {
             return;
         }

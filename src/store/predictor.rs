@@ -129,13 +129,13 @@ impl Predictor {
     /// Writes it as JSON (a temp file renamed over `path`).
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_vec(self).map_err(|e| Error::file(path, e.into()))?;
-        crate::convert::writer::write_atomic(path, &text)
+        crate::fs::write(path, &text)
     }
 
     /// Reads a predictor saved by [`Predictor::save`], checking its version
     /// and every layer's shapes.
     pub fn load(path: &Path) -> Result<Predictor> {
-        let text = std::fs::read(path).map_err(|e| Error::file(path, e))?;
+        let text = crate::fs::read(path, crate::fs::read::PREDICTOR)?;
         let p: Predictor = serde_json::from_slice(&text)
             .map_err(|e| Error::config(path, "(the whole file)", e.to_string()))?;
         let bad = |field: &str, reason: String| Error::config(path, field, reason);

@@ -12,6 +12,7 @@
 //! holds now, and writes through a temp file unique to the process.
 
 use crate::error::{Error, Result};
+use crate::fs::lock::Lock;
 use std::path::Path;
 
 /// The usage history's file name in a model's state directory.
@@ -112,7 +113,7 @@ impl UsageTable {
         }
         let _lock = Lock::exclusive(&lock_path(path))?;
         if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
-            crate::state::remove_stale(dir, &format!("{}.tmp-", name.to_string_lossy()));
+            crate::fs::remove_stale(dir, &format!("{}.tmp-", name.to_string_lossy()));
         }
         let mut merged = UsageTable::new(
             &self.table.iter().map(Vec::len).collect::<Vec<_>>(),
@@ -160,13 +161,13 @@ impl UsageTable {
                 .collect(),
         };
         let bytes = serde_json::to_vec(&saved).expect("usage serializes");
-        crate::convert::writer::write_atomic(path, &bytes)
+        crate::fs::write(path, &bytes)
     }
 
     /// Loads a saved table into this one; the saved geometry must match.
     /// Returns the tokens of history loaded.
     pub fn load(&mut self, path: &Path) -> Result<u64> {
-        let text = crate::config::read_capped(path)?;
+        let text = crate::fs::read_to_string(path, crate::fs::read::JSON_SIDE_FILE)?;
         let saved: Saved = serde_json::from_str(&text)
             .map_err(|e| Error::config(path, "(file)", format!("not a usage history: {e}")))?;
         let shape: Vec<usize> = saved.layers.iter().map(Vec::len).collect();
@@ -197,36 +198,6 @@ pub(crate) fn lock_path(path: &Path) -> std::path::PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".lock");
     s.into()
-}
-
-/// An exclusive `flock` on a file, released when dropped (or when the
-/// process dies, so a crash never leaves it held).
-pub(crate) struct Lock {
-    /// Held only to keep the descriptor (and so the lock) open.
-    _file: std::fs::File,
-}
-
-impl Lock {
-    pub(crate) fn exclusive(path: &Path) -> Result<Lock> {
-        use std::os::fd::AsRawFd;
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::file(path, e))?;
-        loop {
-            // SAFETY: flock on a descriptor this function owns.
-            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-            if rc == 0 {
-                return Ok(Lock { _file: f });
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::file(path, e));
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@
 
 use super::realistic::{self, Knobs, Part, Plan};
 use super::{noise, write_json, write_tokenizer};
-use crate::convert::writer::{write_atomic, FileWriter, Layout, ALIGN};
+use crate::convert::writer::{FileWriter, Layout, ALIGN};
 use crate::error::{Error, Result};
 use crate::quant::{QBits, QMatrix};
 use crate::sampler::Rng;
@@ -810,7 +810,7 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
     }
     bar.finish_and_clear();
     let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    write_atomic(
+    crate::fs::write(
         &dir.join("model.safetensors.index.json"),
         &serde_json::to_vec_pretty(&index).expect("JSON serializes"),
     )?;

@@ -109,7 +109,9 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// Creates the synthetic model at `dir` unless it already exists.
-/// Returns true when it was created now.
+/// Returns true when it was created now. Safe under concurrency: each
+/// caller builds in a directory of its own and renames it into place; a
+/// caller that loses the race removes its copy and uses the winner's.
 pub fn ensure(dir: &Path, spec: &SynthSpec) -> Result<bool> {
     if dir.join("config.json").exists() {
         return Ok(false);
@@ -117,13 +119,22 @@ pub fn ensure(dir: &Path, spec: &SynthSpec) -> Result<bool> {
     spec.validate()?;
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
-    let tmp = parent.join(format!(".{}.tmp-{}", file_name(dir), std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    crate::state::remove_stale(parent, &format!(".{}.tmp-", file_name(dir)));
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::file(&tmp, e))?;
-    write(&tmp, spec)?;
-    std::fs::rename(&tmp, dir).map_err(|e| Error::file(dir, e))?;
-    Ok(true)
+    let prefix = format!(".{}.tmp-", file_name(dir));
+    crate::fs::remove_stale(parent, &prefix);
+    let tmp = parent.join(format!("{prefix}{}", crate::fs::write::unique_suffix()));
+    std::fs::create_dir(&tmp).map_err(|e| Error::file(&tmp, e))?;
+    let built = write(&tmp, spec)
+        .and_then(|()| std::fs::rename(&tmp, dir).map_err(|e| Error::file(dir, e)));
+    match built {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if dir.join("config.json").exists() {
+                return Ok(false);
+            }
+            Err(e)
+        }
+    }
 }
 
 fn file_name(dir: &Path) -> &str {
@@ -177,7 +188,7 @@ fn config_json(s: &SynthSpec) -> serde_json::Value {
 
 pub(crate) fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(v).expect("JSON values serialize");
-    std::fs::write(path, text).map_err(|e| Error::file(path, e))
+    crate::fs::write(path, text.as_bytes())
 }
 
 const CORPUS: &str = include_str!("synth_corpus.txt");

@@ -1,5 +1,6 @@
 //! The trace file: a run writes its rows to a part file of its own
-//! (`FILE.part-PID-N`), then [`TraceWriter::finish`] appends them to
+//! (`FILE.part-PID-N`, through [`crate::fs::Output`]: removed on any
+//! error), then [`TraceWriter::finish`] appends them to
 //! `FILE` under an exclusive lock (`FILE.lock`): the rows `FILE` already
 //! holds are copied into a temp file, this run's after them, and the temp
 //! file renamed over `FILE`. Readers never see a half-written trace, and
@@ -9,7 +10,8 @@
 //! are renamed to ours.
 
 use super::{schema, Result, TraceError, VERSION, VERSION_KEY};
-use crate::store::usage::Lock;
+use crate::fs::lock::Lock;
+use crate::fs::Output;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, ListArray, RecordBatch};
 use arrow_schema::{DataType, Field};
@@ -18,7 +20,6 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,7 +34,7 @@ static PARTS: AtomicU64 = AtomicU64::new(0);
 pub struct TraceWriter {
     path: PathBuf,
     part: PathBuf,
-    writer: Option<ArrowWriter<File>>,
+    writer: Option<ArrowWriter<Output>>,
     rows: u64,
 }
 
@@ -54,10 +55,31 @@ fn properties() -> WriterProperties {
         .build()
 }
 
-fn open_writer(path: &Path) -> Result<ArrowWriter<File>> {
-    let file = File::create(path).map_err(|e| TraceError::io(path, e))?;
-    ArrowWriter::try_new(file, schema(), Some(properties()))
+/// The most bytes a trace file may hold (a read refuses a larger one).
+pub const TRACE: crate::fs::Cap = crate::fs::Cap {
+    what: "trace",
+    bytes: 1 << 40,
+};
+
+fn fs_err(path: &Path, e: crate::Error) -> TraceError {
+    match e {
+        crate::Error::File { source, .. } => TraceError::io(path, source),
+        crate::Error::FileRefused { reason, .. } => TraceError::format(path, reason),
+        e => TraceError::format(path, e.to_string()),
+    }
+}
+
+fn open_writer(path: &Path) -> Result<ArrowWriter<Output>> {
+    let out = Output::create(path).map_err(|e| fs_err(path, e))?;
+    ArrowWriter::try_new(out, schema(), Some(properties()))
         .map_err(|e| TraceError::parquet(path, e))
+}
+
+/// Writes the footer, then syncs and renames the file into place (the
+/// temp file is removed on an error).
+fn close_writer(w: ArrowWriter<Output>, path: &Path) -> Result<()> {
+    let out = w.into_inner().map_err(|e| TraceError::parquet(path, e))?;
+    out.finish().map_err(|e| fs_err(path, e))
 }
 
 impl TraceWriter {
@@ -93,7 +115,7 @@ impl TraceWriter {
     /// returns the rows this run added.
     pub fn finish(mut self) -> Result<u64> {
         let w = self.writer.take().expect("a trace writer finishes once");
-        w.close().map_err(|e| TraceError::parquet(&self.part, e))?;
+        close_writer(w, &self.part)?;
         let appended = append(&self.path, &self.part);
         let _ = std::fs::remove_file(&self.part);
         appended.map(|()| self.rows)
@@ -116,27 +138,20 @@ fn append(path: &Path, part: &Path) -> Result<()> {
     if !path.exists() {
         return std::fs::rename(part, path).map_err(|e| TraceError::io(path, e));
     }
-    let tmp = with_suffix(path, &format!(".tmp-{}", std::process::id()));
-    let copied = (|| {
-        let mut out = open_writer(&tmp)?;
-        for from in [path, part] {
-            for batch in batches(from)? {
-                out.write(&batch?)
-                    .map_err(|e| TraceError::parquet(&tmp, e))?;
-            }
+    // Dropped on an error, the writer's output removes its temp file.
+    let mut out = open_writer(path)?;
+    for from in [path, part] {
+        for batch in batches(from)? {
+            out.write(&batch?)
+                .map_err(|e| TraceError::parquet(path, e))?;
         }
-        out.close().map_err(|e| TraceError::parquet(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| TraceError::io(path, e))
-    })();
-    if copied.is_err() {
-        let _ = std::fs::remove_file(&tmp);
     }
-    copied
+    close_writer(out, path)
 }
 
 /// The record batches of the trace at `path`, checked against [`schema`].
 pub fn batches(path: &Path) -> Result<impl Iterator<Item = Result<RecordBatch>>> {
-    let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let (file, _) = crate::fs::read::open_capped(path, TRACE).map_err(|e| fs_err(path, e))?;
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| TraceError::parquet(path, e))?;
     check_schema(path, builder.schema())?;

@@ -599,7 +599,7 @@ fn check_index_json(dir: &Path, paths: &[PathBuf]) -> Result<()> {
     if !ipath.exists() {
         return Ok(());
     }
-    let text = crate::config::read_capped(&ipath)?;
+    let text = crate::fs::read_to_string(&ipath, crate::fs::read::JSON_SIDE_FILE)?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::config(&ipath, "(file)", format!("not valid JSON: {e}")))?;
     let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
@@ -655,12 +655,8 @@ fn read_header_with(
         path: path.to_path_buf(),
         reason,
     };
-    // A FIFO or device would block or never end; refuse before opening.
-    let md = std::fs::metadata(path).map_err(|e| Error::file(path, e))?;
-    if !md.is_file() {
-        return Err(shard_err("not a regular file".into()));
-    }
-    let mut file = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    // A FIFO or device would block or never end: refused on the open.
+    let mut file = crate::fs::open(path)?;
     let file_len = file.metadata().map_err(|e| Error::file(path, e))?.len();
     let mut n8 = [0u8; 8];
     file.read_exact(&mut n8).map_err(|_| {
