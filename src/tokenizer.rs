@@ -60,6 +60,16 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The longest token's text in the vocabulary (added tokens included),
+    /// in UTF-8 bytes: no token covers more bytes of the text it was
+    /// encoded from, for byte-level BPE (each input byte is one char of
+    /// the token's text) and SentencePiece vocabularies (`▁` stands for a
+    /// one-byte space) alike, unless a normalizer shrinks the text.
+    pub fn token_bytes_max(&self) -> usize {
+        let vocab = self.inner.get_vocab(true);
+        vocab.keys().map(String::len).max().unwrap_or(1).max(1)
+    }
+
     /// Decodes `ids`, skipping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| self.err(e))

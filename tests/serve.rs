@@ -6,7 +6,8 @@ mod common;
 
 use common::{fixture, tiny_model};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -160,6 +161,72 @@ impl Server {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.child.wait().unwrap()
     }
+
+    /// Sends SIGTERM; the exit status if it exits within `limit`.
+    fn stop_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// A raw connection (for slow, stalled and half-open clients).
+    fn raw(&self) -> TcpStream {
+        let c = TcpStream::connect(self.base.trim_start_matches("http://")).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c
+    }
+
+    /// Sends `request` (a whole HTTP/1.1 request) on a fresh connection;
+    /// the status and everything after the head, once the server closes.
+    fn raw_request(&self, request: &str) -> (u16, String) {
+        let mut c = self.raw();
+        c.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).unwrap();
+        status_and_body(&reply)
+    }
+
+    /// A line of the server's /proc status, in kB (`VmRSS`, `VmHWM`).
+    fn memory_kb(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(&format!("{field}:")))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+/// The status code and body of a raw HTTP reply.
+fn status_and_body(reply: &str) -> (u16, String) {
+    let status = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
+}
+
+/// Reads a reply's head (up to the blank line).
+fn read_head(c: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match c.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            Ok(_) => break,
+            Err(e) => panic!("reading the reply's head: {e} (got {head:?})"),
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
 }
 
 impl Drop for Server {
@@ -752,4 +819,461 @@ fn kv_saved_before_the_weights_changed_in_place_is_refused() {
         "{err}"
     );
     assert!(s.stop().success());
+/// A request head for a body of `length` bytes, without an API key.
+fn post_head(path: &str, length: usize) -> String {
+    format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
+}
+
+#[test]
+fn a_keyless_body_is_refused_before_it_is_read() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--api-key", "sekret"]);
+    let mut c = s.raw();
+    c.write_all(post_head("/v1/completions", 1_900_000).as_bytes())
+        .unwrap();
+    c.write_all(b"{\"prompt\": \"").unwrap();
+    // Not one more byte of the body: the answer comes from the head alone.
+    let head = read_head(&mut c);
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+}
+
+#[test]
+fn keyless_connections_sending_big_bodies_do_not_grow_the_server() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--api-key", "sekret"]);
+    let before = s.memory_kb("VmRSS");
+    let (clients, body_bytes) = (100, 1_900_000);
+    let (written, hold) = (Arc::new(std::sync::Barrier::new(clients + 1)), Arc::new(()));
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (mut c, written, hold) = (s.raw(), written.clone(), hold.clone());
+            std::thread::spawn(move || {
+                c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = c.write_all(post_head("/v1/completions", body_bytes).as_bytes());
+                let _ = c.write_all(&vec![b' '; body_bytes - 1]);
+                written.wait();
+                drop(hold);
+                c
+            })
+        })
+        .collect();
+    written.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    let during = s.memory_kb("VmRSS");
+    let grown_mb = during.saturating_sub(before) / 1024;
+    drop(threads);
+    eprintln!("{clients} keyless clients of {body_bytes} B bodies: RSS {before} kB -> {during} kB");
+    assert!(grown_mb < 64, "the server grew by {grown_mb} MB");
+    assert_eq!(s.get("/health").0, 200);
+}
+
+#[test]
+fn a_connection_stalled_mid_header_is_closed_after_the_read_timeout() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--read-timeout", "1"]);
+    let mut stalled = s.raw();
+    stalled
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        .unwrap();
+    let mut idle = s.raw();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    assert!(read_head(&mut idle).starts_with("HTTP/1.1 200"));
+    let t = Instant::now();
+    for c in [&mut stalled, &mut idle] {
+        let mut rest = Vec::new();
+        // Closed by the server: end of file (or a reset), not our timeout.
+        match c.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) => assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "still open: {e}"
+            ),
+        }
+    }
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+}
+
+#[test]
+fn connections_past_the_limit_wait_until_one_closes() {
+    let s = Server::start(
+        &fixture("qwen3_moe"),
+        &["--max-connections", "2", "--read-timeout", "600"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let silent = [s.raw(), s.raw()];
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = s.raw();
+    third
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(third.read(&mut byte).is_err(), "served past the limit");
+    drop(silent);
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let head = read_head(&mut third);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+#[test]
+fn sigterm_exits_within_the_grace_whatever_clients_hold() {
+    let mut s = Server::start(
+        &fixture("qwen3_moe"),
+        &["--shutdown-grace", "1", "--read-timeout", "600"],
+    );
+    let mut mid_header = s.raw();
+    mid_header
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: 12")
+        .unwrap();
+    let mut mid_body = s.raw();
+    mid_body
+        .write_all(post_head("/v1/completions", 1000).as_bytes())
+        .unwrap();
+    mid_body.write_all(b"{\"prompt\": ").unwrap();
+    let mut idle = s.raw();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    read_head(&mut idle);
+    let _silent = s.raw();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let status = s.stop_within(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|st| st.success()),
+        "SIGTERM did not end the server: {status:?}\n{}",
+        s.stderr.lock().unwrap()
+    );
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+}
+
+#[test]
+fn without_a_key_a_foreign_host_or_origin_is_refused() {
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    let get = |host: &str, origin: Option<&str>| {
+        let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+        s.raw_request(&format!(
+            "GET /v1/models HTTP/1.1\r\nHost: {host}\r\n{origin}Connection: close\r\n\r\n"
+        ))
+    };
+    let cases: &[(&str, Option<&str>, u16)] = &[
+        ("localhost:8080", None, 200),
+        ("127.0.0.1", None, 200),
+        ("[::1]:9", None, 200),
+        ("evil.example", None, 403),
+        ("localhost.evil.example:80", None, 403),
+        ("127.0.0.1", Some("http://evil.example"), 403),
+        ("127.0.0.1", Some("null"), 403),
+        ("127.0.0.1", Some("http://localhost:3000"), 200),
+        ("localhost", Some("https://[::1]"), 200),
+    ];
+    for &(host, origin, want) in cases {
+        let (status, body) = get(host, origin);
+        assert_eq!(status, want, "Host {host} Origin {origin:?}: {body}");
+        if want == 403 {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert!(v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--api-key"));
+        }
+    }
+    // With a key the key decides, whatever the Host.
+    let s = Server::start(&fixture("qwen3_moe"), &["--api-key", "k"]);
+    let (status, _) = s.raw_request(
+        "GET /v1/models HTTP/1.1\r\nHost: box.example\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn serve_flags_that_cannot_work_are_refused_by_name() {
+    let model = fixture("qwen3_moe");
+    let model = model.to_str().unwrap();
+    let max = u64::MAX.to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--shutdown-grace", &max], "--shutdown-grace"),
+        (&["--keep-alive", &max], "--keep-alive"),
+        (&["--max-tokens", "0"], "--max-tokens"),
+        (&["--api-key", ""], "--api-key"),
+        (&["--read-timeout", "0"], "--read-timeout"),
+        (&["--max-connections", "0"], "--max-connections"),
+    ];
+    for (flags, name) in cases {
+        let mut args = vec!["serve", "--port", "0", "--model", model];
+        args.extend_from_slice(flags);
+        let out = common::moestream(&args);
+        assert!(!out.ok, "{flags:?} was accepted");
+        assert!(out.stderr.contains(name), "{flags:?}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn a_prompt_past_the_context_is_refused_before_tokenizing() {
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    let before = s.memory_kb("VmHWM");
+    let prompt = "experts route tokens ".repeat(1_900_000 / 21);
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 400, "{}", r.json);
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("bytes") && msg.contains("256"), "{msg}");
+    let grown_mb = s.memory_kb("VmHWM").saturating_sub(before) / 1024;
+    assert!(grown_mb < 100, "peak memory grew by {grown_mb} MB");
+}
+
+#[test]
+fn sigterm_while_the_model_loads_ends_the_server_promptly() {
+    use moestream::server::{serve_until, Limits, ServerConfig};
+    let dir = fixture("qwen3_moe");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = ServerConfig {
+        model_name: "m".into(),
+        api_key: None,
+        host: "127.0.0.1".into(),
+        limits: Limits::default(),
+        scheduler: moestream_scheduler::SchedulerConfig {
+            kv_slots: 1,
+            queue_max: 0,
+            queue_wait_ms_max: 1000,
+            batch_max: 1,
+        },
+        kv_dir: None,
+        model_dir: dir.clone(),
+        keep_alive: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
+        max_tokens_default: 4,
+        overrides: Default::default(),
+        speculation: Default::default(),
+    };
+    let tok = moestream::tokenizer::Tokenizer::load(&dir).unwrap();
+    // A load that takes a minute, and a stop as soon as the server answers.
+    let loader = Box::new(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        Err("never loads".to_string())
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = Box::pin(async move {
+        let _ = stop_rx.await;
+    });
+    let server = std::thread::spawn(move || serve_until(config, listener, tok, None, loader, stop));
+    let loading = ureq::get(&format!("http://{addr}/health")).call();
+    assert!(matches!(loading, Err(ureq::Error::Status(503, _))));
+    let t = Instant::now();
+    stop_tx.send(()).unwrap();
+    while !server.is_finished() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still waiting for the load"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.join().unwrap().is_ok());
+}
+
+/// A seeded xorshift generator: a failing mutant is named by its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+/// Values that break naive request handling.
+fn extreme(rng: &mut Rng) -> Value {
+    let values = [
+        json!(-1),
+        json!(0),
+        json!(u64::MAX),
+        json!(1e308),
+        json!(-1e308),
+        json!(""),
+        json!("\u{0}\u{fffd}"),
+        json!([]),
+        json!({}),
+        json!(null),
+        json!(true),
+        json!([[[[[[[[[[]]]]]]]]]]),
+        json!({"$ref": "#"}),
+    ];
+    values[rng.below(values.len())].clone()
+}
+
+/// Replaces one value anywhere in `v` by an extreme one.
+fn mutate_value(rng: &mut Rng, v: &mut Value, depth: usize) {
+    let children: Vec<&mut Value> = match v {
+        Value::Object(m) => m.values_mut().collect(),
+        Value::Array(a) => a.iter_mut().collect(),
+        _ => Vec::new(),
+    };
+    if children.is_empty() || (depth > 0 && rng.below(3) == 0) {
+        *v = extreme(rng);
+        return;
+    }
+    let n = children.len();
+    let i = rng.below(n);
+    if let Some(child) = children.into_iter().nth(i) {
+        mutate_value(rng, child, depth + 1);
+    }
+}
+
+/// One byte-level mutation: a bit flip, a truncation, an inserted token,
+/// a deleted or a repeated span.
+fn mutate_bytes(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+    let mut b = input.to_vec();
+    let at = rng.below(b.len());
+    let end = (at + 1 + rng.below(16)).min(b.len());
+    match rng.below(5) {
+        0 => b[at] ^= 1 << rng.below(8),
+        1 => b.truncate(at),
+        2 => {
+            let tokens: [&[u8]; 8] = [
+                b"\"", b"{", b"]", b"\\u0000", b"-1", b"1e999", b"null", b"\xff",
+            ];
+            let t = tokens[rng.below(tokens.len())];
+            b.splice(at..at, t.iter().copied());
+        }
+        3 => {
+            b.drain(at..end);
+        }
+        _ => {
+            let span = b[at..end].to_vec();
+            b.splice(at..at, span);
+        }
+    }
+    b
+}
+
+#[test]
+fn mutated_request_bodies_are_answered_4xx_never_5xx() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--max-tokens", "2"]);
+    let seeds = [
+        ("/v1/chat/completions", chat("hi", 2)),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                   "max_tokens": 2, "stop": ["\n"], "logprobs": true, "top_logprobs": 2,
+                   "stream": true}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "the expert", "max_tokens": 2, "seed": 1, "top_k": 3, "top_p": 0.9}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 3], "max_tokens": 2, "logprobs": 2, "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_schema",
+                   "json_schema": {"schema": {"type": "object",
+                                              "properties": {"a": {"type": "integer"}}}}}}),
+        ),
+    ];
+    for (i, (path, seed)) in seeds.iter().enumerate() {
+        for round in 0..40u64 {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 * 1000 + round + 1));
+            let body = if round % 2 == 0 {
+                mutate_bytes(&mut rng, seed.to_string().as_bytes())
+            } else {
+                let mut v = seed.clone();
+                mutate_value(&mut rng, &mut v, 0);
+                v.to_string().into_bytes()
+            };
+            let shown = String::from_utf8_lossy(&body).into_owned();
+            let sent = ureq::post(&format!("{}{path}", s.base))
+                .set("Content-Type", "application/json")
+                .send_bytes(&body);
+            let (status, text) = match sent {
+                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+                Err(e) => panic!("{path} {shown}: {e}"),
+            };
+            assert!(
+                status == 200 || (400..500).contains(&status),
+                "{path} {shown}: {status} {text}"
+            );
+            assert!(!text.contains("server_error"), "{path} {shown}: {text}");
+        }
+    }
+    assert_eq!(s.get("/health").0, 200);
+}
+
+#[test]
+fn health_answers_promptly_while_heavy_requests_are_prepared() {
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    // A JSON schema whose grammar takes a second or more to compile.
+    let props: serde_json::Map<String, Value> = (0..1000)
+        .map(|i| {
+            let values: Vec<String> = (0..20).map(|j| format!("v{i}_{j}")).collect();
+            (format!("p{i}"), json!({"type": "string", "enum": values}))
+        })
+        .collect();
+    let required: Vec<&String> = props.keys().collect();
+    let schema = json!({"type": "object", "properties": props, "required": required});
+    let body = json!({"prompt": "x", "max_tokens": 1, "response_format":
+        {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}});
+    let t = Instant::now();
+    let heavy: Vec<_> = (0..4)
+        .map(|_| {
+            let (base, body) = (s.base.clone(), body.clone());
+            std::thread::spawn(move || {
+                ureq::post(&format!("{base}/v1/completions"))
+                    .send_json(body)
+                    .map(|r| r.status())
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    while heavy.iter().any(|h| !h.is_finished()) {
+        let asked = Instant::now();
+        assert_eq!(s.get("/health").0, 200);
+        slowest = slowest.max(asked.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let heavy_for = t.elapsed();
+    for h in heavy {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    eprintln!("4 heavy requests for {heavy_for:?}; slowest /health {slowest:?}");
+    assert!(
+        heavy_for > Duration::from_secs(1),
+        "not heavy: {heavy_for:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "/health took {slowest:?}"
+    );
+}
+
+#[test]
+fn a_recursive_ref_schema_is_a_400_naming_the_schema_not_a_500() {
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    let schemas = [
+        json!({"$ref": "#"}),
+        json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+    ];
+    for schema in schemas {
+        let body = json!({"prompt": "x", "max_tokens": 2, "response_format":
+            {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}});
+        let r = s.post("/v1/completions", &body);
+        assert_eq!(r.status, 400, "{schema}: {}", r.json);
+        assert_eq!(r.json["error"]["param"], "response_format");
+        let msg = r.json["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("schema") && !msg.contains("<state>"), "{msg}");
+    }
 }

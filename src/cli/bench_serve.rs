@@ -70,6 +70,8 @@ pub(super) fn cmd_bench_serve(a: BenchServeArgs) -> Result<()> {
     let config = ServerConfig {
         model_name: "bench".into(),
         api_key: None,
+        host: "127.0.0.1".into(),
+        limits: moestream::server::Limits::default(),
         scheduler: SchedulerConfig {
             kv_slots: slots,
             queue_max: a.queue,

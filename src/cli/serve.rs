@@ -2,7 +2,7 @@
 
 use super::*;
 use moestream::chat::ChatTemplate;
-use moestream::server::{serve, ServerConfig};
+use moestream::server::{serve, Limits, ServerConfig};
 use moestream_scheduler::SchedulerConfig;
 use std::time::Duration;
 
@@ -41,14 +41,24 @@ pub(super) struct ServeArgs {
     #[arg(long)]
     served_model_name: Option<String>,
     /// New tokens of a request that sets no max_tokens.
-    #[arg(long, default_value_t = 512)]
-    max_tokens: usize,
-    /// Seconds between keep-alive comments of a silent stream.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_tokens: u64,
+    /// Seconds between keep-alive comments of a silent stream (at most an
+    /// hour).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     keep_alive: u64,
-    /// Seconds running requests get to finish at shutdown.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds running requests get to finish at shutdown (at most a day).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     shutdown_grace: u64,
+    /// Connections served at once; more wait in the listen backlog.
+    #[arg(long, default_value_t = moestream::server::listen::CONNECTIONS_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: u64,
+    /// Seconds a client gets to send a request's headers (also the idle
+    /// time of a keep-alive connection), and then its body.
+    #[arg(long, default_value_t = moestream::server::listen::READ_TIMEOUT_S_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    read_timeout: u64,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -56,6 +66,9 @@ pub(super) struct ServeArgs {
 }
 
 pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key (or MOESTREAM_API_KEY) is empty: no client could send it; give a key, or leave the flag out to serve without one");
+    }
     let dir = a.model.model.clone();
     let tok = Tokenizer::load(&dir)?;
     let template = chat_template(a.chat_template.as_deref(), &dir)?;
@@ -72,6 +85,12 @@ pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| served_name(&dir)),
         api_key: a.api_key.clone(),
+        host: a.host.clone(),
+        limits: Limits {
+            connections_max: a.max_connections as usize,
+            header_timeout: Duration::from_secs(a.read_timeout),
+            body_timeout: Duration::from_secs(a.read_timeout),
+        },
         scheduler: SchedulerConfig {
             kv_slots: a.slots.into(),
             queue_max: a.queue,
@@ -82,7 +101,7 @@ pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
         model_dir: dir,
         keep_alive: Duration::from_secs(a.keep_alive),
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
-        max_tokens_default: a.max_tokens,
+        max_tokens_default: usize::try_from(a.max_tokens).unwrap_or(usize::MAX),
         overrides: a.sampling.overrides(),
         speculation: a.spec.speculation(),
     };

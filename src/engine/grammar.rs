@@ -105,6 +105,12 @@ impl GrammarState {
         Ok(())
     }
 
+    /// Whether any output can start: a JSON schema that matches nothing
+    /// (a `$ref` only to itself) compiles, then allows no first token.
+    pub fn can_start(&mut self) -> bool {
+        self.matcher.compute_mask().is_ok_and(|m| !m.is_zero())
+    }
+
     /// Takes in the chosen token.
     pub fn consume(&mut self, token: u32) -> Result<()> {
         self.matcher.consume_token(token).map_err(grammar_error)

@@ -57,6 +57,29 @@ impl ApiError {
         }
     }
 
+    /// 403: a request a browser page may not make (no API key is set).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::FORBIDDEN, "invalid_request_error", message)
+    }
+
+    /// 413: a body over the endpoint's limit.
+    pub fn too_large(bytes: u64, max: usize) -> ApiError {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body has {bytes} bytes; this endpoint accepts at most {max}"),
+        )
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(seconds: u64) -> ApiError {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("the request body did not arrive within {seconds} s (--read-timeout)"),
+        )
+    }
+
     /// 404: a model this server does not serve.
     pub fn unknown_model(asked: &str, served: &str) -> ApiError {
         ApiError {

@@ -2,10 +2,18 @@
 //! [`SessionPool`](crate::engine::SessionPool).
 //!
 //! ```text
-//! clients ──HTTP──▶ axum handlers (tokio) ──Command──▶ engine thread
-//!                    parse, template, tokenize          owns Model + pool
-//!                    ◀──Event (per request channel)──   steps all slots
+//! clients ──HTTP──▶ guard ─▶ axum handlers (tokio) ──Command──▶ engine thread
+//!                  key, Host   read the body            owns Model + pool
+//!                              parse, template, tokenize   steps all slots
+//!                              (blocking pool, bounded)
+//!                    ◀──Event (per request channel)──
 //! ```
+//!
+//! A request's head is checked ([`guard`]) before any body byte is read;
+//! connections, header and body read times and body sizes are bounded
+//! ([`listen`]); the CPU work of preparing a request runs on tokio's
+//! blocking pool, at most [`preparing_max`] at once, never on the two
+//! async threads that answer `/health` and feed every stream.
 //!
 //! The engine thread loads the model (the server answers 503 meanwhile),
 //! then steps every active slot together, so each MoE layer reads the
@@ -15,7 +23,9 @@
 //! within the grace time, cancels the rest, saves the KV, and returns.
 
 pub mod api;
+pub mod guard;
 pub mod kv_dir;
+pub mod listen;
 pub mod metrics;
 mod respond;
 pub mod stop;
@@ -26,9 +36,8 @@ use crate::gen_config::{GenerationDefaults, Overrides};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use api::ApiError;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -36,9 +45,23 @@ use metrics::Snapshot;
 use moestream_scheduler::SchedulerConfig;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use worker::Command;
+
+pub use listen::Limits;
+
+/// Request bodies held in memory at once (read, parsed, prepared): eight
+/// of the largest; a request finding no room within the body read
+/// timeout is answered 429.
+pub const BODY_BYTES_IN_FLIGHT_MAX: usize = 8 * guard::COMPLETION_BODY_BYTES_MAX;
+
+/// Requests prepared (parsed, templated, tokenized, grammar compiled) at
+/// once on the blocking pool: one per core, at most 8; more wait their
+/// turn.
+pub fn preparing_max() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8))
+}
 
 /// What `serve` is set up with (besides the model it loads).
 pub struct ServerConfig {
@@ -46,6 +69,11 @@ pub struct ServerConfig {
     pub model_name: String,
     /// Requests to `/v1/*` must send `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
+    /// The host the server listens on: without an API key, the one name
+    /// besides loopback accepted in `Host` and `Origin`.
+    pub host: String,
+    /// Connections, read timeouts.
+    pub limits: Limits,
     pub scheduler: SchedulerConfig,
     /// Where kept prefixes are saved and restored (`--kv-dir`).
     pub kv_dir: Option<PathBuf>,
@@ -82,7 +110,15 @@ struct Shared {
     next_id: AtomicU64,
     /// The tokenizer prepared for constrained output, once the model is
     /// loaded (or why it cannot be).
-    grammars: std::sync::OnceLock<Result<crate::engine::Grammars, String>>,
+    grammars: OnceLock<Result<crate::engine::Grammars, String>>,
+    /// The model's context in tokens, once it is loaded.
+    context: OnceLock<usize>,
+    /// The longest token's text, in bytes (bounds the text a context holds).
+    token_bytes_max: usize,
+    /// Room on the blocking pool for preparing requests.
+    preparing: Arc<tokio::sync::Semaphore>,
+    /// Room for request bodies in memory, in KiB.
+    body_kib: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
@@ -91,21 +127,6 @@ impl Shared {
             READY => Ok(()),
             LOADING => Err(ApiError::unavailable("the model is loading")),
             _ => Err(ApiError::unavailable("the server is shutting down")),
-        }
-    }
-
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(key) = &self.config.api_key else {
-            return Ok(());
-        };
-        let sent = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if sent == Some(key.as_str()) {
-            Ok(())
-        } else {
-            Err(ApiError::unauthorized())
         }
     }
 
@@ -160,14 +181,18 @@ pub fn serve_until(
     let (tx, rx) = std::sync::mpsc::channel();
     let metrics = Arc::new(Mutex::new(Snapshot::default()));
     let shared = Arc::new(Shared {
-        tok,
         template,
         defaults,
         commands: tx,
         phase: AtomicU8::new(LOADING),
         metrics: metrics.clone(),
         next_id: AtomicU64::new(0),
-        grammars: std::sync::OnceLock::new(),
+        grammars: OnceLock::new(),
+        context: OnceLock::new(),
+        token_bytes_max: tok.token_bytes_max(),
+        preparing: Arc::new(tokio::sync::Semaphore::new(preparing_max())),
+        body_kib: Arc::new(tokio::sync::Semaphore::new(BODY_BYTES_IN_FLIGHT_MAX / 1024)),
+        tok,
         config,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -178,10 +203,18 @@ pub fn serve_until(
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     let engine = spawn_engine(shared.clone(), rx, kv_dir, loader, failed_tx);
     let served = runtime.block_on(run_http(shared.clone(), listener, failed_rx, stop));
+    // Preparing a request is short and bounded; none outlives this.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     shared.phase.store(STOPPING, Ordering::Release);
     let grace = shared.config.shutdown_grace;
     let _ = shared.commands.send(Command::Shutdown { grace });
-    let _ = engine.join();
+    // A model still loading is left to the process's exit: the load
+    // cannot be interrupted, and nothing of it needs saving.
+    if shared.context.get().is_some() || engine.is_finished() {
+        let _ = engine.join();
+    } else {
+        eprintln!("stopped while the model was loading");
+    }
     served
 }
 
@@ -204,6 +237,7 @@ fn spawn_engine(
                 }
             };
             let _ = shared.grammars.set(prepare_grammars(&shared, &model));
+            let _ = shared.context.set(model.cfg.rope.max_position_embeddings);
             if shared
                 .phase
                 .compare_exchange(LOADING, READY, Ordering::AcqRel, Ordering::Acquire)
@@ -259,10 +293,8 @@ async fn run_http(
             let _ = shared.commands.send(Command::Shutdown { grace });
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-        .map_err(|e| format!("serving: {e}"))?;
+    let (limits, grace) = (shared.config.limits.clone(), shared.config.shutdown_grace);
+    listen::serve(listener, app, limits, stop, grace).await;
     let err = load_error.lock().expect("lock").take();
     err.map_or(Ok(()), |e| Err(format!("loading the model: {e}")))
 }
@@ -283,6 +315,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            guard::guard,
+        ))
         .with_state(shared)
 }
 
@@ -298,8 +334,7 @@ async fn metrics_text(State(s): State<Arc<Shared>>) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    s.authorize(&headers)?;
+async fn models(State(s): State<Arc<Shared>>) -> Result<Response, ApiError> {
     let body = serde_json::json!({"object": "list", "data": [{
         "id": s.config.model_name,
         "object": "model",
@@ -309,18 +344,10 @@ async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Result<Resp
     Ok(Json(body).into_response())
 }
 
-async fn chat_completions(
-    State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    respond::complete(s, &headers, &body, true).await
+async fn chat_completions(State(s): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
+    respond::complete(s, body, true).await
 }
 
-async fn completions(
-    State(s): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    respond::complete(s, &headers, &body, false).await
+async fn completions(State(s): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
+    respond::complete(s, body, false).await
 }

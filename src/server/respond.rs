@@ -1,8 +1,10 @@
-//! A completion request from body to response: parse and check it, build
-//! the prompt (the chat template for chat), submit it to the engine
+//! A completion request from body to response: read the body (bounded in
+//! bytes and time), parse and check it, build the prompt (the chat
+//! template for chat) on the blocking pool, submit it to the engine
 //! thread, and answer with the whole text or as server-sent events.
 
 use super::api::{self, ApiError, Request};
+use super::guard::COMPLETION_BODY_BYTES_MAX;
 use super::stop::{scan, Scan};
 use super::worker::{Command, Event, Submit};
 use super::Shared;
@@ -10,7 +12,7 @@ use crate::engine::{PoolError, TokenLogprobs};
 use crate::generate::GenOptions;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::TextStream;
-use axum::http::HeaderMap;
+use axum::body::{Body, Bytes};
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,7 +20,7 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 /// A checked request, ready for the engine.
 struct Prepared {
@@ -33,25 +35,88 @@ struct Prepared {
     created: u64,
 }
 
-/// Answers a chat (`chat`) or text completion request.
-pub(super) async fn complete(
-    s: Arc<Shared>,
-    headers: &HeaderMap,
-    body: &[u8],
-    chat: bool,
-) -> Result<Response, ApiError> {
-    s.authorize(headers)?;
+/// Answers a chat (`chat`) or text completion request (its head has
+/// passed the [guard](super::guard)).
+pub(super) async fn complete(s: Arc<Shared>, body: Body, chat: bool) -> Result<Response, ApiError> {
     s.ready()?;
-    let req = Request::parse(body)?;
-    s.check_model(req.model.as_deref())?;
-    req.refuse_unsupported()?;
-    let p = prepare(&s, &req, chat)?;
+    let (body, room) = read_body(&s, body).await?;
+    let p = prepare_blocking(s.clone(), body, room, chat).await?;
     let events = submit(&s, &p).await?;
     if p.stream {
         Ok(stream(s, p, events))
     } else {
         whole(s, p, events).await
     }
+}
+
+/// The request body, at most [`COMPLETION_BODY_BYTES_MAX`] bytes, within
+/// the body read timeout, once the bodies in flight leave room for it
+/// (its declared length, else the cap; the room is held until the body
+/// is dropped with the returned permit).
+async fn read_body(s: &Shared, body: Body) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
+    use axum::body::HttpBody;
+    let timeout = s.config.limits.body_timeout;
+    let declared = body.size_hint().exact().unwrap_or(u64::MAX);
+    let kib = declared
+        .min(COMPLETION_BODY_BYTES_MAX as u64)
+        .div_ceil(1024)
+        .max(1) as u32;
+    let room = s.body_kib.clone().acquire_many_owned(kib);
+    let room = match tokio::time::timeout(timeout, room).await {
+        Ok(Ok(room)) => room,
+        _ => {
+            return Err(ApiError::busy(
+                "too many request bodies are being read; retry",
+            ))
+        }
+    };
+    let read = axum::body::to_bytes(body, COMPLETION_BODY_BYTES_MAX);
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => Ok((bytes, room)),
+        Ok(Err(e)) if is_length_limit(&e) => Err(ApiError::too_large(
+            COMPLETION_BODY_BYTES_MAX as u64 + 1,
+            COMPLETION_BODY_BYTES_MAX,
+        )),
+        Ok(Err(e)) => Err(ApiError::bad(format!("reading the request body: {e}"))),
+        Err(_) => Err(ApiError::body_timeout(timeout.as_secs())),
+    }
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Parses, checks and prepares a request on the blocking pool (at most
+/// [`preparing_max`](super::preparing_max) at once): templates, tokenizers
+/// and grammar compilers are CPU work the async threads must not wait on.
+async fn prepare_blocking(
+    s: Arc<Shared>,
+    body: Bytes,
+    room: OwnedSemaphorePermit,
+    chat: bool,
+) -> Result<Prepared, ApiError> {
+    let permit = s
+        .preparing
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    let job = tokio::task::spawn_blocking(move || {
+        let _permits = (permit, room);
+        let req = Request::parse(&body)?;
+        s.check_model(req.model.as_deref())?;
+        req.refuse_unsupported()?;
+        prepare(&s, &req, chat)
+    });
+    job.await
+        .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
 }
 
 fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> {
@@ -116,9 +181,15 @@ fn constrained(s: &Shared, req: &Request) -> Result<Option<crate::engine::Constr
         }
         None => return Err(ApiError::unavailable("the model is loading")),
     };
-    grammars
+    let mut state = grammars
         .start(&constraint)
         .map_err(|e| ApiError::bad_param("response_format", e.to_string()))?;
+    if !state.can_start() {
+        return Err(ApiError::bad_param(
+            "response_format",
+            "the schema matches no output at all (a $ref that only refers to itself, or a contradiction); nothing can be generated",
+        ));
+    }
     Ok(Some(crate::engine::Constrained {
         grammars,
         constraint,
@@ -144,6 +215,7 @@ fn chat_prompt(s: &Shared, req: &Request) -> Result<Vec<u32>, ApiError> {
     let text = template
         .render(&messages, true)
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+    check_text_bytes(s, "messages", &text)?;
     s.tok
         .encode_raw(&text)
         .map_err(|e| ApiError::internal(e.to_string()))
@@ -154,19 +226,51 @@ fn text_prompt(s: &Shared, req: &Request) -> Result<Vec<u32>, ApiError> {
     match &req.prompt {
         None => Err(ApiError::bad_param("prompt", "`prompt` is required")),
         Some(PromptField::Ids(ids)) => Ok(ids.clone()),
-        Some(PromptField::Text(t)) => s
-            .tok
-            .encode(t)
-            .map_err(|e| ApiError::internal(e.to_string())),
-        Some(PromptField::Texts(v)) if v.len() == 1 => s
-            .tok
-            .encode(&v[0])
-            .map_err(|e| ApiError::internal(e.to_string())),
+        Some(PromptField::Text(t)) => encode_prompt(s, t),
+        Some(PromptField::Texts(v)) if v.len() == 1 => encode_prompt(s, &v[0]),
         Some(PromptField::Texts(v)) => Err(ApiError::bad_param(
             "prompt",
             format!("{} prompts in one request; send one", v.len()),
         )),
     }
+}
+
+fn encode_prompt(s: &Shared, text: &str) -> Result<Vec<u32>, ApiError> {
+    check_text_bytes(s, "prompt", text)?;
+    s.tok
+        .encode(text)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The factor over the longest token's bytes that [`check_text_bytes`]
+/// allows each token of text: normalizers that compose characters (NFC: `e` + U+0301
+/// to `é`, 3 bytes to 2; Hangul jamo to a syllable, 9 to 3) shrink text
+/// by at most 3x.
+const NORMALIZER_SLACK: usize = 4;
+
+/// Refuses, before tokenizing, a text too long for the model's context:
+/// no token covers more than `NORMALIZER_SLACK` x the longest token's
+/// bytes of text, so a longer text has more tokens than the context holds.
+/// Tokenizing takes ~250 bytes of memory per byte of text: this bounds it
+/// by the context, not by the body size.
+fn check_text_bytes(s: &Shared, param: &'static str, text: &str) -> Result<(), ApiError> {
+    let Some(&context) = s.context.get() else {
+        return Ok(());
+    };
+    let max = context
+        .saturating_mul(s.token_bytes_max)
+        .saturating_mul(NORMALIZER_SLACK);
+    if text.len() <= max {
+        return Ok(());
+    }
+    Err(ApiError::bad_param(
+        param,
+        format!(
+            "the prompt has {} bytes of text: more tokens than the model's context of {context} holds (at most {max} bytes: {NORMALIZER_SLACK} x the longest token's {} bytes per token)",
+            text.len(),
+            s.token_bytes_max
+        ),
+    ))
 }
 
 /// Hands the request to the engine thread; its events come on the
@@ -386,7 +490,11 @@ async fn whole(
 /// finish reason, a usage chunk if asked, then `[DONE]`.
 fn stream(s: Arc<Shared>, p: Prepared, events: mpsc::UnboundedReceiver<Event>) -> Response {
     let (tx, rx) = mpsc::channel::<Result<sse::Event, Infallible>>(64);
-    let keep_alive = s.config.keep_alive;
+    // An hour at most: the flag's range, for callers that build the config.
+    let keep_alive = s
+        .config
+        .keep_alive
+        .min(std::time::Duration::from_secs(3600));
     tokio::spawn(stream_task(s, p, events, tx));
     let body = tokio_stream::wrappers::ReceiverStream::new(rx);
     Sse::new(body)

@@ -93,7 +93,7 @@ pub fn run(
     let mut deadline: Option<Instant> = None;
     loop {
         match w.take_commands(&commands, deadline.is_some()) {
-            Ok(Some(grace)) => deadline = deadline.or(Some(Instant::now() + grace)),
+            Ok(Some(grace)) => deadline = deadline.or(Some(deadline_after(grace))),
             Ok(None) => {}
             Err(()) => deadline = deadline.or(Some(Instant::now())),
         }
@@ -116,6 +116,16 @@ pub fn run(
         }
     }
     w.save_if_changed();
+}
+
+/// The moment `grace` from now; a grace past what an `Instant` holds is
+/// as good as forever (a century), never an overflow.
+pub fn deadline_after(grace: Duration) -> Instant {
+    let now = Instant::now();
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    now.checked_add(grace.min(century))
+        .or_else(|| now.checked_add(Duration::from_secs(86_400)))
+        .unwrap_or(now)
 }
 
 struct Worker<'m> {
@@ -291,5 +301,19 @@ impl Worker<'_> {
             eprintln!("warning: saving the KV: {e}");
         }
         self.saved_generation = generation;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grace_past_what_an_instant_holds_is_a_far_deadline_not_a_panic() {
+        let now = Instant::now();
+        assert!(deadline_after(Duration::MAX) > now + Duration::from_secs(86_400));
+        assert!(deadline_after(Duration::from_secs(u64::MAX)) > now);
+        let short = deadline_after(Duration::from_secs(2));
+        assert!(short >= now + Duration::from_secs(2) && short < now + Duration::from_secs(60));
     }
 }
