@@ -232,3 +232,14 @@ fn export_gguf_refuses_to_write_over_its_input() {
     assert_clean_failure(&out, &["q.gguf", "is the input"]);
     assert_eq!(std::fs::read(&gguf).unwrap(), before);
 }
+
+#[test]
+fn bench_io_refuses_to_write_its_table_over_a_file_it_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("data.bin");
+    std::fs::write(&file, vec![7u8; 1 << 16]).unwrap();
+    let f = file.to_str().unwrap();
+    let out = moestream_bounded(&["bench", "io", "--file", f, "--csv", f], None);
+    assert_clean_failure(&out, &["data.bin", "is the input"]);
+    assert_eq!(std::fs::read(&file).unwrap(), vec![7u8; 1 << 16]);
+}

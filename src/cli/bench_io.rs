@@ -63,6 +63,9 @@ pub(super) fn cmd_bench_io(a: IoBenchArgs) -> Result<()> {
         Some(dir) => model_files(dir)?,
         None => a.file.clone(),
     };
+    let outputs: Vec<&Path> = a.csv.iter().chain(&a.svg).map(PathBuf::as_path).collect();
+    let inputs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    moestream::fs::check_not_input(&outputs, &inputs).context("--csv/--svg")?;
     let cfg = config(&a)?;
     let total: u64 = files
         .iter()
