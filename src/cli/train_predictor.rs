@@ -40,7 +40,8 @@ pub(super) fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<()> {
         learning_rate: a.learning_rate,
         holdout: a.holdout,
     };
-    let (predictor, per_layer, total) = train::train(&runs, &o);
+    let (predictor, per_layer, total) =
+        train::train(&runs, &o).map_err(|why| anyhow::anyhow!("{}: {why}", a.trace.display()))?;
     if predictor.layers.is_empty() {
         bail!(
             "{}: no decode tokens pair two MoE layers (trace a run that decodes on a model with two or more MoE layers)",
