@@ -28,6 +28,13 @@ pub enum Error {
         "tensor `{name}`: element {index} is not finite (NaN or Inf); the checkpoint is corrupt"
     )]
     NonFiniteWeight { name: String, index: usize },
+    /// A scale of a packed or block-quantized weight is NaN or infinite
+    /// (checked where its bytes enter: at load, and as a streamed expert
+    /// lands, before it is cached). `at` names the row or block.
+    #[error(
+        "tensor `{name}`: the scale of {at} is not finite (NaN or Inf); the checkpoint is corrupt"
+    )]
+    NonFiniteScale { name: String, at: String },
     /// An activation or logit became NaN or infinite during a forward:
     /// refused rather than turned into a token.
     #[error("non-finite values in {what} (a weight or an activation overflowed); no token is chosen from them")]

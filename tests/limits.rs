@@ -88,6 +88,9 @@ fn a_huge_expert_cache_means_every_expert() {
         let out = run(&dir, &["--expert-cache", n]);
         assert!(out.ok, "--expert-cache {n}: {}", out.stderr);
         assert_eq!(tokens(&out), tokens(&plain));
+        // Clamped, and said so.
+        let note = format!("--expert-cache {n}: using 8 (the experts of a layer)");
+        assert!(out.stderr.contains(&note), "{}", out.stderr);
     }
 }
 
@@ -101,4 +104,109 @@ fn absurd_bench_and_thread_flags_are_refused() {
     let out = run(&fixture("qwen3_moe"), &["--threads", "20000"]);
     assert_clean_failure(&out, &["--threads"]);
     assert!(start.elapsed().as_secs() < 60);
+}
+
+/// Flags whose values overflowed a sum or product, sized a vector, or
+/// panicked in `Duration::from_secs_f64` (issue 31): each refused before
+/// use, naming the flag and its range.
+#[test]
+fn flags_that_overflowed_or_panicked_are_refused_with_their_range() {
+    let big = "18446744073709551615";
+    let model = fixture("qwen3_moe");
+    let m = model.to_str().unwrap();
+    let cases: [(&[&str], &str); 12] = [
+        (
+            &[
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1",
+                "--prefetch",
+                "on",
+                "--prefetch-depth",
+                big,
+            ],
+            "--prefetch-depth 18446744073709551615 is outside 1..=64",
+        ),
+        (
+            &["run", "--model", m, "--prompt-ids", "1", "--context", "0"],
+            "--context 0 is outside 1..=16777216",
+        ),
+        (
+            &[
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1",
+                "--ram-gb",
+                "1e300",
+            ],
+            "--ram-gb 1e300 is outside (0, 1000000.0] GB",
+        ),
+        (
+            &["bench", "mem", "--reps", big],
+            "--reps 18446744073709551615 is outside 1..=10000",
+        ),
+        (
+            &["bench", "verify", "--model", m, "--pairs", big],
+            "--pairs 18446744073709551615 is outside 1..=10000",
+        ),
+        (
+            &["bench", "serve", "--model", m, "--clients", big],
+            "--clients 18446744073709551615 is outside 1..=4096",
+        ),
+        (
+            &["bench", "serve", "--model", m, "--rounds", big],
+            "--rounds 18446744073709551615 is outside 1..=10000",
+        ),
+        (
+            &["bench", "serve", "--model", m, "--slots", big],
+            "--slots 18446744073709551615 is outside 1..=4096",
+        ),
+        (
+            &["plan", "--model", m, "--probe-seconds", "1e300"],
+            "--probe-seconds 1e300 is outside 0..=600.0 seconds",
+        ),
+        (
+            &["tune", "--model", m, "--rounds", big, "--dry-run"],
+            "--rounds 18446744073709551615 is outside 1..=10000",
+        ),
+        (
+            &["tune", "--model", m, "--cell-seconds", "1e300", "--dry-run"],
+            "--cell-seconds 1e300 is outside 0..=600.0 seconds",
+        ),
+        (
+            &[
+                "train-predictor",
+                "--trace",
+                "t.parquet",
+                "--out",
+                "p.json",
+                "--epochs",
+                big,
+            ],
+            "--epochs 18446744073709551615 is outside 1..=10000",
+        ),
+    ];
+    for (args, needle) in cases {
+        assert_clean_failure(&moestream(args), &[needle]);
+    }
+}
+
+/// `run --max-tokens 2^64 - 1` overflowed the prompt length plus it (the
+/// context the plan reserves); now the sum saturates and is clamped.
+#[test]
+fn a_huge_max_tokens_does_not_overflow_the_planned_context() {
+    let dir = fixture("qwen3_moe");
+    let m = dir.to_str().unwrap();
+    let budget = ["--ram-gb", "4", "--prompt-ids", "1,2,3"];
+    let args = [
+        &["run", "--model", m, "--max-tokens", "18446744073709551615"][..],
+        &budget[..],
+    ]
+    .concat();
+    let out = moestream(&args);
+    assert!(out.ok && !out.stderr.contains("panicked"), "{}", out.stderr);
 }

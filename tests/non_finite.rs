@@ -2,6 +2,13 @@
 //! non-finite resident weight is refused at load and at convert, naming the
 //! tensor; a non-finite expert weight, streamed after load, stops the
 //! forward at the first layer whose output it poisons, naming that layer.
+//! Scales (issue 31): a NaN row scale of a container's packed tensor, or
+//! block scale (`d`, `dmin`) of GGUF blocks, is refused where its bytes
+//! enter (at load; a streamed expert as it lands), naming the tensor and
+//! the row or block: the integer kernels would otherwise lose it (a NaN it
+//! gives an activation quantizes to 0 for the next product). The runtime
+//! quantizer (`--quantize-at-load`) refuses a NaN weight as the normal
+//! path does rather than quantizing it to 0.
 
 mod common;
 
@@ -85,8 +92,8 @@ fn convert_refuses_a_non_finite_weight_by_name() {
     assert!(!Path::new(&out_dir.path().join("c").join("config.json")).exists());
 }
 
-#[test]
-fn a_non_finite_container_scale_is_refused_at_load_by_name() {
+/// The fixture converted to the container (int4 experts, int8 attention).
+fn converted() -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("c");
     let converted = moestream(&[
@@ -98,15 +105,152 @@ fn a_non_finite_container_scale_is_refused_at_load_by_name() {
         "--quiet",
     ]);
     assert!(converted.ok, "{}", converted.stderr);
-    // A resident int8 matrix's row scales.
-    let name = "model.layers.0.self_attn.q_proj.weight";
+    (tmp, out)
+}
+
+/// Sets row `row`'s f32 scale of packed tensor `name` in container `dir`.
+fn poison_row_scale(dir: &Path, name: &str, row: usize, value: f32) {
     let scales = moestream::weights::index::scales_name(name);
-    let shard = shard_of(&out, &scales);
+    let shard = shard_of(dir, &scales);
     let (header, mut data) = read_shard(&shard);
     assert_eq!(header[&scales]["dtype"], "F32");
-    let start = header[&scales]["data_offsets"][0].as_u64().unwrap() as usize;
-    data[start..start + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let start = header[&scales]["data_offsets"][0].as_u64().unwrap() as usize + 4 * row;
+    data[start..start + 4].copy_from_slice(&value.to_le_bytes());
     write_shard(&shard, &header, &data);
+}
+
+#[test]
+fn a_non_finite_streamed_container_expert_scale_is_refused_as_it_lands() {
+    let (_tmp, out) = converted();
+    // Every expert of layer 0, so whichever is routed first lands poisoned:
+    // a gate row (whose NaN the down product's activation quantization
+    // would turn into 0) and a down row.
+    let names = |proj: &str| {
+        (0..experts_in_fixture())
+            .map(|e| format!("model.layers.0.mlp.experts.{e}.{proj}.weight"))
+            .collect::<Vec<_>>()
+    };
+    for (proj, row) in [("gate_proj", 3), ("down_proj", 0)] {
+        for name in names(proj) {
+            poison_row_scale(&out, &name, row, f32::NAN);
+        }
+        let ran = run_json(&out, &[]);
+        let at = format!("row {row}");
+        let needles = ["model.layers.0.mlp.experts.", proj, &at, "not finite"];
+        assert_clean_failure(&ran, &needles);
+        // Healed (any finite scale) for the next part.
+        for name in names(proj) {
+            poison_row_scale(&out, &name, row, 0.01);
+        }
+    }
+}
+
+/// The byte offsets of the f16 scales in one block of GGUF type `ty`
+/// (`d`, then `dmin` for the K types that have it), and the block size.
+fn scale_offsets(ty: u32) -> (usize, &'static [usize]) {
+    match ty {
+        2 => (18, &[0]),      // Q4_0
+        8 => (34, &[0]),      // Q8_0
+        12 => (144, &[0, 2]), // Q4_K
+        13 => (176, &[0, 2]), // Q5_K
+        14 => (210, &[208]),  // Q6_K
+        _ => panic!("ggml type {ty} is not a block type"),
+    }
+}
+
+/// A copy of GGUF fixture `file` with scale `which` (an index into
+/// [`scale_offsets`]) of block `block` of tensor `tensor` set to f16 NaN
+/// (of every expert's slice, for a stacked expert tensor); the copy's path.
+fn poisoned_gguf(
+    file: &str,
+    tensor: &str,
+    (block, which): (usize, usize),
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let src = fixture("gguf").join(file);
+    let g = moestream::gguf::file::GgufFile::open(&src).unwrap();
+    let t = g.tensors.iter().find(|t| t.name == tensor).unwrap();
+    let experts = match tensor.contains("_exps") {
+        true => g.get("qwen3moe.expert_count").unwrap().as_u64().unwrap() as usize,
+        false => 1,
+    };
+    let (block_bytes, offsets) = scale_offsets(t.ty);
+    let mut bytes = std::fs::read(&src).unwrap();
+    let slice = t.bytes as usize / experts;
+    for e in 0..experts {
+        let at = t.offset as usize + e * slice + block * block_bytes + offsets[which];
+        bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(file);
+    std::fs::write(&path, bytes).unwrap();
+    (tmp, path)
+}
+
+const GGUF_TYPES: [&str; 4] = [
+    "qwen3moe-Q4_0.gguf",
+    "qwen3moe-Q4_K_M.gguf",
+    "qwen3moe-Q5_K_M.gguf",
+    "qwen3moe-Q8_0.gguf",
+];
+
+#[test]
+fn a_non_finite_resident_gguf_block_scale_is_refused_naming_the_block() {
+    for file in GGUF_TYPES {
+        let last = if file.contains("_K") { 1 } else { 0 };
+        let (_tmp, path) = poisoned_gguf(file, "blk.0.attn_q.weight", (0, last));
+        let ran = run_json(&path, &[]);
+        let name = "model.layers.0.self_attn.q_proj.weight";
+        assert_clean_failure(&ran, &[name, "row 0", "block 0", "not finite"]);
+    }
+    // The Q6_K output matrix.
+    let (_tmp, path) = poisoned_gguf("qwen3moe-Q4_0.gguf", "output.weight", (0, 0));
+    let ran = run_json(&path, &[]);
+    assert_clean_failure(&ran, &["lm_head.weight", "Q6_K block 0", "not finite"]);
+}
+
+#[test]
+fn a_non_finite_streamed_gguf_expert_scale_is_refused_as_it_lands() {
+    for file in GGUF_TYPES {
+        // dmin where the type has one, `d` otherwise.
+        let last = if file.contains("_K") { 1 } else { 0 };
+        for proj in ["gate", "down"] {
+            let tensor = format!("blk.0.ffn_{proj}_exps.weight");
+            let (_tmp, path) = poisoned_gguf(file, &tensor, (0, last));
+            let ran = run_json(&path, &[]);
+            let part = format!("{proj}_proj.weight");
+            let needles = [
+                "model.layers.0.mlp.experts.",
+                &part,
+                "block 0",
+                "not finite",
+            ];
+            assert_clean_failure(&ran, &needles);
+        }
+    }
+}
+
+#[test]
+fn quantize_at_load_refuses_a_non_finite_weight_by_name() {
+    // A resident matrix the runtime quantizer narrows to int8.
+    let name = "model.layers.0.self_attn.q_proj.weight".to_string();
+    let dir = poisoned(std::slice::from_ref(&name), f32::NAN);
+    let ran = run_json(dir.path(), &["--quantize-at-load", "4"]);
+    assert_clean_failure(&ran, &[&name, "not finite"]);
+    // Every expert of layer 0 (streamed, narrowed to int4 as it lands).
+    let dir = poisoned(&expert_weights(0, experts_in_fixture()), f32::NAN);
+    let ran = run_json(dir.path(), &["--quantize-at-load", "4"]);
+    assert_clean_failure(
+        &ran,
+        &["model.layers.0.mlp.experts.", "down_proj", "not finite"],
+    );
+}
+
+#[test]
+fn a_non_finite_container_scale_is_refused_at_load_by_name() {
+    let (_tmp, out) = converted();
+    // A resident int8 matrix's row scales.
+    let name = "model.layers.0.self_attn.q_proj.weight";
+    poison_row_scale(&out, name, 0, f32::NAN);
     let ran = run_json(&out, &[]);
-    assert_clean_failure(&ran, &[name, "not finite"]);
+    assert_clean_failure(&ran, &[name, "row 0", "not finite"]);
 }

@@ -48,9 +48,7 @@ pub(super) fn cmd_bench_mem(a: MemArgs) -> Result<()> {
         Some(t) => check_threads(t)?,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    if a.reps == 0 {
-        anyhow::bail!("--reps must be at least 1");
-    }
+    super::limits::count("--reps", a.reps, 1..=super::limits::REPEATS_MAX)?;
     let ram_mib = moestream::profile::mem_total_bytes().unwrap_or(u64::MAX) >> 20;
     if a.mib == 0 || a.mib as u64 > ram_mib / 2 {
         anyhow::bail!(

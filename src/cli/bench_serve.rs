@@ -58,12 +58,15 @@ struct Row {
 }
 
 pub(super) fn cmd_bench_serve(a: BenchServeArgs) -> Result<()> {
-    anyhow::ensure!(
-        !a.clients.is_empty() && a.clients.iter().all(|&c| c >= 1),
-        "--clients: counts of at least 1"
-    );
+    use super::limits::{count, CLIENTS_MAX, REPEATS_MAX};
+    anyhow::ensure!(!a.clients.is_empty(), "--clients: counts of at least 1");
+    for &c in &a.clients {
+        count("--clients", c, 1..=CLIENTS_MAX)?;
+    }
     anyhow::ensure!(a.tokens >= 1, "--tokens must be at least 1");
+    count("--rounds", a.rounds, 1..=REPEATS_MAX)?;
     let slots = a.slots.unwrap_or(*a.clients.iter().max().expect("clients"));
+    count("--slots", slots, 1..=CLIENTS_MAX)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let base = format!("http://{}", listener.local_addr()?);

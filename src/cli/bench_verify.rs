@@ -57,7 +57,7 @@ pub(super) fn cmd_bench_verify(mut a: VerifyArgs) -> Result<()> {
         a.k.iter().all(|&k| (1..=16).contains(&k)),
         "--k: draft lengths in 1..=16"
     );
-    anyhow::ensure!(a.pairs >= 1, "--pairs must be at least 1");
+    super::limits::count("--pairs", a.pairs, 1..=super::limits::REPEATS_MAX)?;
     a.model.no_history = true;
     if a.cold {
         drop_page_cache(&a.model.model)?;

@@ -56,11 +56,7 @@ pub(super) struct StatusArgs {
 }
 
 fn seconds(s: f64) -> Result<f64> {
-    anyhow::ensure!(
-        s >= 0.0 && s.is_finite() && s <= 600.0,
-        "--probe-seconds {s}: must be in 0..=600"
-    );
-    Ok(s)
+    super::limits::seconds("--probe-seconds", s, super::limits::SECONDS_MAX)
 }
 
 /// A hub id resolved to its snapshot; a path as given.

@@ -28,6 +28,7 @@ mod convert;
 mod doctor;
 mod eval;
 mod export_gguf;
+mod limits;
 mod plan;
 mod progress;
 mod replay;
@@ -666,6 +667,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
     moestream::kernels::quant::set_int_dot(!m.no_int_dot);
     let (opts, note) = load_options(m)?;
     let mut model = Model::load(&m.model, &opts).map_err(with_flags)?;
+    limits::note_clamps(m, &model);
     if let Some(path) = &m.trace {
         replay::start_trace(&mut model, path)?;
     }
@@ -692,6 +694,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
 /// defaults), and a note saying which profile was used; `plan` plans with
 /// the same options `run` loads with.
 fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
+    limits::model_args(m)?;
     let quantize_at_load = match m.quantize_at_load {
         None => None,
         Some(bits) => {

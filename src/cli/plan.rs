@@ -38,10 +38,11 @@ struct Output<'a> {
 }
 
 pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
-    anyhow::ensure!(
-        a.probe_seconds >= 0.0 && a.probe_seconds.is_finite(),
-        "--probe-seconds must be 0 or more"
-    );
+    super::limits::seconds(
+        "--probe-seconds",
+        a.probe_seconds,
+        super::limits::SECONDS_MAX,
+    )?;
     // A budget is always planned the way a budgeted run resolves `--io
     // auto` (direct without a profile), asked for or not.
     let mut budgeted = a.model.clone();

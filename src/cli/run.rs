@@ -52,7 +52,8 @@ pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
     // One request: the plan reserves KV for exactly what it can use, and
     // the rest of the budget goes to expert slots.
     if a.model.context.is_none() {
-        a.model.context = Some((prompt.len() + a.gen.max_tokens).max(1));
+        let wanted = prompt.len().saturating_add(a.gen.max_tokens);
+        a.model.context = Some(wanted.clamp(1, super::limits::CONTEXT_MAX));
     }
     let model = load(&a.model)?;
     let mut opts = gen_options(&a.gen, &dir)?;

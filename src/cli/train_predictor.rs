@@ -31,17 +31,19 @@ pub(super) struct TrainPredictorArgs {
 pub(super) fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<()> {
     let holdout_ok = a.holdout > 0.0 && a.holdout < 1.0;
     let rate_ok = a.learning_rate.is_finite() && a.learning_rate > 0.0;
-    if !holdout_ok || !rate_ok || a.epochs == 0 {
-        bail!("--holdout must be in (0, 1), --epochs at least 1 and --learning-rate positive");
+    if !holdout_ok || !rate_ok {
+        bail!("--holdout must be in (0, 1) and --learning-rate positive");
     }
     moestream::fs::check_not_input(&[&a.out], &[&a.trace]).context("--out")?;
+    super::limits::count("--epochs", a.epochs, 1..=super::limits::REPEATS_MAX)?;
     let runs = moestream::trace::read::read(&a.trace, None)?;
     let o = TrainOptions {
         epochs: a.epochs,
         learning_rate: a.learning_rate,
         holdout: a.holdout,
     };
-    let (predictor, per_layer, total) = train::train(&runs, &o);
+    let (predictor, per_layer, total) =
+        train::train(&runs, &o).map_err(|why| anyhow::anyhow!("{}: {why}", a.trace.display()))?;
     if predictor.layers.is_empty() {
         bail!(
             "{}: no decode tokens pair two MoE layers (trace a run that decodes on a model with two or more MoE layers)",

@@ -109,11 +109,10 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         a.tokens >= 2,
         "--tokens must be at least 2 (one decode step)"
     );
-    anyhow::ensure!(a.rounds >= 1, "--rounds must be at least 1");
-    anyhow::ensure!(
-        a.cell_seconds > 0.0 && a.cell_seconds.is_finite(),
-        "--cell-seconds must be positive"
-    );
+    super::limits::count("--rounds", a.rounds, 1..=super::limits::REPEATS_MAX)?;
+    let cell =
+        super::limits::seconds("--cell-seconds", a.cell_seconds, super::limits::SECONDS_MAX)?;
+    anyhow::ensure!(cell > 0.0, "--cell-seconds must be positive");
     a.model.no_history = true;
     let dir = a.model.model.clone();
     // One expert's read span sets the sweep's read size.

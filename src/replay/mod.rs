@@ -188,8 +188,12 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
             Prefetch::Lookahead(_) => demand + ahead.len(),
             _ => misses.len(),
         };
-        out.bytes_read += reads as u64 * l.expert_bytes;
-        out.prefetch_wasted_bytes += wasted as u64 * l.expert_bytes;
+        // Saturating: the trace's byte counts are bounded
+        // (`trace::read::EXPERT_BYTES_MAX`), their sums over a long trace
+        // are not.
+        let bytes = |n: usize| (n as u64).saturating_mul(l.expert_bytes);
+        out.bytes_read = out.bytes_read.saturating_add(bytes(reads));
+        out.prefetch_wasted_bytes = out.prefetch_wasted_bytes.saturating_add(bytes(wasted));
         if slots == Slots::Traced {
             cache.grow((f.slots as usize).saturating_sub(cache.limit()));
         }
@@ -214,7 +218,7 @@ pub fn simulate(runs: &[Run], name: &str, slots: Slots, prefetch: Prefetch) -> O
         ..Outcome::default()
     };
     for r in runs {
-        out.tokens += r.tokens;
+        out.tokens = out.tokens.saturating_add(r.tokens);
         for l in r.layers.iter().filter(|l| !l.fetches.is_empty()) {
             layer(l, name, slots, prefetch, &mut out);
         }

@@ -12,7 +12,7 @@
 //! is plain logistic regression (one output per expert) by stochastic
 //! gradient descent.
 
-use crate::store::predictor::{Evidence, LayerPredictor, Predictor, VERSION};
+use crate::store::predictor::{Evidence, LayerPredictor, Predictor, EXPERTS_MAX, VERSION};
 use crate::trace::read::{LayerTrace, Run};
 use serde::Serialize;
 
@@ -197,9 +197,14 @@ fn split(runs: &[Vec<Example>], holdout: f64) -> (Vec<&Example>, Vec<&Example>) 
     (train, held)
 }
 
-/// Trains a predictor on `runs` (one model's traces) and measures it:
-/// (the predictor, recall per layer, recall over all layers).
-pub fn train(runs: &[Run], o: &TrainOptions) -> (Predictor, Vec<Recall>, Recall) {
+/// The outcome of [`train`]: the predictor, recall per layer, recall over
+/// all layers.
+pub type Trained = (Predictor, Vec<Recall>, Recall);
+
+/// Trains a predictor on `runs` (one model's traces) and measures it.
+/// Refused (before anything is sized by it) when a layer has more experts
+/// than a predictor holds ([`crate::store::predictor::EXPERTS_MAX`]).
+pub fn train(runs: &[Run], o: &TrainOptions) -> Result<Trained, String> {
     let moe: Vec<usize> = runs.first().map_or(Vec::new(), |r| {
         (0..r.layers.len())
             .filter(|&l| !r.layers[l].fetches.is_empty())
@@ -219,7 +224,13 @@ pub fn train(runs: &[Run], o: &TrainOptions) -> (Predictor, Vec<Recall>, Recall)
             continue;
         };
         let shape = |l: usize| runs[0].layers[l].n_experts;
-        let blank = LayerPredictor::blank(cur, prev, (shape(cur), shape(prev), k));
+        if let Some(l) = [prev, cur].into_iter().find(|&l| shape(l) > EXPERTS_MAX) {
+            return Err(format!(
+                "layer {l} has {} experts; a predictor holds at most {EXPERTS_MAX} a layer",
+                shape(l)
+            ));
+        }
+        let blank = LayerPredictor::blank(cur, prev, (shape(cur), shape(prev), k.min(shape(cur))));
         let (mut full, mut bare) = (blank.clone(), blank);
         fit(&mut full, &train, true, o);
         fit(&mut bare, &train, false, o);
@@ -233,5 +244,5 @@ pub fn train(runs: &[Run], o: &TrainOptions) -> (Predictor, Vec<Recall>, Recall)
         version: VERSION,
         layers,
     };
-    (predictor, per_layer, total.recall(None, (train_n, held_n)))
+    Ok((predictor, per_layer, total.recall(None, (train_n, held_n))))
 }

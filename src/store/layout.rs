@@ -7,12 +7,27 @@
 use super::ExpertStore;
 use crate::error::Result;
 use crate::layers::mlp::Mlp;
-use crate::tensor::Mat;
+use crate::tensor::{Mat, MatData};
 use crate::weights::index::Resolved;
 use crate::weights::TensorEntry;
 use moestream_io::{coalesce, ByteRange, CoalesceLimits, Slab};
 use std::ops::Range;
 use std::sync::Arc;
+
+/// Refuses a landed packed or block-quantized expert matrix whose row or
+/// block scales are not finite, before it is cached (see
+/// [`crate::weights::index::check_finite`]). The scales are a small share
+/// of the bytes (4 bytes a row; 2 or 4 bytes a GGUF block), so this costs
+/// little beside the read. Float parts are left to the forward's residual
+/// check: a NaN there reaches the output, and scanning every weight would
+/// cost a pass over the expert (the runtime quantizer checks the floats it
+/// narrows).
+fn check_scales(name: &str, m: &Mat) -> Result<()> {
+    match m.data {
+        MatData::Q(_) | MatData::Ggml { .. } => crate::weights::index::check_finite(name, m),
+        MatData::F32(_) | MatData::Bf16(_) => Ok(()),
+    }
+}
 
 /// How an expert's tensors merge into reads: any gap up to 64 KiB is read
 /// through rather than split; one read never exceeds 1 GiB.
@@ -155,10 +170,11 @@ impl ExpertStore {
         let mut mats = Vec::with_capacity(3);
         for (i, r) in loc.parts.iter().enumerate() {
             let data = parts[2 * i].clone().expect("the spans cover every part");
-            mats.push(
-                self.index
-                    .decode_mat_in(r, data, parts[2 * i + 1].clone())?,
-            );
+            let m = self
+                .index
+                .decode_mat_in(r, data, parts[2 * i + 1].clone())?;
+            check_scales(&r.name, &m)?;
+            mats.push(m);
         }
         let [gate, up, down]: [Mat; 3] = match mats.try_into() {
             Ok(m) => m,

@@ -20,6 +20,13 @@ use std::path::Path;
 /// The file format's version.
 pub const VERSION: u32 = 1;
 
+/// Most experts a predictor layer may have (`n_experts`, `n_prev`): its
+/// `(n, n)` matrix is then 16 MiB (real MoE layers have 8 to 512).
+pub const EXPERTS_MAX: usize = 1 << 11;
+
+/// Most decoder layers a predictor may name (every `layer` is below it).
+pub const LAYERS_MAX: usize = 1 << 14;
+
 /// One MoE layer's scorer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct LayerPredictor {
@@ -109,7 +116,43 @@ impl LayerPredictor {
         self.bias.len() == n
             && Some(self.from_layer.len()) == self.n_prev.checked_mul(n)
             && Some(self.from_token.len()) == n.checked_mul(n)
-            && self.k <= n
+    }
+
+    /// What is wrong with a loaded scorer, if anything: every count in
+    /// range (1 to [`EXPERTS_MAX`] experts, k of them at most, layers below
+    /// [`LAYERS_MAX`], the previous layer before this one), the vectors of
+    /// the counts' shapes, every weight finite.
+    fn fault(&self) -> Option<String> {
+        let experts = 1..=EXPERTS_MAX;
+        let (n, p) = (self.n_experts, self.n_prev);
+        if !experts.contains(&n) || !experts.contains(&p) {
+            return Some(format!(
+                "{n} experts ({p} before it): each must be in 1..={EXPERTS_MAX}"
+            ));
+        }
+        if !(1..=n).contains(&self.k) {
+            return Some(format!("k {} is outside 1..={n}", self.k));
+        }
+        if self.layer >= LAYERS_MAX || self.prev_layer >= self.layer {
+            return Some(format!(
+                "previous layer {}: must be before it, and it below {LAYERS_MAX}",
+                self.prev_layer
+            ));
+        }
+        if !self.shapes_agree() {
+            return Some(format!(
+                "weights do not match {n} experts ({p} before it), k {}",
+                self.k
+            ));
+        }
+        let weights = [&self.bias, &self.from_layer, &self.from_token];
+        let named = ["bias", "from_layer", "from_token"];
+        for (w, name) in weights.iter().zip(named) {
+            if let Some(i) = w.iter().position(|x| !x.is_finite()) {
+                return Some(format!("`{name}` element {i} is not finite"));
+            }
+        }
+        (!self.guess.is_finite()).then(|| format!("`guess` {} is not finite", self.guess))
     }
 }
 
@@ -145,14 +188,14 @@ impl Predictor {
                 format!("{} (this build reads {VERSION})", p.version),
             ));
         }
-        if let Some(l) = p.layers.iter().find(|l| !l.shapes_agree()) {
-            return Err(bad(
-                "layers",
-                format!(
-                    "layer {}: weights do not match {} experts ({} before it), k {}",
-                    l.layer, l.n_experts, l.n_prev, l.k
-                ),
-            ));
+        let mut seen = std::collections::HashSet::new();
+        for l in &p.layers {
+            if let Some(why) = l.fault() {
+                return Err(bad("layers", format!("layer {}: {why}", l.layer)));
+            }
+            if !seen.insert(l.layer) {
+                return Err(bad("layers", format!("layer {} appears twice", l.layer)));
+            }
         }
         Ok(p)
     }

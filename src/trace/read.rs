@@ -14,6 +14,25 @@ use arrow_array::{Array, ListArray, RecordBatch};
 use std::ops::Range;
 use std::path::Path;
 
+/// Most decoder layers a trace may name (every `layer` is below it): far
+/// above every real model; a run's per-layer tables are sized by the
+/// largest `layer`.
+pub const LAYERS_MAX: u32 = 1 << 14;
+/// Most per-layer tables (one per run and layer up to its largest
+/// `layer`) a trace read allocates, about 700 MB: 40,000 runs of a
+/// 100-layer model. Each run's table is sized by its largest `layer`, so
+/// without it many one-row runs naming a high layer would allocate far more
+/// than the file holds.
+pub const LAYER_TABLES_MAX: usize = 1 << 22;
+/// Largest `expert_bytes` (and `bytes_read` item) a trace may hold, 64 GiB:
+/// far above any real expert, low enough that a replay's byte sums cannot
+/// overflow.
+pub const EXPERT_BYTES_MAX: u64 = 1 << 36;
+/// Largest `token` a trace may hold, 2^40 (a run's token count is the
+/// largest plus one): with at most [`LAYER_TABLES_MAX`] runs, the token
+/// counts of every run sum without overflow.
+pub const TOKENS_MAX: u64 = 1 << 40;
+
 /// One fetch of a layer: a forward's rows of it, served together.
 #[derive(Clone, Debug)]
 pub struct Fetch {
@@ -127,6 +146,57 @@ fn u32s(l: &ListArray, i: usize) -> &[u32] {
     &v[o[i] as usize..o[i + 1] as usize]
 }
 
+/// Range-checks every value of row `i` (the file's row `at`) that sizes
+/// something or indexes it, against the row's own `n_experts` and the
+/// named limits, before any of it is used: a layer below [`LAYERS_MAX`];
+/// 1 to [`crate::config::EXPERTS_MAX`] experts; chosen and guessed experts
+/// below `n_experts`, at most `n_experts` of them; `slots` at most
+/// `n_experts` (the store caps its caches there); byte counts at most
+/// [`EXPERT_BYTES_MAX`]; `token` below [`TOKENS_MAX`].
+fn check_row(c: &Cols, i: usize, at: u64, path: &Path) -> Result<()> {
+    let bad = |what: String| Err(TraceError::format(path, format!("row {at}: {what}")));
+    let n = c.n_experts[i];
+    if n == 0 || n as usize > crate::config::EXPERTS_MAX {
+        let max = crate::config::EXPERTS_MAX;
+        return bad(format!("`n_experts` {n} is outside 1..={max}"));
+    }
+    let layer = c.layer[i];
+    if layer >= LAYERS_MAX {
+        return bad(format!("`layer` {layer} is not below {LAYERS_MAX}"));
+    }
+    if c.slots[i] > n {
+        return bad(format!("`slots` {} exceeds `n_experts` {n}", c.slots[i]));
+    }
+    if c.expert_bytes[i] > EXPERT_BYTES_MAX {
+        let b = c.expert_bytes[i];
+        return bad(format!("`expert_bytes` {b} exceeds {EXPERT_BYTES_MAX}"));
+    }
+    if c.token[i] >= TOKENS_MAX {
+        return bad(format!("`token` {} is not below {TOKENS_MAX}", c.token[i]));
+    }
+    let lists = [("experts", c.experts), ("guess_attn", c.guess[0])];
+    for (name, list) in lists.into_iter().chain([("guess_output", c.guess[1])]) {
+        if !list.is_valid(i) {
+            continue;
+        }
+        let ids = u32s(list, i);
+        if ids.len() > n as usize {
+            return bad(format!("`{name}` lists {} experts of {n}", ids.len()));
+        }
+        if let Some(e) = ids.iter().find(|&&e| e >= n) {
+            return bad(format!(
+                "`{name}` holds expert {e}, not below `n_experts` {n}"
+            ));
+        }
+    }
+    let bytes = c.bytes_read.value(i);
+    let bytes = bytes.as_primitive::<UInt64Type>();
+    if let Some(b) = bytes.iter().flatten().find(|&b| b > EXPERT_BYTES_MAX) {
+        return bad(format!("`bytes_read` holds {b}, over {EXPERT_BYTES_MAX}"));
+    }
+    Ok(())
+}
+
 /// Builds the runs row by row.
 #[derive(Default)]
 struct Builder {
@@ -135,10 +205,13 @@ struct Builder {
     open: Option<usize>,
     /// (expert, tier) of the open fetch's rows.
     tiers: Vec<(usize, Tier)>,
+    /// Per-layer tables allocated over every run (see [`LAYER_TABLES_MAX`]).
+    tables: usize,
 }
 
 impl Builder {
-    fn row(&mut self, c: &Cols, i: usize, path: &Path) -> Result<()> {
+    fn row(&mut self, c: &Cols, i: usize, at: u64, path: &Path) -> Result<()> {
+        check_row(c, i, at, path)?;
         let run = c.run.value(i);
         if self.runs.last().is_none_or(|r| r.id != run) {
             self.close();
@@ -151,7 +224,8 @@ impl Builder {
         if c.row[i] == 0 || self.open != Some(layer) {
             self.close();
             self.open = Some(layer);
-            self.start(c, i, layer);
+            self.start(c, i, layer)
+                .map_err(|what| TraceError::format(path, format!("row {at}: {what}")))?;
         }
         let r = self.runs.last_mut().expect("a run");
         r.tokens = r.tokens.max(c.token[i] + 1);
@@ -175,19 +249,35 @@ impl Builder {
             let tier = Tier::from_name(tiers.value(k))
                 .ok_or_else(|| TraceError::format(path, format!("tier `{}`", tiers.value(k))))?;
             self.tiers.push((e as usize, tier));
-            r.recorded.bytes_read += bytes.get(k).copied().unwrap_or(0);
+            let b = bytes.get(k).copied().unwrap_or(0);
+            r.recorded.bytes_read = r.recorded.bytes_read.saturating_add(b);
         }
         Ok(())
     }
 
-    /// Opens a fetch of `layer` at row `i`.
-    fn start(&mut self, c: &Cols, i: usize, layer: usize) {
+    /// Opens a fetch of `layer` at row `i` (checked by [`check_row`]); a
+    /// layer whose `n_experts` changes within a run is refused.
+    fn start(&mut self, c: &Cols, i: usize, layer: usize) -> std::result::Result<(), String> {
         let r = self.runs.last_mut().expect("a run");
         if r.layers.len() <= layer {
+            self.tables += layer + 1 - r.layers.len();
+            if self.tables > LAYER_TABLES_MAX {
+                return Err(format!(
+                    "its runs name more than {LAYER_TABLES_MAX} layers in all (layer {layer} of run {})",
+                    r.id
+                ));
+            }
             r.layers.resize_with(layer + 1, LayerTrace::default);
         }
         let l = &mut r.layers[layer];
-        l.n_experts = c.n_experts[i] as usize;
+        let n = c.n_experts[i] as usize;
+        if !l.fetches.is_empty() && l.n_experts != n {
+            return Err(format!(
+                "`n_experts` {n} of layer {layer}, which earlier rows of run {} gave {}",
+                r.id, l.n_experts
+            ));
+        }
+        l.n_experts = n;
         l.expert_bytes = c.expert_bytes[i];
         let mut guess = [None, None];
         for (g, list) in guess.iter_mut().zip(c.guess) {
@@ -204,6 +294,7 @@ impl Builder {
             rows: l.rows.len()..l.rows.len(),
             guess,
         });
+        Ok(())
     }
 
     /// Closes the open fetch: its union of experts, and the run's counts.
@@ -260,14 +351,15 @@ fn next_uses(l: &mut LayerTrace) {
 /// Reads the runs of the trace at `path` (only run `only`, if given).
 pub fn read(path: &Path, only: Option<&str>) -> Result<Vec<Run>> {
     let mut b = Builder::default();
+    let mut at = 0u64;
     for batch in batches(path)? {
         let batch = batch?;
         let c = Cols::of(&batch);
         for i in 0..batch.num_rows() {
-            if only.is_some_and(|id| id != c.run.value(i)) {
-                continue;
+            if only.is_none_or(|id| id == c.run.value(i)) {
+                b.row(&c, i, at, path)?;
             }
-            b.row(&c, i, path)?;
+            at += 1;
         }
     }
     Ok(b.finish())

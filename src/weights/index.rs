@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::kernels::ggml::BlockType;
 use crate::quant::policy::{Policy, Width};
 use crate::quant::{fp8, QBits, QMatrix, Words};
-use crate::tensor::Mat;
+use crate::tensor::{Mat, MatData};
 use moestream_io::{RangeReader, ReadMode, Slab};
 use std::collections::HashMap;
 use std::io::Read;
@@ -391,15 +391,23 @@ impl WeightIndex {
             .at_load
             .as_ref()
             .map(|a| a.policy.width_of(&r.name, &r.shape, a.layers));
-        let floats = |dt: Option<DType>| -> Vec<f32> {
-            match dt {
+        // What the runtime quantizer narrows is checked first: it would
+        // quantize a NaN to 0 and pass.
+        let floats = |dt: Option<DType>| -> Result<Vec<f32>> {
+            let out = match dt {
                 Some(dt) => {
                     let mut out = vec![0f32; rows * cols];
                     dtype::to_f32(dt, data, &mut out);
                     out
                 }
                 None => fp8::dequantize(data, &f32s(companion.unwrap_or_default()), rows, cols),
+            };
+            if width.is_some() {
+                if let Some(index) = out.iter().position(|x| !x.is_finite()) {
+                    return Err(non_finite(&r.name, index));
+                }
             }
+            Ok(out)
         };
         Ok(match (r.stored.clone(), width) {
             (Stored::Ggml(ty), _) => {
@@ -424,9 +432,9 @@ impl WeightIndex {
                 Mat::quant(q)
             }
             (Stored::Float(dt), None) => Mat::from_bytes(dt, data, rows, cols),
-            (Stored::Fp8 { .. }, None) => Mat::f32(rows, cols, floats(None)),
-            (Stored::Float(dt), Some(w)) => Mat::encode(floats(Some(dt)), rows, cols, w),
-            (Stored::Fp8 { .. }, Some(w)) => Mat::encode(floats(None), rows, cols, w),
+            (Stored::Fp8 { .. }, None) => Mat::f32(rows, cols, floats(None)?),
+            (Stored::Float(dt), Some(w)) => Mat::encode(floats(Some(dt))?, rows, cols, w),
+            (Stored::Fp8 { .. }, Some(w)) => Mat::encode(floats(None)?, rows, cols, w),
         })
     }
 
@@ -502,9 +510,7 @@ impl WeightIndex {
     /// (see [`WeightIndex::decode_mat`]).
     pub fn read_mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
         let m = self.read_mat_uncounted(name, rows, cols)?;
-        if let Some(index) = m.first_non_finite() {
-            return Err(non_finite(name, index));
-        }
+        check_finite(name, &m)?;
         self.count(m.bytes());
         Ok(m)
     }
@@ -554,6 +560,38 @@ impl WeightIndex {
         self.count(out.len() * 4);
         Ok(out)
     }
+}
+
+/// Refuses `m` (tensor `name`) when a value it multiplies by is NaN or
+/// infinite: an element of a float matrix, a row's scale of a packed one,
+/// a block's f16 scale (`d`, `dmin`) of GGUF blocks. The integer kernels
+/// would not carry such a scale into the output: a NaN it gives an
+/// intermediate activation quantizes to 0 for the next product, so the
+/// check is made here, once, where the bytes enter (at load, and as a
+/// streamed expert lands), not in the kernels' loops.
+pub fn check_finite(name: &str, m: &Mat) -> Result<()> {
+    let Some(index) = m.first_non_finite() else {
+        return Ok(());
+    };
+    let cols = m.cols.max(1);
+    let (row, col) = (index / cols, index % cols);
+    let at = match &m.data {
+        MatData::Q(_) => format!("row {row}"),
+        MatData::Ggml { ty, .. } => {
+            let be = ty.block_elems();
+            format!(
+                "row {row}, {} block {} (elements {col}..{} of the row)",
+                ty.name(),
+                col / be,
+                col + be
+            )
+        }
+        MatData::F32(_) | MatData::Bf16(_) => return Err(non_finite(name, index)),
+    };
+    Err(Error::NonFiniteScale {
+        name: name.to_string(),
+        at,
+    })
 }
 
 fn non_finite(name: &str, index: usize) -> Error {

@@ -236,23 +236,33 @@ fn dequant_q6_k(blk: &[u8], o: &mut [f32]) {
 
 /// See [`super::first_non_finite`].
 pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
-    let scale_offsets: &[usize] = match ty {
-        BlockType::Q4_0 => &[q4_0::D],
-        BlockType::Q8_0 => &[q8_0::D],
-        BlockType::Q4K => &[q4_k::D, q4_k::DMIN],
-        BlockType::Q5K => &[q5_k::D, q5_k::DMIN],
-        BlockType::Q6K => &[q6_k::D],
+    let block = match ty {
+        BlockType::Q4_0 => first_bad_block::<{ q4_0::BYTES }, { q4_0::D }, { q4_0::D }>(bytes),
+        BlockType::Q8_0 => first_bad_block::<{ q8_0::BYTES }, { q8_0::D }, { q8_0::D }>(bytes),
+        BlockType::Q4K => first_bad_block::<{ q4_k::BYTES }, { q4_k::D }, { q4_k::DMIN }>(bytes),
+        BlockType::Q5K => first_bad_block::<{ q5_k::BYTES }, { q5_k::D }, { q5_k::DMIN }>(bytes),
+        BlockType::Q6K => first_bad_block::<{ q6_k::BYTES }, { q6_k::D }, { q6_k::D }>(bytes),
     };
-    // An f16 is NaN or ±Inf exactly when its exponent bits are all ones.
+    block.map(|b| b * ty.block_elems())
+}
+
+/// The first of the `BB`-byte blocks of `bytes` whose f16 at byte `A` or
+/// at byte `B` is NaN or ±Inf (every exponent bit set). One branch-free
+/// pass (the common case: none; it runs as a streamed expert lands, so at
+/// memory speed matters), then a search only on a hit.
+fn first_bad_block<const BB: usize, const A: usize, const B: usize>(bytes: &[u8]) -> Option<usize> {
     let bad = |blk: &[u8]| {
-        scale_offsets
-            .iter()
-            .any(|&at| le16(blk, at) & 0x7c00 == 0x7c00)
+        let exp = |at: usize| le16(blk, at) & 0x7c00 == 0x7c00;
+        exp(A) | exp(B)
     };
-    bytes
-        .chunks_exact(ty.block_bytes())
-        .position(bad)
-        .map(|b| b * ty.block_elems())
+    let any = bytes
+        .chunks_exact(BB)
+        .fold(false, |acc, blk| acc | bad(blk));
+    if any {
+        bytes.chunks_exact(BB).position(bad)
+    } else {
+        None
+    }
 }
 
 /// See [`super::quantize_row`].
