@@ -819,6 +819,8 @@ fn kv_saved_before_the_weights_changed_in_place_is_refused() {
         "{err}"
     );
     assert!(s.stop().success());
+}
+
 /// A request head for a body of `length` bytes, without an API key.
 fn post_head(path: &str, length: usize) -> String {
     format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
