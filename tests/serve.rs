@@ -1109,17 +1109,22 @@ fn mutated_request_bodies_are_answered_4xx_never_5xx() {
     assert_eq!(s.get("/health").0, 200);
 }
 
-#[test]
-fn health_answers_promptly_while_heavy_requests_are_prepared() {
-    let s = Server::start(&fixture("qwen3_moe"), &[]);
-    // A JSON schema whose grammar takes a while to compile.
-    let props: serde_json::Map<String, Value> = (0..4000)
+/// A completion constrained to an object of `n` required integers.
+fn wide_schema_request(n: usize) -> Value {
+    let props: serde_json::Map<String, Value> = (0..n)
         .map(|i| (format!("p{i}"), json!({"type": "integer"})))
         .collect();
     let required: Vec<&String> = props.keys().collect();
     let schema = json!({"type": "object", "properties": props, "required": required});
-    let body = json!({"prompt": "x", "max_tokens": 1, "response_format":
-        {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}});
+    json!({"prompt": "x", "max_tokens": 1, "response_format":
+        {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}})
+}
+
+#[test]
+fn health_answers_promptly_while_heavy_requests_are_prepared() {
+    let s = Server::start(&fixture("qwen3_moe"), &[]);
+    // A JSON schema whose grammar takes a while to compile.
+    let body = wide_schema_request(4000);
     let t = Instant::now();
     let heavy: Vec<_> = (0..4)
         .map(|_| {
@@ -1174,11 +1179,7 @@ fn a_recursive_ref_schema_is_a_400_naming_the_schema_not_a_500() {
 #[test]
 fn a_schema_of_thousands_of_properties_is_a_400_not_a_stack_overflow() {
     let s = Server::start(&fixture("qwen3_moe"), &[]);
-    let props: serde_json::Map<String, Value> = (0..10_000)
-        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
-        .collect();
-    let body = json!({"prompt": "x", "max_tokens": 1, "response_format": {"type": "json_schema",
-        "json_schema": {"name": "wide", "schema": {"type": "object", "properties": props}}}});
+    let body = wide_schema_request(10_000);
     let r = s.post("/v1/completions", &body);
     assert_eq!(r.status, 400, "{}", r.json);
     assert_eq!(r.json["error"]["param"], "response_format");
