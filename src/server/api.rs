@@ -211,6 +211,28 @@ pub struct Request {
     pub ignore_eos: bool,
 }
 
+/// The most `properties` a `response_format` schema may declare, all
+/// objects together: the grammar compiler recurses once per property (a
+/// schema of 7,000 overflowed a 2 MiB thread stack and aborted the
+/// server; the threads that compile have 16 MiB).
+pub const SCHEMA_PROPERTIES_MAX: usize = 4096;
+
+/// The `properties` entries of every object in `schema` (serde_json's
+/// recursion limit of 128 bounds the depth of this walk).
+fn properties_in(schema: &Value) -> usize {
+    match schema {
+        Value::Object(m) => {
+            let own = m
+                .get("properties")
+                .and_then(Value::as_object)
+                .map_or(0, |p| p.len());
+            own + m.values().map(properties_in).sum::<usize>()
+        }
+        Value::Array(a) => a.iter().map(properties_in).sum(),
+        _ => 0,
+    }
+}
+
 /// The most alternatives `top_logprobs` may ask for (OpenAI's limit).
 pub const TOP_LOGPROBS_MAX: usize = 20;
 
@@ -252,6 +274,10 @@ impl Request {
             Some("text") => Ok(None),
             Some("json_object") => Ok(Some(Constraint::JsonObject)),
             Some("json_schema") => match f["json_schema"].get("schema") {
+                Some(schema) if properties_in(schema) > SCHEMA_PROPERTIES_MAX => Err(bad(format!(
+                    "the schema declares {} properties; at most {SCHEMA_PROPERTIES_MAX}",
+                    properties_in(schema)
+                ))),
                 Some(schema) if schema.is_object() => {
                     Ok(Some(Constraint::JsonSchema(schema.clone())))
                 }

@@ -51,6 +51,11 @@ use worker::Command;
 
 pub use listen::Limits;
 
+/// The stack of the engine thread and the runtime's threads: grammar
+/// compilation recurses per schema property (see
+/// [`api::SCHEMA_PROPERTIES_MAX`]); address space only, until used.
+pub const THREAD_STACK_BYTES: usize = 16 << 20;
+
 /// Request bodies held in memory at once (read, parsed, prepared): eight
 /// of the largest; a request finding no room within the body read
 /// timeout is answered 429.
@@ -197,6 +202,7 @@ pub fn serve_until(
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_stack_size(THREAD_STACK_BYTES)
         .enable_all()
         .build()
         .map_err(|e| format!("starting the async runtime: {e}"))?;
@@ -228,6 +234,7 @@ fn spawn_engine(
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("moestream-engine".into())
+        .stack_size(THREAD_STACK_BYTES)
         .spawn(move || {
             let model = match loader() {
                 Ok(m) => m,
