@@ -10,25 +10,30 @@ impl ExpertStore {
     /// `misses` slots, and only into idle pooled buffers beyond the plan's
     /// in-flight and prefetch items (2 x top-k, plus the prefetch reads):
     /// this layer's reads then take buffers already faulted in, and the
-    /// experts they evict give theirs back. When warming lags (a busy
-    /// machine starves its idle-priority thread), the gate stops waiting:
-    /// the cache grows by `misses`, as an ungated one does, and those reads
-    /// fault their own buffers. Without that, a machine whose cores are all
-    /// busy never filled its cache (hit rate 0.00 against 0.80 idle).
+    /// experts they evict give theirs back. Once warming lags (a busy
+    /// machine starves its idle-priority thread), the gate opens for good:
+    /// every cache may use all its slots, as an ungated one does, and reads
+    /// take warmed buffers while there are any and fault their own when
+    /// not. Without that, a machine whose cores were all busy never filled
+    /// its cache (hit rate 0.00 against 0.80 idle).
     pub(super) fn grow_into_spare_buffers(&self, layer: usize, misses: usize) {
         if misses == 0 || !self.gated.load(Ordering::Relaxed) {
             return;
         }
         let pool = moestream_io::shared_pool();
-        let grow = if pool.warming_lags() {
-            misses
-        } else {
-            let reserve = 2 * self.top_k + self.schedule.prefetch_experts_max;
-            pool.idle_class_buffers()
-                .saturating_sub(reserve)
-                .min(misses)
-        };
-        self.caches[layer].lock().expect("cache lock").grow(grow);
+        if pool.warming_lags() {
+            self.gated.store(false, Ordering::Relaxed);
+            for cache in &self.caches {
+                cache.lock().expect("cache lock").grow(usize::MAX);
+            }
+            return;
+        }
+        let reserve = 2 * self.top_k + self.schedule.prefetch_experts_max;
+        let spare = pool.idle_class_buffers().saturating_sub(reserve);
+        self.caches[layer]
+            .lock()
+            .expect("cache lock")
+            .grow(spare.min(misses));
     }
 
     /// Starts faulting in, on idle CPU, the read buffers the cache will
