@@ -1,6 +1,10 @@
 //! The fuzz targets of fuzz/ (cargo-fuzz, nightly), bounded so CI runs
 //! them: each entry point gets mutants of real inputs (every fixture's
-//! shard headers, config.json and generation_config.json) from a seeded
+//! shard headers, config.json and generation_config.json, the chat
+//! templates of tests/fixtures/chat_templates and the hostile shapes of
+//! issue 31 under tiny fuel and memory bounds, two GGUF headers with bytes
+//! flipped or a metadata value swapped for an extreme one, a routing trace
+//! recorded by a run) from a seeded
 //! generator for a fixed number of rounds: bit flips, interesting bytes,
 //! truncations, spliced spans, and JSON-aware swaps of values for extreme
 //! ones. Any panic fails the test with the input that caused it; so does
