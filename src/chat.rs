@@ -23,8 +23,14 @@
 //! Invariants: a template is compiled once, when loaded, so a syntax error
 //! surfaces there; every render runs on a fuel budget
 //! ([`RENDER_FUEL_MAX`]), so a hostile template cannot spin forever; an
-//! empty conversation is refused, as transformers refuses it.
+//! empty conversation is refused, as transformers refuses it; every render
+//! also runs under a memory bound ([`bound`]: the rendered text, printed
+//! values, filter arguments and results, width arguments), so a hostile
+//! template (`indent(10**15)`, `tojson(indent=10**15)`, a huge format width,
+//! a large string printed many times, a loop over the messages inside a
+//! loop over them) is an error naming the template's source, not an abort.
 
+pub mod bound;
 mod python;
 
 use crate::error::{Error, Result};
@@ -78,6 +84,8 @@ pub struct ChatTemplate {
     source: String,
     tokens: SpecialTokens,
     origin: String,
+    /// A tighter memory bound than [`bound::render_bytes_max`], if set.
+    bytes_max: Option<usize>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -135,7 +143,16 @@ impl ChatTemplate {
             source,
             tokens,
             origin,
+            bytes_max: None,
         })
+    }
+
+    /// The same template under tighter bounds: `fuel` instructions and
+    /// `bytes_max` bytes per render (the fuzz target's tiny ones).
+    pub fn with_limits(mut self, fuel: u64, bytes_max: usize) -> ChatTemplate {
+        self.env.set_fuel(Some(fuel));
+        self.bytes_max = Some(bytes_max);
+        self
     }
 
     /// Renders `messages` (add_generation_prompt as transformers' flag).
@@ -152,9 +169,20 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| template_error(&self.origin, &e))?;
+        let input: usize = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        let bytes_max = bound::render_bytes_max(input).min(self.bytes_max.unwrap_or(usize::MAX));
+        let _budget = bound::Budget::enter(bytes_max);
+        let mut out = bound::CappedText::new(bytes_max);
         template
-            .render(self.context(messages, add_generation_prompt))
-            .map_err(|e| template_error(&self.origin, &e))
+            .render_captured_to(self.context(messages, add_generation_prompt), &mut out)
+            .map_err(|e| template_error(&self.origin, &e))?;
+        String::from_utf8(out.text).map_err(|_| Error::ChatTemplate {
+            origin: self.origin.clone(),
+            reason: "the rendered text is not UTF-8".into(),
+        })
     }
 
     /// The template's text.
@@ -240,7 +268,14 @@ impl TokenizerConfig {
     /// The `chat_template` field: (source, origin), or None if absent.
     fn template(&self) -> Result<Option<(String, String)>> {
         use serde_json::Value as J;
-        let origin = format!("{} (field `chat_template`)", self.path.display());
+        let origin = if crate::gguf::is_gguf(&self.path) {
+            format!(
+                "{} (GGUF metadata tokenizer.chat_template)",
+                self.path.display()
+            )
+        } else {
+            format!("{} (field `chat_template`)", self.path.display())
+        };
         match self.json.get("chat_template") {
             None | Some(J::Null) => Ok(None),
             Some(J::String(s)) => Ok(Some((s.clone(), origin))),
@@ -334,6 +369,7 @@ fn environment() -> Environment<'static> {
     env.set_fuel(Some(RENDER_FUEL_MAX));
     env.set_unknown_method_callback(python_method);
     env.set_formatter(python_format);
+    bound::guard_filters(&mut env);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
@@ -372,6 +408,7 @@ fn strftime_now(format: &str) -> std::result::Result<Value, minijinja::Error> {
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None,
 /// separators=None, sort_keys=False)`, options as keyword arguments.
 fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    bound::check_weight("filter `tojson`", value)?;
     let options = python::Options {
         ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
         indent: indent_of(kwargs.get::<Option<Value>>("indent")?)?,
@@ -388,10 +425,14 @@ fn indent_of(indent: Option<Value>) -> std::result::Result<Option<String>, minij
         return Ok(None);
     };
     if let Some(s) = indent.as_str() {
+        bound::check_width("tojson: indent", Some(s.len() as i64))?;
         return Ok(Some(s.to_string()));
     }
     match indent.as_i64() {
-        Some(n) => Ok(Some(" ".repeat(n.max(0) as usize))),
+        Some(n) => {
+            bound::check_width("tojson: indent", Some(n))?;
+            Ok(Some(" ".repeat(n.max(0) as usize)))
+        }
         None => Err(minijinja::Error::new(
             ErrorKind::InvalidOperation,
             format!("tojson: indent {indent} is neither an integer nor a string"),
@@ -447,7 +488,10 @@ fn python_method(
             _ => {}
         }
     }
-    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+    bound::check_method(value, method, args)?;
+    let out = minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)?;
+    bound::check_weight(&format!("method `{method}`"), &out)?;
+    Ok(out)
 }
 
 /// Jinja's `trim(value, chars=None)`: Python's `str.strip(chars)`.
@@ -470,9 +514,23 @@ fn python_format(
         ValueKind::Bool => "False".to_string(),
         ValueKind::None => "None".to_string(),
         ValueKind::Number if !value.is_integer() => python::repr(value),
-        ValueKind::Seq | ValueKind::Map => python::repr(value),
-        _ => return minijinja::escape_formatter(out, state, value),
+        ValueKind::Seq | ValueKind::Map => {
+            bound::check_weight("a printed value", value)?;
+            python::repr(value)
+        }
+        kind => {
+            // A lazy iterable (`[x] * 10**12`) or an object prints whole.
+            let bytes = match kind {
+                ValueKind::Iterable | ValueKind::Plain => {
+                    bound::check_weight("a printed value", value)?
+                }
+                _ => value.as_str().map_or(24, str::len),
+            };
+            bound::count_printed(bytes)?;
+            return minijinja::escape_formatter(out, state, value);
+        }
     };
+    bound::count_printed(text.len())?;
     out.write_str(&text)
         .map_err(|e| minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()))
 }

@@ -39,6 +39,11 @@ impl Tokenizer {
         let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>())
             .map_err(|_| bad("the tokenizers crate panicked parsing it".into()))?;
         let inner = parsed.map_err(|e| bad(format!("{e}")))?;
+        if inner.get_vocab_size(true) == 0 {
+            return Err(bad(
+                "the vocabulary is empty (model.vocab and added_tokens hold no token)".into(),
+            ));
+        }
         Ok(Tokenizer {
             inner,
             path: path.to_path_buf(),

@@ -187,3 +187,19 @@ fn missing_model_dir_is_named() {
     let out = run(Path::new("/nonexistent/moestream-model"), &[1]);
     assert_clean_failure(&out, &["/nonexistent/moestream-model"]);
 }
+
+#[test]
+fn an_empty_tokenizer_vocabulary_is_refused_naming_the_file() {
+    let text = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+        "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
+        "model":{"type":"WordLevel","vocab":{},"unk_token":"[UNK]"}}"#;
+    let path = std::path::Path::new("/models/empty/tokenizer.json");
+    let err = moestream::tokenizer::Tokenizer::from_json(path, text)
+        .err()
+        .expect("an empty vocabulary was accepted");
+    let text = err.to_string();
+    assert!(
+        text.contains("/models/empty/tokenizer.json") && text.contains("vocabulary is empty"),
+        "{text}"
+    );
+}

@@ -316,3 +316,97 @@ fn rendered_prompt_encodes_raw() {
     assert!(!ids.is_empty());
     assert_eq!(tok.encode_raw("").unwrap(), Vec::<u32>::new());
 }
+
+/// Renders `source` over `messages` in this process: a hostile template
+/// that allocates gigabytes would abort the test binary (rc 134) here.
+fn hostile(source: &str, messages: &[Message]) -> String {
+    let t = ChatTemplate::new(
+        source.into(),
+        SpecialTokens::default(),
+        "hostile.jinja".into(),
+    )
+    .unwrap();
+    let err = t
+        .render(messages, true)
+        .expect_err("a hostile template rendered");
+    err.to_string()
+}
+
+#[test]
+fn hostile_templates_hit_the_memory_bound_not_an_abort() {
+    let cases = [
+        "{{ messages | tojson(indent=10**15) }}",
+        "{{ messages | tojson(indent='x' * 10**7) }}",
+        "{{ messages[0].content | indent(10**15) }}",
+        "{{ 'a\\nb' | indent(width=10**12, first=true) }}",
+        "{{ '%1000000000000s' | format('x') }}",
+        "{{ '{:>1000000000000}'.format('x') }}",
+        "{% set s = 'x' * 10**8 %}{% for i in range(100000) %}{{ s }}{% endfor %}",
+        "{% set s %}{% for i in range(100000) %}{{ 'y' * 10**7 }}{% endfor %}{% endset %}",
+        "{{ (['x'] * 10**12) | join(',') }}",
+        "{{ (['x'] * 10**12) | list | length }}",
+        "{{ ['x'] * 10**12 }}",
+        "{{ 'ab' | replace('', 'x' * 10**8) }}",
+        "{{ ('ab' * 10**6).replace('a', 'x' * 10**4) }}",
+        "{{ [1] | slice(10**12) | list }}",
+    ];
+    let hi = [Message::new("user", "hi\nthere")];
+    for source in cases {
+        let text = hostile(source, &hi);
+        assert!(
+            text.contains("hostile.jinja")
+                && (text.contains("memory bound") || text.contains("over the limit")),
+            "{source}: {text}"
+        );
+    }
+}
+
+#[test]
+fn double_loop_over_client_messages_hits_the_memory_bound() {
+    // 4000 messages of 1 KiB: 4 MiB in, 16 GiB out through a double loop.
+    let big: Vec<Message> = (0..4000)
+        .map(|_| Message::new("user", "z".repeat(1024)))
+        .collect();
+    let source =
+        "{% for a in messages %}{% for b in messages %}{{ b.content }}{% endfor %}{% endfor %}";
+    let text = hostile(source, &big);
+    assert!(text.contains("memory bound"), "{text}");
+}
+
+#[test]
+fn gguf_template_errors_name_the_metadata_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3moe-Q4_0.gguf");
+    let f = moestream::gguf::file::GgufFile::open(&src).unwrap();
+    let mut meta: Vec<(String, moestream::gguf::file::Value)> =
+        f.metadata.clone().into_iter().collect();
+    meta.sort_by(|a, b| a.0.cmp(&b.0));
+    for (k, v) in &mut meta {
+        if k == "tokenizer.chat_template" {
+            *v = moestream::gguf::file::Value::Str("{{ messages | tojson(indent=10**15) }}".into());
+        }
+    }
+    moestream::gguf::write::write_gguf(&path, &meta, &[], |_, _| Ok(())).unwrap();
+    let t = ChatTemplate::from_model_dir(&path)
+        .unwrap()
+        .expect("a template");
+    let err = t.render(&hello(), true).unwrap_err().to_string();
+    assert!(
+        err.contains("GGUF metadata tokenizer.chat_template") && err.contains("over the limit"),
+        "{err}"
+    );
+}
+
+#[test]
+fn real_template_shapes_still_render_under_the_bound() {
+    let t = ChatTemplate::new(
+        "{% for m in messages %}{{ m.role | indent(2) }}{{ '%-4s' | format('x') }}{{ m.content | replace('a', 'bb') }}{{ messages | tojson(indent=2) | length > 0 }}{{ ['a', 'b'] | join(', ') }}{{ ' q '.strip().replace('q', 'r') }}{% endfor %}".into(),
+        SpecialTokens::default(),
+        "ok".into(),
+    )
+    .unwrap();
+    let big = "a".repeat(1 << 20);
+    let out = t.render(&[Message::new("user", big)], true).unwrap();
+    assert!(out.starts_with("userx   bbbb"), "{}", &out[..40]);
+}

@@ -220,3 +220,24 @@ fn a_conversion_that_fills_the_disk_leaves_no_partial_file() {
         .collect();
     assert!(partial.is_empty(), "partial files left: {partial:?}");
 }
+
+#[test]
+fn an_unknown_container_version_is_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    assert!(convert(&fixture("qwen3_moe"), &out, &[]).ok);
+    for shard in shards(&out) {
+        let (mut header, data) = common::read_shard(&shard);
+        header["__metadata__"]["moestream.container"] = serde_json::json!("99");
+        common::write_shard(&shard, &header, &data);
+    }
+    let run = run_ok(&out);
+    common::assert_clean_failure(
+        &run,
+        &[
+            "moestream.container",
+            "version 99 is not supported",
+            "version 1",
+        ],
+    );
+}

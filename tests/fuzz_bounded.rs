@@ -1,6 +1,10 @@
 //! The fuzz targets of fuzz/ (cargo-fuzz, nightly), bounded so CI runs
 //! them: each entry point gets mutants of real inputs (every fixture's
-//! shard headers, config.json and generation_config.json) from a seeded
+//! shard headers, config.json and generation_config.json, the chat
+//! templates of tests/fixtures/chat_templates and the hostile shapes of
+//! issue 31 under tiny fuel and memory bounds, two GGUF headers with bytes
+//! flipped or a metadata value swapped for an extreme one, a routing trace
+//! recorded by a run) from a seeded
 //! generator for a fixed number of rounds: bit flips, interesting bytes,
 //! truncations, spliced spans, and JSON-aware swaps of values for extreme
 //! ones. Any panic fails the test with the input that caused it; so does
@@ -224,6 +228,185 @@ fn tokenizer_json_never_panics() {
                 let _ = t.encode("the engine reads experts");
                 let _ = t.decode(&[0, 1, 2, 3, 4, 5]);
             }
+        });
+    }
+}
+
+fn chat_seeds() -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates");
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    v.sort();
+    // The hostile shapes of issue 31: each must stay an error, not an abort.
+    v.extend(
+        [
+            "{{ messages | tojson(indent=10**15) }}",
+            "{{ messages[0].content | indent(10**15) }}",
+            "{{ '%1000000000s' | format('x') }}",
+            "{% set s = 'x' * 10**6 %}{% for i in range(1000) %}{{ s }}{% endfor %}",
+            "{% for a in messages %}{% for b in messages %}{{ b.content * 1000 }}{% endfor %}{% endfor %}",
+        ]
+        .map(String::from),
+    );
+    v
+}
+
+fn render_template(source: &[u8]) {
+    use moestream::chat::{ChatTemplate, Message, SpecialTokens};
+    let source = String::from_utf8_lossy(source).into_owned();
+    let tokens = SpecialTokens {
+        bos_token: Some("<s>".into()),
+        eos_token: Some("</s>".into()),
+    };
+    let Ok(t) = ChatTemplate::new(source, tokens, "fuzz.jinja".into()) else {
+        return;
+    };
+    let t = t.with_limits(100_000, 1 << 20);
+    let messages = [
+        Message::new("system", "be brief"),
+        Message::new("user", "hi\nthere"),
+        Message::new("assistant", "hello"),
+    ];
+    let _ = t.render(&messages, true);
+}
+
+#[test]
+fn chat_template_never_panics() {
+    let mut rng = Rng::new(0xc4a7);
+    for seed in chat_seeds() {
+        check("chat_template", seed.as_bytes(), || {
+            render_template(seed.as_bytes())
+        });
+        for _ in 0..ROUNDS / 10 {
+            let m = mutate_bytes(&mut rng, seed.as_bytes());
+            check("chat_template", &m, || render_template(&m));
+        }
+    }
+}
+
+/// Metadata values that break naive arithmetic or allocation.
+fn extreme_gguf(rng: &mut Rng) -> moestream::gguf::file::Value {
+    use moestream::gguf::file::{Array, Value};
+    let picks = [
+        Value::U64(1 << 40),
+        Value::U64(u64::MAX),
+        Value::I32(-1),
+        Value::U32(0),
+        Value::F32(f32::NAN),
+        Value::F64(f64::INFINITY),
+        Value::F32(0.0),
+        Value::Str(String::new()),
+        Value::Str("x".repeat(5000)),
+        Value::Bool(true),
+        Value::Array(Array::Str(Vec::new())),
+        Value::Array(Array::U8(vec![0; 64])),
+        Value::Array(Array::Str(vec!["▁a".into(); 64])),
+    ];
+    picks[below(rng, picks.len())].clone()
+}
+
+/// The GGUF seeds: (header bytes, file length, metadata, tensor specs).
+type GgufSeed = (
+    Vec<u8>,
+    u64,
+    Vec<(String, moestream::gguf::file::Value)>,
+    Vec<moestream::gguf::write::TensorSpec>,
+);
+
+fn gguf_seed(name: &str) -> GgufSeed {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name);
+    let f = moestream::gguf::file::GgufFile::open(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let mut meta: Vec<_> = f.metadata.clone().into_iter().collect();
+    meta.sort_by(|a, b| a.0.cmp(&b.0));
+    let specs = f
+        .tensors
+        .iter()
+        .map(|t| moestream::gguf::write::TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+        })
+        .collect();
+    let header = bytes[..f.data_offset as usize].to_vec();
+    (header, f.file_len, meta, specs)
+}
+
+/// The header of a GGUF file written with `meta` and `specs` (data zero).
+fn gguf_header_of(
+    dir: &Path,
+    meta: &[(String, moestream::gguf::file::Value)],
+    specs: &[moestream::gguf::write::TensorSpec],
+) -> (Vec<u8>, u64) {
+    use std::io::Write;
+    let path = dir.join("m.gguf");
+    moestream::gguf::write::write_gguf(&path, meta, specs, |i, w| {
+        let zeros = vec![0u8; specs[i].bytes() as usize];
+        w.write_all(&zeros)
+            .map_err(|e| moestream::error::Error::file("fuzz", e))
+    })
+    .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let len = bytes.len() as u64;
+    let data_offset = moestream::gguf::file::GgufFile::open(&path)
+        .map(|f| f.data_offset as usize)
+        .unwrap_or(bytes.len());
+    (bytes[..data_offset].to_vec(), len)
+}
+
+#[test]
+fn gguf_metadata_never_panics() {
+    let mut rng = Rng::new(0x66af);
+    let dir = tempfile::tempdir().unwrap();
+    let derive = |h: &[u8], len: u64| {
+        let _ = moestream::gguf::derive_documents(Path::new("fuzz.gguf"), h, len);
+    };
+    for name in ["mixtral-bf16.gguf", "qwen3moe-Q4_0.gguf"] {
+        let (header, len, meta, specs) = gguf_seed(name);
+        for _ in 0..ROUNDS / 20 {
+            let m = mutate_bytes(&mut rng, &header);
+            check("gguf_metadata", &m, || derive(&m, len));
+            let mut edited = meta.clone();
+            let at = below(&mut rng, edited.len());
+            edited[at].1 = extreme_gguf(&mut rng);
+            let shown = format!("{} = {:?}", edited[at].0, edited[at].1);
+            let (h, l) = gguf_header_of(dir.path(), &edited, &specs);
+            check("gguf_metadata", shown.as_bytes(), || derive(&h, l));
+        }
+    }
+}
+
+#[test]
+fn routing_trace_never_panics() {
+    let mut rng = Rng::new(0x7ace);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let model = fixtures()[0].clone();
+    let out = common::moestream(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "3",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let seed = std::fs::read(&trace).unwrap();
+    let mutant = dir.path().join("m.parquet");
+    for _ in 0..ROUNDS / 10 {
+        let m = mutate_bytes(&mut rng, &seed);
+        std::fs::write(&mutant, &m).unwrap();
+        check("routing_trace", &m, || {
+            let _ = moestream::trace::read::read(&mutant, None);
         });
     }
 }

@@ -456,3 +456,103 @@ fn version_2_files_run() {
         want
     );
 }
+
+/// A copy of fixture `name` rewritten through `moestream::gguf::write`
+/// with its metadata edited by `edit` (tensors and their bytes kept).
+fn rewritten(
+    name: &str,
+    edit: impl FnOnce(&mut Vec<(String, moestream::gguf::file::Value)>),
+) -> (tempfile::TempDir, PathBuf) {
+    use moestream::gguf::write::{write_gguf, TensorSpec};
+    let src = gguf(name);
+    let f = moestream::gguf::file::GgufFile::open(&src).unwrap();
+    let bytes = std::fs::read(&src).unwrap();
+    let mut meta: Vec<_> = f.metadata.clone().into_iter().collect();
+    meta.sort_by(|a, b| a.0.cmp(&b.0));
+    edit(&mut meta);
+    let specs: Vec<TensorSpec> = f
+        .tensors
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    write_gguf(&path, &meta, &specs, |i, w| {
+        let t = &f.tensors[i];
+        let data = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+        w.write_all(data)
+            .map_err(|e| moestream::error::Error::file("copy", e))
+    })
+    .unwrap();
+    (dir, path)
+}
+
+fn set(
+    meta: &mut [(String, moestream::gguf::file::Value)],
+    key: &str,
+    v: moestream::gguf::file::Value,
+) {
+    let slot = meta.iter_mut().find(|(k, _)| k == key);
+    slot.unwrap_or_else(|| panic!("{key} not in the fixture")).1 = v;
+}
+
+#[test]
+fn block_count_of_2_pow_40_is_refused_before_anything_is_sized_by_it() {
+    use moestream::gguf::file::Value;
+    let (_dir, path) = rewritten("qwen3moe-Q4_0.gguf", |m| {
+        set(m, "qwen3moe.block_count", Value::U64(1 << 40))
+    });
+    let started = std::time::Instant::now();
+    let out = run_broken(&path);
+    assert!(!out.ok, "a 2^40-block file ran");
+    common::assert_clean_failure(&out, &["qwen3moe.block_count", "1099511627776"]);
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn non_finite_float_metadata_is_refused_naming_the_key() {
+    use moestream::gguf::file::Value;
+    for (key, x) in [
+        ("qwen3moe.rope.freq_base", f32::NAN),
+        ("qwen3moe.attention.layer_norm_rms_epsilon", f32::INFINITY),
+    ] {
+        let (_dir, path) = rewritten("qwen3moe-Q4_0.gguf", |m| set(m, key, Value::F32(x)));
+        let out = run_broken(&path);
+        assert!(!out.ok, "{key} = {x} ran (it became the default)");
+        common::assert_clean_failure(&out, &[key, "not a finite number"]);
+    }
+}
+
+#[test]
+fn an_absurd_vocabulary_token_is_refused_naming_its_index() {
+    use moestream::gguf::file::{Array, Value};
+    let (_dir, path) = rewritten("qwen3moe-Q4_0.gguf", |m| {
+        let tokens = m.iter_mut().find(|(k, _)| k == "tokenizer.ggml.tokens");
+        let Some((_, Value::Array(Array::Str(t)))) = tokens else {
+            panic!("no token list")
+        };
+        t[7] = "▁".repeat(1 << 20);
+    });
+    let started = std::time::Instant::now();
+    let err = moestream::tokenizer::Tokenizer::load(&path)
+        .err()
+        .expect("loaded");
+    let text = err.to_string();
+    assert!(
+        text.contains("token 7") && text.contains("4096-byte limit"),
+        "{text}"
+    );
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "took {:?}",
+        started.elapsed()
+    );
+}

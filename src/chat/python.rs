@@ -46,11 +46,12 @@ pub struct Options {
 /// `json.dumps(value, **options)`.
 pub fn dumps(value: &Value, options: &Options) -> Result<String, Error> {
     let data = plain(value, options.sort_keys)?;
-    let mut out = Vec::new();
+    let mut out = super::bound::CappedText::new(super::bound::bytes_max());
     let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter::new(options));
     data.serialize(&mut ser)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
+    String::from_utf8(out.text)
+        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson: wrote invalid UTF-8"))
 }
 
 /// Python's `repr(x)` of a float: the shortest digits that round-trip,

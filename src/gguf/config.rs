@@ -45,13 +45,21 @@ impl Keys<'_> {
         })
     }
 
+    /// An optional float key; NaN or infinite is refused (JSON has no
+    /// such number: it would turn into null, and then into the default).
     fn float_opt(&self, k: &str) -> Result<Option<f64>> {
         match self.opt(k) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                self.file
-                    .error(format!("metadata `{}`: {v:?} is not a number", self.key(k)))
-            }),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                Some(x) => Err(self.file.error(format!(
+                    "metadata `{}`: {x} is not a finite number",
+                    self.key(k)
+                ))),
+                None => Err(self
+                    .file
+                    .error(format!("metadata `{}`: {v:?} is not a number", self.key(k)))),
+            },
         }
     }
 
@@ -68,6 +76,15 @@ pub fn derive(file: &GgufFile, arch: Arch, tensors: &HashSet<String>) -> Result<
         arch: arch.name(),
     };
     let blocks = k.uint("block_count")?;
+    // Every block has tensors: a count above the set's tensors lies, and
+    // is refused before anything is sized by it.
+    if blocks > tensors.len() as u64 {
+        return Err(file.error(format!(
+            "metadata `{}` {blocks} is more blocks than the {} tensors of the file could hold",
+            k.key("block_count"),
+            tensors.len()
+        )));
+    }
     let nextn = k.uint_opt("nextn_predict_layers")?.unwrap_or(0);
     let layers = blocks
         .checked_sub(nextn)

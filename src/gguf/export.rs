@@ -7,7 +7,7 @@
 //! engines for a head-to-head (results/gguf-vs-llamacpp.md). Qwen3-MoE only:
 //! other families are refused by name.
 
-use super::file::Value;
+use super::file::{Array, Value};
 use super::write::{write_gguf, TensorSpec};
 use crate::config::{Family, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
@@ -307,28 +307,28 @@ fn tokenizer(model: &Path, vocab_size: usize) -> Result<Vec<(String, Value)>> {
             }
         }
     }
-    let tokens: Vec<Value> = tokens
+    let tokens: Vec<String> = tokens
         .into_iter()
         .enumerate()
         .map(|(i, t)| {
-            Value::Str(t.unwrap_or_else(|| {
+            t.unwrap_or_else(|| {
                 types[i] = 5;
                 format!("[PAD{i}]")
-            }))
+            })
         })
         .collect();
-    let merges: Vec<Value> = j["model"]["merges"]
+    let merges: Vec<String> = j["model"]["merges"]
         .as_array()
         .ok_or_else(|| bad("model.merges missing"))?
         .iter()
         .map(|m| match m {
-            serde_json::Value::String(s) => Value::Str(s.clone()),
-            serde_json::Value::Array(p) => Value::Str(format!(
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(p) => format!(
                 "{} {}",
                 p[0].as_str().unwrap_or(""),
                 p[1].as_str().unwrap_or("")
-            )),
-            _ => Value::Str(String::new()),
+            ),
+            _ => String::new(),
         })
         .collect();
     let eos = crate::tokenizer::eos_ids(model)?
@@ -338,12 +338,18 @@ fn tokenizer(model: &Path, vocab_size: usize) -> Result<Vec<(String, Value)>> {
     Ok(vec![
         ("tokenizer.ggml.model".into(), Value::Str("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::Str("gpt-2".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::Str(tokens)),
+        ),
         (
             "tokenizer.ggml.token_type".into(),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
+            Value::Array(Array::I32(types)),
         ),
-        ("tokenizer.ggml.merges".into(), Value::Array(merges)),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(Array::Str(merges)),
+        ),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)),
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(eos)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),

@@ -8,6 +8,14 @@
 //! dimensions, none zero; every tensor's type is a known ggml type, its
 //! row length a whole number of blocks, its offset aligned, its bytes inside
 //! the file; no two tensors overlap or share a name.
+//!
+//! Metadata memory is a bounded multiple of the file: arrays are stored as
+//! the file stores them, one typed vector each ([`Array`]: a u8 array costs
+//! a byte per element, not a 40-byte [`Value`] each), and every count is
+//! checked against the bytes its elements need in what is left of the
+//! file, so the header's in-memory form is at most a few times its size
+//! (strings and keys: a `String` of 24 bytes and its allocation per 8-byte
+//! length prefix, the worst case).
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -42,7 +50,105 @@ pub enum Value {
     F64(f64),
     Bool(bool),
     Str(String),
-    Array(Vec<Value>),
+    Array(Array),
+}
+
+/// A metadata array: one typed vector, as the file stores it (GGUF arrays
+/// hold one element type; arrays of arrays nest once).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Array {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    Str(Vec<String>),
+    Array(Vec<Array>),
+}
+
+/// Applies `$e` to the vector inside an [`Array`], whatever its type.
+macro_rules! each_array {
+    ($a:expr, $v:ident => $e:expr) => {
+        match $a {
+            Array::U8($v) => $e,
+            Array::I8($v) => $e,
+            Array::U16($v) => $e,
+            Array::I16($v) => $e,
+            Array::U32($v) => $e,
+            Array::I32($v) => $e,
+            Array::U64($v) => $e,
+            Array::I64($v) => $e,
+            Array::F32($v) => $e,
+            Array::F64($v) => $e,
+            Array::Bool($v) => $e,
+            Array::Str($v) => $e,
+            Array::Array($v) => $e,
+        }
+    };
+}
+
+impl Array {
+    /// Elements in the array.
+    pub fn len(&self) -> usize {
+        each_array!(self, v => v.len())
+    }
+
+    /// Whether the array has no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as a [`Value`] (a string is cloned).
+    pub fn get(&self, i: usize) -> Option<Value> {
+        Some(match self {
+            Array::U8(v) => Value::U8(*v.get(i)?),
+            Array::I8(v) => Value::I8(*v.get(i)?),
+            Array::U16(v) => Value::U16(*v.get(i)?),
+            Array::I16(v) => Value::I16(*v.get(i)?),
+            Array::U32(v) => Value::U32(*v.get(i)?),
+            Array::I32(v) => Value::I32(*v.get(i)?),
+            Array::U64(v) => Value::U64(*v.get(i)?),
+            Array::I64(v) => Value::I64(*v.get(i)?),
+            Array::F32(v) => Value::F32(*v.get(i)?),
+            Array::F64(v) => Value::F64(*v.get(i)?),
+            Array::Bool(v) => Value::Bool(*v.get(i)?),
+            Array::Str(v) => Value::Str(v.get(i)?.clone()),
+            Array::Array(v) => Value::Array(v.get(i)?.clone()),
+        })
+    }
+
+    /// The strings, if this is an array of strings.
+    pub fn strings(&self) -> Option<&[String]> {
+        match self {
+            Array::Str(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The GGUF type id of the elements.
+    pub fn elem_type(&self) -> u32 {
+        match self {
+            Array::U8(_) => 0,
+            Array::I8(_) => 1,
+            Array::U16(_) => 2,
+            Array::I16(_) => 3,
+            Array::U32(_) => 4,
+            Array::I32(_) => 5,
+            Array::F32(_) => 6,
+            Array::Bool(_) => 7,
+            Array::Str(_) => 8,
+            Array::Array(_) => 9,
+            Array::U64(_) => 10,
+            Array::I64(_) => 11,
+            Array::F64(_) => 12,
+        }
+    }
 }
 
 impl Value {
@@ -199,6 +305,19 @@ impl GgufFile {
         parse(&mut r)
     }
 
+    /// Parses a header held in memory, the start of a file of `file_len`
+    /// bytes (`path` only names errors): the entry point of the
+    /// `gguf_metadata` fuzz target.
+    pub fn from_bytes(path: &Path, header: &[u8], file_len: u64) -> Result<GgufFile> {
+        let mut r = HeaderReader {
+            inner: header,
+            pos: 0,
+            file_len,
+            path,
+        };
+        parse(&mut r)
+    }
+
     /// An error about this file.
     pub fn error(&self, reason: impl Into<String>) -> Error {
         Error::Shard {
@@ -292,7 +411,7 @@ fn parse<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<GgufFile> {
     for i in 0..n_keys {
         let key = r.string(&format!("metadata key {i}"), NAME_BYTES_MAX)?;
         let ty = r.u32(&format!("type of `{key}`"))?;
-        let value = read_value(r, &key, ty, 0)?;
+        let value = read_value(r, &key, ty)?;
         if metadata.insert(key.clone(), value).is_some() {
             return Err(r.error(&format!("metadata `{key}`"), "the key appears twice"));
         }
@@ -323,12 +442,7 @@ fn parse<R: Read>(r: &mut HeaderReader<'_, R>) -> Result<GgufFile> {
 }
 
 /// Reads one metadata value of type `ty` (arrays nest at most twice).
-fn read_value<R: Read>(
-    r: &mut HeaderReader<'_, R>,
-    key: &str,
-    ty: u32,
-    depth: u32,
-) -> Result<Value> {
+fn read_value<R: Read>(r: &mut HeaderReader<'_, R>, key: &str, ty: u32) -> Result<Value> {
     let what = format!("metadata `{key}`");
     Ok(match ty {
         0 => Value::U8(r.bytes::<1>(&what)?[0]),
@@ -344,19 +458,70 @@ fn read_value<R: Read>(
             b => return Err(r.error(&what, format!("bool byte {b} is neither 0 nor 1"))),
         },
         8 => Value::Str(r.string(&what, u64::MAX)?),
-        9 if depth < 2 => {
-            let elem = r.u32(&what)?;
-            let n = r.count(&what, 1, u64::MAX)?;
-            let mut items = Vec::with_capacity(n.min(1 << 20) as usize);
-            for _ in 0..n {
-                items.push(read_value(r, key, elem, depth + 1)?);
-            }
-            Value::Array(items)
-        }
+        9 => Value::Array(read_array(r, key, 0)?),
         10 => Value::U64(r.u64(&what)?),
         11 => Value::I64(i64::from_le_bytes(r.bytes(&what)?)),
         12 => Value::F64(f64::from_le_bytes(r.bytes(&what)?)),
         _ => return Err(r.error(&what, format!("unknown value type {ty}"))),
+    })
+}
+
+/// The smallest bytes one element of type `ty` takes in the file.
+fn elem_bytes(ty: u32) -> u64 {
+    match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        _ => 12,
+    }
+}
+
+/// `n` elements, each read by `one`. `n` was checked against the bytes
+/// left in the file ([`HeaderReader::count`] with the element's size);
+/// the vector grows as elements arrive (a header may claim most of a large
+/// file), so it holds at most 3 bytes per byte read (a 24-byte `String`
+/// per 8-byte length), twice that while it doubles.
+fn read_n<R: Read, T>(
+    r: &mut HeaderReader<'_, R>,
+    n: u64,
+    mut one: impl FnMut(&mut HeaderReader<'_, R>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut items = Vec::with_capacity(n.min(1 << 16) as usize);
+    for _ in 0..n {
+        items.push(one(r)?);
+    }
+    Ok(items)
+}
+
+/// Reads one array (its element type, count and elements) as a typed
+/// vector; arrays of arrays nest once, as llama.cpp writes them.
+fn read_array<R: Read>(r: &mut HeaderReader<'_, R>, key: &str, depth: u32) -> Result<Array> {
+    let what = format!("metadata `{key}`");
+    let elem = r.u32(&what)?;
+    if elem == 9 && depth >= 1 {
+        return Err(r.error(&what, "arrays nest more than twice"));
+    }
+    let n = r.count(&what, elem_bytes(elem), u64::MAX)?;
+    let w = what.as_str();
+    Ok(match elem {
+        0 => Array::U8(read_n(r, n, |r| Ok(r.bytes::<1>(w)?[0]))?),
+        1 => Array::I8(read_n(r, n, |r| Ok(r.bytes::<1>(w)?[0] as i8))?),
+        2 => Array::U16(read_n(r, n, |r| Ok(u16::from_le_bytes(r.bytes(w)?)))?),
+        3 => Array::I16(read_n(r, n, |r| Ok(i16::from_le_bytes(r.bytes(w)?)))?),
+        4 => Array::U32(read_n(r, n, |r| r.u32(w))?),
+        5 => Array::I32(read_n(r, n, |r| Ok(i32::from_le_bytes(r.bytes(w)?)))?),
+        6 => Array::F32(read_n(r, n, |r| Ok(f32::from_le_bytes(r.bytes(w)?)))?),
+        7 => Array::Bool(read_n(r, n, |r| match r.bytes::<1>(w)?[0] {
+            b @ (0 | 1) => Ok(b == 1),
+            b => Err(r.error(w, format!("bool byte {b} is neither 0 nor 1"))),
+        })?),
+        8 => Array::Str(read_n(r, n, |r| r.string(w, u64::MAX))?),
+        9 => Array::Array(read_n(r, n, |r| read_array(r, key, depth + 1))?),
+        10 => Array::U64(read_n(r, n, |r| r.u64(w))?),
+        11 => Array::I64(read_n(r, n, |r| Ok(i64::from_le_bytes(r.bytes(w)?)))?),
+        12 => Array::F64(read_n(r, n, |r| Ok(f64::from_le_bytes(r.bytes(w)?)))?),
+        _ => return Err(r.error(&what, format!("unknown array element type {elem}"))),
     })
 }
 

@@ -129,6 +129,15 @@ impl GgufModel {
 
     fn open_uncached(path: &Path) -> Result<GgufModel> {
         let first = GgufFile::open(path)?;
+        let mut siblings = Vec::new();
+        for p in split_siblings(&first)? {
+            siblings.push(GgufFile::open(&p)?);
+        }
+        GgufModel::from_files(path, first, siblings)
+    }
+
+    /// The model of parsed files: the first of the set and the others.
+    fn from_files(path: &Path, first: GgufFile, others: Vec<GgufFile>) -> Result<GgufModel> {
         let arch_name = first
             .get("general.architecture")
             .and_then(Value::as_str)
@@ -140,9 +149,7 @@ impl GgufModel {
             ))
         })?;
         let mut files = vec![first];
-        for p in split_siblings(&files[0])? {
-            files.push(GgufFile::open(&p)?);
-        }
+        files.extend(others);
         let (tensors, kv_b_parts) = place(arch, &files)?;
         Ok(GgufModel {
             path: path.to_path_buf(),
@@ -195,19 +202,38 @@ impl GgufModel {
             c.insert("chat_template".into(), t.into());
         }
         let tokens = match meta.get("tokenizer.ggml.tokens") {
-            Some(Value::Array(t)) => t.as_slice(),
+            Some(Value::Array(t)) => t.strings().unwrap_or_default(),
             _ => &[],
         };
         for (key, field) in [("bos", "bos_token"), ("eos", "eos_token")] {
             let id = meta
                 .get(&format!("tokenizer.ggml.{key}_token_id"))
                 .and_then(Value::as_u64);
-            if let Some(Value::Str(s)) = id.and_then(|i| tokens.get(i as usize)) {
+            if let Some(s) = id.and_then(|i| tokens.get(i as usize)) {
                 c.insert(field.into(), s.clone().into());
             }
         }
         serde_json::Value::Object(c)
     }
+}
+
+/// Parses a one-file GGUF header held in memory (the start of a file of
+/// `file_len` bytes) and derives every metadata document from it
+/// (config.json checked by the config parser, tokenizer.json,
+/// tokenizer_config.json): the entry point of the `gguf_metadata` fuzz
+/// target. `path` only names errors.
+pub fn derive_documents(path: &Path, header: &[u8], file_len: u64) -> Result<()> {
+    let file = GgufFile::from_bytes(path, header, file_len)?;
+    let model = GgufModel::from_files(path, file, Vec::new())?;
+    let config = model.document("config.json").and_then(|text| {
+        let text = text.unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| model.files[0].error(format!("derived config.json: {e}")))?;
+        crate::config::ModelConfig::from_json(path, &v).map(|_| ())
+    });
+    let tokenizer = model.document("tokenizer.json").map(|_| ());
+    let tokenizer_config = model.document("tokenizer_config.json").map(|_| ());
+    config.and(tokenizer).and(tokenizer_config)
 }
 
 /// The other files of a split set (`split.count` > 1), in order, named as
@@ -368,29 +394,25 @@ impl VocabKeys {
 
 fn vocab_keys(f: &GgufFile) -> Result<VocabKeys> {
     let key = |k: &str| f.get(&format!("tokenizer.ggml.{k}"));
-    let array = |k: &str| -> Result<Option<&[Value]>> {
+    let array = |k: &str| -> Result<Option<&file::Array>> {
         match key(k) {
             None => Ok(None),
             Some(Value::Array(a)) => Ok(Some(a)),
             Some(_) => Err(f.error(format!("metadata `tokenizer.ggml.{k}` is not an array"))),
         }
     };
-    let each = |k: &str, a: &[Value], want: &str| {
+    let each = |k: &str, a: &file::Array, want: &str| {
         f.error(format!(
-            "metadata `tokenizer.ggml.{k}`: an element of {} is not {want}",
+            "metadata `tokenizer.ggml.{k}`: the {} elements are not {want}",
             a.len()
         ))
     };
     let strings = |k: &str| -> Result<Option<Vec<String>>> {
         array(k)?
             .map(|a| {
-                a.iter()
-                    .map(|v| {
-                        v.as_str()
-                            .map(str::to_string)
-                            .ok_or_else(|| each(k, a, "a string"))
-                    })
-                    .collect()
+                a.strings()
+                    .map(<[String]>::to_vec)
+                    .ok_or_else(|| each(k, a, "strings"))
             })
             .transpose()
     };
@@ -402,15 +424,19 @@ fn vocab_keys(f: &GgufFile) -> Result<VocabKeys> {
     let numbers = |k: &str, want: &str| -> Result<Option<Vec<f64>>> {
         array(k)?
             .map(|a| {
-                a.iter()
-                    .map(|v| v.as_f64().ok_or_else(|| each(k, a, want)))
+                (0..a.len())
+                    .map(|i| {
+                        a.get(i)
+                            .and_then(|v| v.as_f64())
+                            .ok_or_else(|| each(k, a, want))
+                    })
                     .collect()
             })
             .transpose()
     };
     let token_types =
-        numbers("token_type", "an integer")?.map(|v| v.into_iter().map(|x| x as i32).collect());
-    let scores = numbers("scores", "a number")?.map(|v| v.into_iter().map(|x| x as f32).collect());
+        numbers("token_type", "integers")?.map(|v| v.into_iter().map(|x| x as i32).collect());
+    let scores = numbers("scores", "numbers")?.map(|v| v.into_iter().map(|x| x as f32).collect());
     let id = |k: &str| -> Result<Option<u32>> {
         key(k)
             .map(|v| {

@@ -117,7 +117,13 @@ impl Kind {
     }
 }
 
-/// The token count is nonzero and fits an id; the per-token arrays have
+/// The longest token text a vocabulary may hold: real tokens are tens of
+/// bytes (SentencePiece caps its pieces at 16 characters by default), a
+/// longer one is a broken or hostile file.
+pub const TOKEN_BYTES_MAX: usize = 4096;
+
+/// The token count is nonzero and fits an id; no token is over
+/// [`TOKEN_BYTES_MAX`]; the per-token arrays have
 /// one entry per token.
 fn check_lengths(v: &GgufVocab) -> Result<(), String> {
     let n = v.tokens.len();
@@ -127,6 +133,17 @@ fn check_lengths(v: &GgufVocab) -> Result<(), String> {
     if u32::try_from(n).is_err() {
         return Err(format!(
             "tokenizer.ggml.tokens has {n} tokens, more than a u32 id can name"
+        ));
+    }
+    if let Some((id, t)) = v
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.len() > TOKEN_BYTES_MAX)
+    {
+        return Err(format!(
+            "tokenizer.ggml.tokens: token {id} is {} bytes long, over the {TOKEN_BYTES_MAX}-byte limit (no real vocabulary has such a token)",
+            t.len()
         ));
     }
     let per_token = [
@@ -369,7 +386,7 @@ fn llama_json(v: &GgufVocab, texts: &[String], ids: &HashMap<&str, u32>) -> Resu
         "byte_fallback": true,
         "ignore_merges": false,
         "vocab": vocab_object(texts),
-        "merges": spm_merges(texts, scores, &kinds, ids),
+        "merges": spm_merges(texts, scores, &kinds, ids)?,
     });
     let space_prefix = v.add_space_prefix.unwrap_or(true);
     let stages = Stages {
@@ -385,21 +402,43 @@ fn llama_json(v: &GgufVocab, texts: &[String], ids: &HashMap<&str, u32>) -> Resu
 /// token's score (highest first), ties by token id then split point. A BPE
 /// over these picks, at each step, the adjacent pair that joins into the
 /// highest-scoring token: llama.cpp's SentencePiece loop.
+///
+/// Linear in the vocabulary's bytes plus the merges written: each token's
+/// prefixes and suffixes are looked up by rolling hash ([`SplitHashes`]),
+/// and only a split whose halves both hash to tokens is checked for real.
+/// The merges' text is bounded ([`MERGE_BYTES_PER_TOKEN_BYTE`]): a
+/// vocabulary of every prefix of a long run would otherwise ask for its
+/// cube.
 fn spm_merges(
     texts: &[String],
     scores: &[f32],
     kinds: &[Kind],
     ids: &HashMap<&str, u32>,
-) -> Vec<Value> {
+) -> Result<Vec<Value>, String> {
+    let hashes = SplitHashes::new(texts);
+    let token_bytes: usize = texts.iter().map(String::len).sum();
+    let bytes_max = MERGE_BYTES_BASE.saturating_add(token_bytes * MERGE_BYTES_PER_TOKEN_BYTE);
     let mut splits: Vec<(f32, usize, usize)> = Vec::new(); // (score, id, split byte)
+    let mut bytes = 0usize;
+    let mut prefix = Vec::new();
     for (id, text) in texts.iter().enumerate() {
         if !kinds[id].mergeable() {
             continue;
         }
+        hashes.prefixes(text, &mut prefix);
         for (at, _) in text.char_indices().skip(1) {
+            if !hashes.known(prefix[at]) || !hashes.known(hashes.suffix(&prefix, at)) {
+                continue;
+            }
             if ids.contains_key(&text[..at]) && ids.contains_key(&text[at..]) {
                 splits.push((scores[id], id, at));
+                bytes += text.len();
             }
+        }
+        if bytes > bytes_max {
+            return Err(format!(
+                "tokenizer.ggml.tokens: the SentencePiece merges of the vocabulary pass {bytes_max} bytes at token {id} (every split of a token into two tokens is a merge)"
+            ));
         }
     }
     splits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
@@ -407,7 +446,77 @@ fn spm_merges(
         let text = &texts[id];
         json!([&text[..at], &text[at..]])
     };
-    splits.iter().map(pair).collect()
+    Ok(splits.iter().map(pair).collect())
+}
+
+/// Merge text allowed whatever the vocabulary (real ones stay far below).
+const MERGE_BYTES_BASE: usize = 64 << 20;
+/// Merge text allowed per byte of token text: a real SentencePiece token
+/// (16 characters at most by default) splits into tokens a few ways.
+const MERGE_BYTES_PER_TOKEN_BYTE: usize = 64;
+
+/// Polynomial hashes modulo the Mersenne prime 2^61 − 1 with a random base
+/// (so no vocabulary can be built to collide): every token's hash in a
+/// set, and every prefix and suffix of a token from one pass over it.
+struct SplitHashes {
+    base: u64,
+    /// base^i for i up to the longest token.
+    powers: Vec<u64>,
+    tokens: HashSet<u64>,
+}
+
+const HASH_PRIME: u64 = (1 << 61) - 1;
+
+fn mul_mod(a: u64, b: u64) -> u64 {
+    let r = a as u128 * b as u128;
+    let folded = (r & HASH_PRIME as u128) as u64 + (r >> 61) as u64;
+    folded % HASH_PRIME
+}
+
+impl SplitHashes {
+    fn new(texts: &[String]) -> SplitHashes {
+        use std::hash::BuildHasher;
+        let seed = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
+        let base = seed % (HASH_PRIME - 256) + 256;
+        let longest = texts.iter().map(String::len).max().unwrap_or(0);
+        let mut powers = Vec::with_capacity(longest + 1);
+        powers.push(1u64);
+        for i in 0..longest {
+            powers.push(mul_mod(powers[i], base));
+        }
+        let mut h = SplitHashes {
+            base,
+            powers,
+            tokens: HashSet::with_capacity(texts.len()),
+        };
+        let mut prefix = Vec::new();
+        for t in texts {
+            h.prefixes(t, &mut prefix);
+            h.tokens.insert(prefix[t.len()]);
+        }
+        h
+    }
+
+    /// `prefix[i]` = the hash of `text[..i]`, for i in 0..=len.
+    fn prefixes(&self, text: &str, prefix: &mut Vec<u64>) {
+        prefix.clear();
+        prefix.push(0);
+        for &b in text.as_bytes() {
+            let last = *prefix.last().expect("starts with one");
+            prefix.push((mul_mod(last, self.base) + u64::from(b) + 1) % HASH_PRIME);
+        }
+    }
+
+    /// The hash of `text[at..]` from its prefix hashes.
+    fn suffix(&self, prefix: &[u64], at: usize) -> u64 {
+        let n = prefix.len() - 1;
+        let head = mul_mod(prefix[at], self.powers[n - at]);
+        (prefix[n] + HASH_PRIME - head) % HASH_PRIME
+    }
+
+    fn known(&self, hash: u64) -> bool {
+        self.tokens.contains(&hash)
+    }
 }
 
 /// llama.cpp's SentencePiece input: `▁` before each fragment (when
@@ -1095,6 +1204,50 @@ mod tests {
         assert_eq!(
             ids(&tok, "<s>é", false),
             spm.ids(&["<s>", "▁", "<0xC3>", "<0xA9>"])
+        );
+    }
+
+    /// 2000 tokens of 4 KiB: the split search hashed every prefix of every
+    /// token (quadratic: 80 s for one 1 MB token); now linear.
+    #[test]
+    fn spm_merges_of_long_tokens_are_not_quadratic() {
+        let long: Vec<String> = (0..2000)
+            .map(|i| format!("{i:05}{}", "a".repeat(4090)))
+            .collect();
+        let pieces: Vec<(&str, f32)> = long.iter().map(|t| (t.as_str(), -1.0)).collect();
+        let spm = Spm::new(&pieces);
+        let started = std::time::Instant::now();
+        tokenizer_json(&spm.vocab()).unwrap();
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    /// Every prefix of a long run is a token: its merges would be the cube
+    /// of the run; refused past the bound instead.
+    #[test]
+    fn spm_merges_past_their_bound_are_refused() {
+        let runs: Vec<String> = (1..=4096).map(|n| "b".repeat(n)).collect();
+        let pieces: Vec<(&str, f32)> = runs.iter().map(|t| (t.as_str(), -1.0)).collect();
+        let e = err(&Spm::new(&pieces).vocab());
+        assert!(e.contains("SentencePiece merges"), "{e}");
+    }
+
+    /// A megabyte of text tokenizes in bounded time (BPE merges through a
+    /// priority queue, not a rescan per merge).
+    #[test]
+    fn a_long_input_is_not_quadratic_to_tokenize() {
+        let tok = build(&hello_world().vocab());
+        let text = "hello world wold ".repeat(1 << 16);
+        let started = std::time::Instant::now();
+        let n = ids(&tok, &text, false).len();
+        assert!(n > 1 << 16);
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "took {:?}",
+            started.elapsed()
         );
     }
 

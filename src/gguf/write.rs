@@ -5,7 +5,7 @@
 //! the target, renamed into place when complete, removed on an error): a
 //! crash never leaves half a model.
 
-use super::file::{ggml_type, Value, MAGIC};
+use super::file::{ggml_type, Array, Value, MAGIC};
 use crate::error::{Error, Result};
 use std::io::Write;
 use std::path::Path;
@@ -159,12 +159,27 @@ fn value<W: Write>(w: &mut W, v: &Value) -> std::io::Result<()> {
         Value::F64(x) => w.write_all(&x.to_le_bytes()),
         Value::Bool(x) => w.write_all(&[*x as u8]),
         Value::Str(s) => string(w, s),
-        Value::Array(items) => {
-            let elem = items.first().map_or(8, type_id);
-            w.write_all(&elem.to_le_bytes())?;
-            w.write_all(&(items.len() as u64).to_le_bytes())?;
-            items.iter().try_for_each(|x| value(w, x))
-        }
+        Value::Array(items) => array(w, items),
+    }
+}
+
+fn array<W: Write>(w: &mut W, items: &Array) -> std::io::Result<()> {
+    w.write_all(&items.elem_type().to_le_bytes())?;
+    w.write_all(&(items.len() as u64).to_le_bytes())?;
+    match items {
+        Array::U8(v) => w.write_all(v),
+        Array::I8(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::U16(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::I16(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::U32(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::I32(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::U64(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::I64(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::F32(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::F64(v) => v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes())),
+        Array::Bool(v) => v.iter().try_for_each(|x| w.write_all(&[*x as u8])),
+        Array::Str(v) => v.iter().try_for_each(|x| string(w, x)),
+        Array::Array(v) => v.iter().try_for_each(|x| array(w, x)),
     }
 }
 
@@ -182,10 +197,7 @@ mod tests {
                 "general.architecture".to_string(),
                 Value::Str("qwen3moe".into()),
             ),
-            (
-                "x.list".to_string(),
-                Value::Array(vec![Value::I32(-1), Value::I32(7)]),
-            ),
+            ("x.list".to_string(), Value::Array(Array::I32(vec![-1, 7]))),
             ("x.f".to_string(), Value::F32(0.5)),
         ];
         let tensors = vec![

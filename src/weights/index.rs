@@ -785,6 +785,12 @@ fn quant_metadata(
     let Some(md) = meta.metadata() else {
         return Ok(out);
     };
+    use crate::convert::{CONTAINER_KEY, FORMAT_VERSION};
+    if let Some(v) = md.get(CONTAINER_KEY).filter(|v| *v != FORMAT_VERSION) {
+        return Err(format!(
+            "metadata `{CONTAINER_KEY}` = `{v}`: container version {v} is not supported (this build reads version {FORMAT_VERSION})"
+        ));
+    }
     for (k, v) in md {
         let Some(name) = k.strip_prefix(QUANT_META_PREFIX) else {
             continue;
