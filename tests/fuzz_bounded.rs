@@ -344,7 +344,6 @@ fn gguf_header_of(
     meta: &[(String, moestream::gguf::file::Value)],
     specs: &[moestream::gguf::write::TensorSpec],
 ) -> (Vec<u8>, u64) {
-    use std::io::Write;
     let path = dir.join("m.gguf");
     moestream::gguf::write::write_gguf(&path, meta, specs, |i, w| {
         let zeros = vec![0u8; specs[i].bytes() as usize];
