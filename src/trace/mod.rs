@@ -318,4 +318,17 @@ mod tests {
         let e = batches(&other).err().unwrap().to_string();
         assert!(e.contains("column `run` is UInt32"), "{e}");
     }
+
+    #[test]
+    fn a_panic_inside_the_parquet_decoder_is_an_error_naming_the_file() {
+        let path = std::path::Path::new("/tmp/t.parquet");
+        let e = super::write::undecodable(path, || -> u32 { panic!("assertion failed: x") })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/tmp/t.parquet") && e.contains("assertion failed"),
+            "{e}"
+        );
+        assert_eq!(super::write::undecodable(path, || 7).unwrap(), 7);
+    }
 }

@@ -150,28 +150,57 @@ fn append(path: &Path, part: &Path) -> Result<()> {
 }
 
 /// The record batches of the trace at `path`, checked against [`schema`].
+/// The Parquet decoder asserts on some malformed files (the fuzz test found
+/// a footer that panics inside `parquet`): each call into it runs under
+/// [`undecodable`], so a hostile trace is an error naming the file.
 pub fn batches(path: &Path) -> Result<impl Iterator<Item = Result<RecordBatch>>> {
     let (file, _) = crate::fs::read::open_capped(path, TRACE).map_err(|e| fs_err(path, e))?;
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| TraceError::parquet(path, e))?;
+    let builder = undecodable(path, || ParquetRecordBatchReaderBuilder::try_new(file))?
+        .map_err(|e| TraceError::parquet(path, e))?;
     check_schema(path, builder.schema())?;
-    let reader = builder
-        .with_batch_size(1 << 16)
-        .build()
+    let mut reader = undecodable(path, || builder.with_batch_size(1 << 16).build())?
         .map_err(|e| TraceError::parquet(path, e))?;
     let path = path.to_owned();
     let want = schema();
-    Ok(reader.map(move |b| {
+    Ok(std::iter::from_fn(move || {
+        let next = match undecodable(&path, || reader.next()) {
+            Ok(next) => next?,
+            Err(e) => return Some(Err(e.into())),
+        };
         // Our schema exactly (the file's may carry extra metadata).
-        let b = b.map_err(|e| TraceError::arrow(&path, e))?;
-        let columns = want
-            .fields()
-            .iter()
-            .map(|f| conform(b.column_by_name(f.name()).expect("checked column"), f))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| TraceError::arrow(&path, e))?;
-        RecordBatch::try_new(want.clone(), columns).map_err(|e| TraceError::arrow(&path, e))
+        Some(
+            next.map_err(|e| TraceError::arrow(&path, e).into())
+                .and_then(|b| {
+                    let columns = want
+                        .fields()
+                        .iter()
+                        .map(|f| conform(b.column_by_name(f.name()).expect("checked column"), f))
+                        .collect::<std::result::Result<Vec<_>, _>>()
+                        .map_err(|e| TraceError::arrow(&path, e))?;
+                    Ok(RecordBatch::try_new(want.clone(), columns)
+                        .map_err(|e| TraceError::arrow(&path, e))?)
+                }),
+        )
     }))
+}
+
+/// Runs a call into the Parquet decoder, turning its panic into an error
+/// naming the file.
+pub(super) fn undecodable<T>(
+    path: &Path,
+    f: impl FnOnce() -> T,
+) -> std::result::Result<T, TraceError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        TraceError::Format {
+            path: path.to_owned(),
+            what: format!("not a readable Parquet trace (the decoder failed: {why})"),
+        }
+    })
 }
 
 /// `t` with every list's item field named and nullable as [`schema`]
