@@ -165,22 +165,18 @@ pub fn batches(path: &Path) -> Result<impl Iterator<Item = Result<RecordBatch>>>
     Ok(std::iter::from_fn(move || {
         let next = match undecodable(&path, || reader.next()) {
             Ok(next) => next?,
-            Err(e) => return Some(Err(e.into())),
+            Err(e) => return Some(Err(e)),
         };
         // Our schema exactly (the file's may carry extra metadata).
-        Some(
-            next.map_err(|e| TraceError::arrow(&path, e).into())
-                .and_then(|b| {
-                    let columns = want
-                        .fields()
-                        .iter()
-                        .map(|f| conform(b.column_by_name(f.name()).expect("checked column"), f))
-                        .collect::<std::result::Result<Vec<_>, _>>()
-                        .map_err(|e| TraceError::arrow(&path, e))?;
-                    Ok(RecordBatch::try_new(want.clone(), columns)
-                        .map_err(|e| TraceError::arrow(&path, e))?)
-                }),
-        )
+        Some(next.map_err(|e| TraceError::arrow(&path, e)).and_then(|b| {
+            let columns = want
+                .fields()
+                .iter()
+                .map(|f| conform(b.column_by_name(f.name()).expect("checked column"), f))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| TraceError::arrow(&path, e))?;
+            RecordBatch::try_new(want.clone(), columns).map_err(|e| TraceError::arrow(&path, e))
+        }))
     }))
 }
 
