@@ -243,3 +243,60 @@ fn bench_io_refuses_to_write_its_table_over_a_file_it_reads() {
     assert_clean_failure(&out, &["data.bin", "is the input"]);
     assert_eq!(std::fs::read(&file).unwrap(), vec![7u8; 1 << 16]);
 }
+
+#[test]
+fn run_trace_and_sweep_out_refuse_to_write_over_the_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    std::fs::create_dir(&model).unwrap();
+    for e in std::fs::read_dir(fixture("qwen3_moe")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
+    }
+    let m = model.to_str().unwrap();
+    // `run --trace` appends to its file: pointed at a shard, it grew it.
+    let shard = model.join("model-00001-of-00002.safetensors");
+    let before = std::fs::read(&shard).unwrap();
+    let out = moestream_bounded(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "1",
+            "--trace",
+            shard.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_clean_failure(&out, &["--trace", "model-00001-of-00002.safetensors"]);
+    assert_eq!(std::fs::read(&shard).unwrap(), before);
+    // `bench sweep --out PREFIX` writes PREFIX.csv: here a file of the model.
+    let csv = model.join("notes.csv");
+    std::fs::write(&csv, b"mine").unwrap();
+    let prefix = model.join("notes");
+    let out = moestream_bounded(
+        &[
+            "bench",
+            "sweep",
+            "--model",
+            m,
+            "--ram-gb",
+            "0.2",
+            "--io",
+            "buffered",
+            "--tokens",
+            "2",
+            "--prompt-ids",
+            "1,2",
+            "--no-cgroup",
+            "--out",
+            prefix.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_clean_failure(&out, &["--out", "notes.csv"]);
+    assert_eq!(std::fs::read(&csv).unwrap(), b"mine");
+}

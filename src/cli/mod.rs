@@ -665,6 +665,9 @@ fn load(m: &ModelArgs) -> Result<Model> {
             .ok();
     }
     moestream::kernels::quant::set_int_dot(!m.no_int_dot);
+    if let Some(path) = &m.trace {
+        moestream::fs::check_not_input(&[path], &[&m.model]).context("--trace")?;
+    }
     let (opts, note) = load_options(m)?;
     let mut model = Model::load(&m.model, &opts).map_err(with_flags)?;
     limits::note_clamps(m, &model);

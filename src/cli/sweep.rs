@@ -60,6 +60,9 @@ enum Capping {
 
 pub(super) fn cmd_bench_sweep(a: SweepArgs) -> Result<()> {
     check(&a)?;
+    let outputs = ["csv", "svg", "png"].map(|ext| output(&a, ext));
+    let outputs: Vec<&Path> = outputs.iter().map(PathBuf::as_path).collect();
+    moestream::fs::check_not_input(&outputs, &[&a.model]).context("--out")?;
     let exe = std::env::current_exe().context("finding the moestream binary")?;
     let files = moestream::disk::shard_files(&a.model)?;
     let mut capping = if a.no_cgroup {
@@ -239,13 +242,16 @@ fn print_row(r: &SweepRow) {
     );
 }
 
+/// PREFIX.EXT.
+fn output(a: &SweepArgs, ext: &str) -> PathBuf {
+    let mut p = a.out.clone().into_os_string();
+    p.push(format!(".{ext}"));
+    PathBuf::from(p)
+}
+
 /// PREFIX.csv, PREFIX.svg and PREFIX.png.
 fn write_outputs(a: &SweepArgs, rows: &[SweepRow]) -> Result<()> {
-    let with = |ext: &str| {
-        let mut p = a.out.clone().into_os_string();
-        p.push(format!(".{ext}"));
-        PathBuf::from(p)
-    };
+    let with = |ext: &str| output(a, ext);
     if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
