@@ -199,12 +199,8 @@ fn a_replay_csv_or_trace_that_fills_the_disk_leaves_no_partial_file() {
 #[test]
 fn export_gguf_refuses_to_write_over_its_input() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
-    std::fs::create_dir(&model).unwrap();
-    for e in std::fs::read_dir(fixture("qwen3_moe")).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
-    }
+    let copy = common::copy_fixture("qwen3_moe");
+    let model = copy.path().to_path_buf();
     let shard = model.join("model-00001-of-00002.safetensors");
     let before = std::fs::read(&shard).unwrap();
     let m = model.to_str().unwrap();
@@ -246,13 +242,8 @@ fn bench_io_refuses_to_write_its_table_over_a_file_it_reads() {
 
 #[test]
 fn run_trace_and_sweep_out_refuse_to_write_over_the_model() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("m");
-    std::fs::create_dir(&model).unwrap();
-    for e in std::fs::read_dir(fixture("qwen3_moe")).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
-    }
+    let copy = common::copy_fixture("qwen3_moe");
+    let model = copy.path().to_path_buf();
     let m = model.to_str().unwrap();
     // `run --trace` appends to its file: pointed at a shard, it grew it.
     let shard = model.join("model-00001-of-00002.safetensors");
