@@ -198,21 +198,16 @@ fn resume_from_a_checkpoint_with_other_data_but_the_same_headers_is_refused() {
 fn a_conversion_that_fills_the_disk_leaves_no_partial_file() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("c");
-    // SIGXFSZ ignored and a 64-block file size limit: the first write past
-    // it fails with EFBIG, as one past a full disk fails with ENOSPC.
-    let status = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' XFSZ; ulimit -f 64; exec \"$0\" \"$@\"")
-        .arg(env!("CARGO_BIN_EXE_moestream"))
-        .args(["convert", "--quiet", "--input"])
-        .arg(fixture("deepseek_v3"))
-        .arg("--output")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(!status.status.success());
-    let err = String::from_utf8_lossy(&status.stderr);
-    assert!(err.contains("too large"), "{err}");
+    // A 64-block file size limit: the first write past it fails with
+    // EFBIG, as one past a full disk fails with ENOSPC.
+    let input = fixture("deepseek_v3");
+    let args = ["convert", "--quiet", "--input", input.to_str().unwrap()];
+    let status = common::moestream_bounded(
+        &[&args[..], &["--output", out.to_str().unwrap()]].concat(),
+        Some(64),
+    );
+    assert!(!status.ok);
+    assert!(status.stderr.contains("too large"), "{}", status.stderr);
     let partial: Vec<String> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

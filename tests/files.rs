@@ -6,44 +6,8 @@
 
 mod common;
 
-use common::{assert_clean_failure, fixture, listing, tiny_model, wait_within, Out};
+use common::{assert_clean_failure, fixture, listing, moestream_bounded, tiny_model};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-
-/// Runs `moestream args` (through `sh -c` when `limit_blocks` is set:
-/// SIGXFSZ ignored and `ulimit -f` at that many blocks, so a write past
-/// it fails with EFBIG as one past a full disk fails with ENOSPC), killed
-/// after 60 s: a run still going then is a failure, not a hang.
-fn moestream_bounded(args: &[&str], limit_blocks: Option<u64>) -> Out {
-    let bin = env!("CARGO_BIN_EXE_moestream");
-    let mut cmd = match limit_blocks {
-        None => {
-            let mut c = Command::new(bin);
-            c.args(args);
-            c
-        }
-        Some(n) => {
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(format!("trap '' XFSZ; ulimit -f {n}; exec \"$0\" \"$@\""))
-                .arg(bin)
-                .args(args);
-            c
-        }
-    };
-    let child = cmd
-        .env("MOESTREAM_NO_HISTORY", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn moestream");
-    let out = wait_within(child, 60, &format!("moestream {args:?}"));
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
 
 fn mkfifo(path: &Path) {
     nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU).unwrap();

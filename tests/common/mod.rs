@@ -6,7 +6,7 @@
 
 use moestream::synth::{self, SynthSpec};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// Output of one CLI run.
 pub struct Out {
@@ -254,5 +254,40 @@ impl<'m> Greedy<'m> {
             .forward_into(ids, &mut self.kv, false, &mut self.prof, &mut self.logits)
             .expect("forward");
         self.tokens.push(moestream::sampler::argmax(&self.logits));
+    }
+}
+
+/// Runs `moestream args` (through `sh -c` when `limit_blocks` is set:
+/// SIGXFSZ ignored and `ulimit -f` at that many blocks, so a write past
+/// it fails with EFBIG as one past a full disk fails with ENOSPC), killed
+/// after 60 s: a run still going then is a failure, not a hang.
+pub fn moestream_bounded(args: &[&str], limit_blocks: Option<u64>) -> Out {
+    let bin = env!("CARGO_BIN_EXE_moestream");
+    let mut cmd = match limit_blocks {
+        None => {
+            let mut c = Command::new(bin);
+            c.args(args);
+            c
+        }
+        Some(n) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!("trap '' XFSZ; ulimit -f {n}; exec \"$0\" \"$@\""))
+                .arg(bin)
+                .args(args);
+            c
+        }
+    };
+    let child = cmd
+        .env("MOESTREAM_NO_HISTORY", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn moestream");
+    let out = wait_within(child, 60, &format!("moestream {args:?}"));
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
