@@ -1,6 +1,6 @@
 //! Kernel throughput, as weight bytes streamed per second (decode is
 //! memory-bandwidth bound); compare with the machine's measured read
-//! bandwidth (`moestream::bench::mem::read_bandwidth`, results/kernels.md).
+//! bandwidth (`moestream::lab::bench::mem::read_bandwidth`, results/kernels.md).
 //!
 //! - `f32_matvec`: the original f32 group — one matrix the size of a small
 //!   expert and one GLM-5 expert matrix, scalar twin against SIMD.
@@ -32,12 +32,12 @@
 //! idle spin.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use moestream::formats::quant::QBits;
 use moestream::kernels::f32::{dot, dot_scalar, matvec};
 use moestream::kernels::ggml::{self, BlockType};
 use moestream::kernels::int8::{vnni_peak_probe, PEAK_MACS_PER_STEP};
 use moestream::kernels::quant::{matmul_float, matmul_int};
 use moestream::kernels::{f32 as kf32, pool, set_threading, Threading};
-use moestream::quant::QBits;
 
 fn weights(n: usize) -> Vec<f32> {
     (0..n)

@@ -21,17 +21,21 @@
 //!         for each session whose prompt is in: sample from its last row
 //! ```
 
+use crate::engine::generate::GenOptions;
+use crate::engine::sampler::Sampler;
 use crate::error::{Error, Result};
-use crate::generate::GenOptions;
-use crate::kv::KvCache;
+use crate::model::kv::KvCache;
+use crate::model::profile::Profile;
 use crate::model::{Model, PREFILL_CHUNK};
-use crate::profile::Profile;
-use crate::sampler::Sampler;
 
 pub mod gbnf;
+pub mod generate;
 mod grammar;
+pub mod kv_file;
 mod logprobs;
 mod pool;
+pub mod runtime;
+pub mod sampler;
 mod speculate;
 pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};

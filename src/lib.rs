@@ -4,54 +4,29 @@
 //! The data path of one layer: route → look up the expert cache → read the
 //! misses → compute → add. See docs/ARCHITECTURE.md.
 //!
-//! Modules, in data-path order: [`config`] (config.json), [`weights`]
-//! (safetensors shard index, dtypes), [`tokenizer`], [`chat`] (chat
-//! templates, rendered as transformers does), [`model`] (the
-//! reference forward pass and its layers), [`store`] (routed experts:
-//! disk → per-layer cache), [`kernels`] (scalar + SIMD), [`kv`],
-//! [`sampler`], [`generate`] (generation, teacher-forced eval),
-//! [`synth`] (the embedded synthetic default model), [`tensor`] (weight
-//! matrices in their kept element type), [`profile`].
+//! Rooms, top to bottom (an arrow only points down; tests/architecture.rs
+//! checks it): `cli` (the command line, in the binary), [`server`] (the OpenAI API),
+//! [`lab`] (synthetic models, traces, replay, benches, tune), [`inspect`]
+//! (plan, doctor, status), [`engine`] (sessions, generation, sampling,
+//! speculation, grammars), [`convert`] (the writers: container, GGUF),
+//! [`model`] (the forward pass and its KV cache), [`store`] (routed experts:
+//! disk → per-layer cache), [`layers`] (MLP, norms, RoPE), [`formats`]
+//! (model files as they come), [`kernels`] (scalar + SIMD), and the ground
+//! floor: [`machine`] (cgroup, disk), [`fs`] (bounded reads, safe writes,
+//! state directories) and [`error`].
 
-pub mod bench;
-pub mod budget_sweep;
-pub mod cgroup;
-pub mod chat;
-pub mod config;
 pub mod convert;
-pub mod disk;
-pub mod doctor;
 pub mod engine;
 pub mod error;
+pub mod formats;
 pub mod fs;
-pub mod gen_config;
-pub mod generate;
-pub mod gguf;
-pub mod hub;
+pub mod inspect;
 pub mod kernels;
-pub mod kv;
-pub mod kv_file;
+pub mod lab;
 pub mod layers;
+pub mod machine;
 pub mod model;
-pub mod model_files;
-pub mod plan;
-pub mod profile;
-pub mod progress;
-pub mod quality;
-pub mod quant;
-pub mod replay;
-pub mod runtime;
-pub mod sampler;
-pub mod scratch;
 pub mod server;
-pub mod state;
-pub mod status;
 pub mod store;
-pub mod synth;
-pub mod tensor;
-pub mod tokenizer;
-pub mod trace;
-pub mod tune;
-pub mod weights;
 
 pub use error::{Error, Result};

@@ -5,9 +5,9 @@
 
 mod common;
 
+use moestream::engine::sampler::argmax;
+use moestream::model::profile::Profile;
 use moestream::model::{LoadOptions, Model};
-use moestream::profile::Profile;
-use moestream::sampler::argmax;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -194,7 +194,7 @@ fn an_empty_tokenizer_vocabulary_is_refused_naming_the_file() {
         "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
         "model":{"type":"WordLevel","vocab":{},"unk_token":"[UNK]"}}"#;
     let path = std::path::Path::new("/models/empty/tokenizer.json");
-    let err = moestream::tokenizer::Tokenizer::from_json(path, text)
+    let err = moestream::formats::tokenizer::Tokenizer::from_json(path, text)
         .err()
         .expect("an empty vocabulary was accepted");
     let text = err.to_string();

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{moestream, tiny_model};
-use moestream::budget_sweep::CSV_COLUMNS;
+use moestream::lab::budget_sweep::CSV_COLUMNS;
 
 #[test]
 fn a_sweep_writes_its_csv_and_both_plots() {

@@ -18,8 +18,8 @@
 mod common;
 
 use common::{moestream, Greedy};
+use moestream::lab::synth::{self, SynthSpec};
 use moestream::model::{LoadOptions, Model};
-use moestream::synth::{self, SynthSpec};
 use moestream_io::shared_pool;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,7 +5,7 @@
 mod common;
 
 use common::fixture;
-use moestream::synth::{self, SynthSpec};
+use moestream::lab::synth::{self, SynthSpec};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 

@@ -12,7 +12,7 @@
 //! Then `ChatTemplate::from_model_dir` on temporary model directories: each
 //! form tokenizer_config.json gives a template and special tokens in.
 
-use moestream::chat::{ChatTemplate, Message, SpecialTokens};
+use moestream::formats::chat::{ChatTemplate, Message, SpecialTokens};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -308,7 +308,7 @@ fn template_refusal_names_source_and_message() {
 #[test]
 fn rendered_prompt_encodes_raw() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe");
-    let tok = moestream::tokenizer::Tokenizer::load(&dir).unwrap();
+    let tok = moestream::formats::tokenizer::Tokenizer::load(&dir).unwrap();
     let prompt = load(&fixtures(), "qwen3_style")
         .render(&hello(), true)
         .unwrap();
@@ -378,16 +378,18 @@ fn gguf_template_errors_name_the_metadata_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3moe-Q4_0.gguf");
-    let f = moestream::gguf::file::GgufFile::open(&src).unwrap();
-    let mut meta: Vec<(String, moestream::gguf::file::Value)> =
+    let f = moestream::formats::gguf::file::GgufFile::open(&src).unwrap();
+    let mut meta: Vec<(String, moestream::formats::gguf::file::Value)> =
         f.metadata.clone().into_iter().collect();
     meta.sort_by(|a, b| a.0.cmp(&b.0));
     for (k, v) in &mut meta {
         if k == "tokenizer.chat_template" {
-            *v = moestream::gguf::file::Value::Str("{{ messages | tojson(indent=10**15) }}".into());
+            *v = moestream::formats::gguf::file::Value::Str(
+                "{{ messages | tojson(indent=10**15) }}".into(),
+            );
         }
     }
-    moestream::gguf::write::write_gguf(&path, &meta, &[], |_, _| Ok(())).unwrap();
+    moestream::convert::gguf_write::write_gguf(&path, &meta, &[], |_, _| Ok(())).unwrap();
     let t = ChatTemplate::from_model_dir(&path)
         .unwrap()
         .expect("a template");

@@ -8,10 +8,10 @@ mod common;
 
 use common::{assert_clean_failure, eval_json, fixture, ids, moestream, oracle_at, u32s};
 use moestream::convert::{self, ConvertOptions, MANIFEST};
-use moestream::quant::policy::{Class, Policy, Width};
-use moestream::quant::QBits;
-use moestream::weights::index::{AtLoad, Stored};
-use moestream::weights::WeightIndex;
+use moestream::formats::quant::policy::{Class, Policy, Width};
+use moestream::formats::quant::QBits;
+use moestream::formats::weights::index::{AtLoad, Stored};
+use moestream::formats::weights::WeightIndex;
 use moestream_io::ReadMode;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ fn convert_to(src: &Path, out: &Path, policy: &Policy) -> convert::ConvertReport
 }
 
 fn layers(dir: &Path) -> usize {
-    moestream::config::ModelConfig::load(dir)
+    moestream::formats::config::ModelConfig::load(dir)
         .unwrap()
         .num_layers
 }
@@ -374,8 +374,8 @@ fn bad_containers_fail_with_named_errors() {
 /// bytes an owned decode gives.
 #[test]
 fn packed_experts_are_windows_of_their_read_slab() {
+    use moestream::formats::tensor::MatData;
     use moestream::model::{LoadOptions, Model};
-    use moestream::tensor::MatData;
     let (_tmp, dst) = quant_container("qwen3_moe", &[]);
     for mode in ReadMode::ALL {
         let opts = LoadOptions {

@@ -6,11 +6,11 @@
 mod common;
 
 use common::fixture;
+use moestream::engine::generate::{generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
 use moestream::engine::{Engine, Session};
-use moestream::generate::{generate, GenOptions};
+use moestream::model::profile::Profile;
 use moestream::model::{Ffn, LoadOptions, Model};
-use moestream::profile::Profile;
-use moestream::sampler::SamplingParams;
 
 fn load(family: &str, expert_cache: usize) -> Model {
     let opts = LoadOptions {

@@ -14,9 +14,9 @@
 
 mod common;
 
-use moestream::config::ModelConfig;
+use moestream::engine::sampler::Rng;
+use moestream::formats::config::ModelConfig;
 use moestream::model::rope::Rope;
-use moestream::sampler::Rng;
 use serde_json::Value;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -140,7 +140,7 @@ fn header_of(shard: &Path) -> Vec<u8> {
 fn parse_header(data: &[u8]) {
     for extra in [0u64, 1, 4096, u32::MAX as u64] {
         let file_len = 8 + data.len() as u64 + extra;
-        let _ = moestream::weights::index::parse_header(Path::new("fuzz"), data, file_len);
+        let _ = moestream::formats::weights::index::parse_header(Path::new("fuzz"), data, file_len);
     }
 }
 
@@ -204,7 +204,7 @@ fn generation_config_never_panics() {
             let m = serde_json::to_vec(&mutate_json(&mut rng, &json)).unwrap();
             check("generation_config", &m, || {
                 let text = String::from_utf8_lossy(&m);
-                let _ = moestream::tokenizer::eos_ids_of(&path, &text);
+                let _ = moestream::formats::tokenizer::eos_ids_of(&path, &text);
             });
         }
     }
@@ -219,11 +219,17 @@ fn tokenizer_json_never_panics() {
     for _ in 0..ROUNDS / 10 {
         let m = mutate_bytes(&mut rng, &text);
         check("tokenizer_json", &m, || {
-            let _ = moestream::tokenizer::Tokenizer::from_json(&path, &String::from_utf8_lossy(&m));
+            let _ = moestream::formats::tokenizer::Tokenizer::from_json(
+                &path,
+                &String::from_utf8_lossy(&m),
+            );
         });
         let m = serde_json::to_vec(&mutate_json(&mut rng, &json)).unwrap();
         check("tokenizer_json", &m, || {
-            let t = moestream::tokenizer::Tokenizer::from_json(&path, &String::from_utf8_lossy(&m));
+            let t = moestream::formats::tokenizer::Tokenizer::from_json(
+                &path,
+                &String::from_utf8_lossy(&m),
+            );
             if let Ok(t) = t {
                 let _ = t.encode("the engine reads experts");
                 let _ = t.decode(&[0, 1, 2, 3, 4, 5]);
@@ -256,7 +262,7 @@ fn chat_seeds() -> Vec<String> {
 }
 
 fn render_template(source: &[u8]) {
-    use moestream::chat::{ChatTemplate, Message, SpecialTokens};
+    use moestream::formats::chat::{ChatTemplate, Message, SpecialTokens};
     let source = String::from_utf8_lossy(source).into_owned();
     let tokens = SpecialTokens {
         bos_token: Some("<s>".into()),
@@ -289,8 +295,8 @@ fn chat_template_never_panics() {
 }
 
 /// Metadata values that break naive arithmetic or allocation.
-fn extreme_gguf(rng: &mut Rng) -> moestream::gguf::file::Value {
-    use moestream::gguf::file::{Array, Value};
+fn extreme_gguf(rng: &mut Rng) -> moestream::formats::gguf::file::Value {
+    use moestream::formats::gguf::file::{Array, Value};
     let picks = [
         Value::U64(1 << 40),
         Value::U64(u64::MAX),
@@ -313,22 +319,22 @@ fn extreme_gguf(rng: &mut Rng) -> moestream::gguf::file::Value {
 type GgufSeed = (
     Vec<u8>,
     u64,
-    Vec<(String, moestream::gguf::file::Value)>,
-    Vec<moestream::gguf::write::TensorSpec>,
+    Vec<(String, moestream::formats::gguf::file::Value)>,
+    Vec<moestream::convert::gguf_write::TensorSpec>,
 );
 
 fn gguf_seed(name: &str) -> GgufSeed {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/gguf")
         .join(name);
-    let f = moestream::gguf::file::GgufFile::open(&path).unwrap();
+    let f = moestream::formats::gguf::file::GgufFile::open(&path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let mut meta: Vec<_> = f.metadata.clone().into_iter().collect();
     meta.sort_by(|a, b| a.0.cmp(&b.0));
     let specs = f
         .tensors
         .iter()
-        .map(|t| moestream::gguf::write::TensorSpec {
+        .map(|t| moestream::convert::gguf_write::TensorSpec {
             name: t.name.clone(),
             dims: t.dims.clone(),
             ty: t.ty,
@@ -341,11 +347,11 @@ fn gguf_seed(name: &str) -> GgufSeed {
 /// The header of a GGUF file written with `meta` and `specs` (data zero).
 fn gguf_header_of(
     dir: &Path,
-    meta: &[(String, moestream::gguf::file::Value)],
-    specs: &[moestream::gguf::write::TensorSpec],
+    meta: &[(String, moestream::formats::gguf::file::Value)],
+    specs: &[moestream::convert::gguf_write::TensorSpec],
 ) -> (Vec<u8>, u64) {
     let path = dir.join("m.gguf");
-    moestream::gguf::write::write_gguf(&path, meta, specs, |i, w| {
+    moestream::convert::gguf_write::write_gguf(&path, meta, specs, |i, w| {
         let zeros = vec![0u8; specs[i].bytes() as usize];
         w.write_all(&zeros)
             .map_err(|e| moestream::error::Error::file("fuzz", e))
@@ -353,7 +359,7 @@ fn gguf_header_of(
     .unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let len = bytes.len() as u64;
-    let data_offset = moestream::gguf::file::GgufFile::open(&path)
+    let data_offset = moestream::formats::gguf::file::GgufFile::open(&path)
         .map(|f| f.data_offset as usize)
         .unwrap_or(bytes.len());
     (bytes[..data_offset].to_vec(), len)
@@ -364,7 +370,7 @@ fn gguf_metadata_never_panics() {
     let mut rng = Rng::new(0x66af);
     let dir = tempfile::tempdir().unwrap();
     let derive = |h: &[u8], len: u64| {
-        let _ = moestream::gguf::derive_documents(Path::new("fuzz.gguf"), h, len);
+        let _ = moestream::formats::gguf::derive_documents(Path::new("fuzz.gguf"), h, len);
     };
     for name in ["mixtral-bf16.gguf", "qwen3moe-Q4_0.gguf"] {
         let (header, len, meta, specs) = gguf_seed(name);
@@ -391,14 +397,14 @@ fn routing_trace_never_panics() {
     let dir = tempfile::tempdir().unwrap();
     let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/traces/qwen3_moe-3-tokens.parquet");
-    assert!(moestream::trace::read::read(&trace, None).is_ok());
+    assert!(moestream::lab::trace::read::read(&trace, None).is_ok());
     let seed = std::fs::read(&trace).unwrap();
     let mutant = dir.path().join("m.parquet");
     for _ in 0..ROUNDS {
         let m = mutate_bytes(&mut rng, &seed);
         std::fs::write(&mutant, &m).unwrap();
         check("routing_trace", &m, || {
-            let _ = moestream::trace::read::read(&mutant, None);
+            let _ = moestream::lab::trace::read::read(&mutant, None);
         });
     }
 }

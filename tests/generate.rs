@@ -140,8 +140,8 @@ fn generation_stops_at_the_model_context() {
 /// and the two paths agree only to rounding.
 #[test]
 fn chunked_prefill_gives_identical_logits() {
+    use moestream::model::profile::Profile;
     use moestream::model::{LoadOptions, Model};
-    use moestream::profile::Profile;
     for family in [
         "qwen3_moe",
         "qwen2_moe",

@@ -251,10 +251,10 @@ fn tokenizer_from_metadata_tokenizes_as_llama_cpp() {
 fn chat_template_from_metadata_renders_as_transformers() {
     let o = llama_cpp_oracle("Q4_K_M");
     let model = gguf("qwen3moe-Q4_K_M.gguf");
-    let template = moestream::chat::ChatTemplate::from_model_dir(&model)
+    let template = moestream::formats::chat::ChatTemplate::from_model_dir(&model)
         .unwrap()
         .expect("tokenizer.chat_template is in the file");
-    let messages: Vec<moestream::chat::Message> =
+    let messages: Vec<moestream::formats::chat::Message> =
         serde_json::from_value(o["chat_messages"].clone()).unwrap();
     let got = template.render(&messages, true).unwrap();
     assert_eq!(got, o["chat_rendered"].as_str().unwrap());
@@ -270,7 +270,7 @@ fn split_set_opens_from_its_first_file() {
     let got = greedy(&first, &u32s(&o["prompt_ids"]), want.len(), &[]);
     assert_eq!(got, want);
     // The disk probes (plan, doctor, sweep) read the set's files.
-    let files = moestream::disk::shard_files(&first).unwrap();
+    let files = moestream::machine::disk::shard_files(&first).unwrap();
     let names: Vec<String> = files
         .iter()
         .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
@@ -416,8 +416,8 @@ fn export_round_trips_q8_0_byte_for_byte() {
     let r = moestream(&args);
     assert!(r.ok, "{}", r.stderr);
     let (a, b) = (
-        moestream::gguf::file::GgufFile::open(&src).unwrap(),
-        moestream::gguf::file::GgufFile::open(&out).unwrap(),
+        moestream::formats::gguf::file::GgufFile::open(&src).unwrap(),
+        moestream::formats::gguf::file::GgufFile::open(&out).unwrap(),
     );
     let (abytes, bbytes) = (std::fs::read(&src).unwrap(), std::fs::read(&out).unwrap());
     assert_eq!(a.tensors.len(), b.tensors.len());
@@ -428,7 +428,7 @@ fn export_round_trips_q8_0_byte_for_byte() {
             .find(|u| u.name == t.name)
             .expect("same tensors");
         assert_eq!((t.ty, &t.dims), (u.ty, &u.dims), "{}", t.name);
-        let span = |f: &[u8], x: &moestream::gguf::file::TensorInfo| {
+        let span = |f: &[u8], x: &moestream::formats::gguf::file::TensorInfo| {
             f[x.offset as usize..(x.offset + x.bytes) as usize].to_vec()
         };
         assert!(
@@ -457,15 +457,15 @@ fn version_2_files_run() {
     );
 }
 
-/// A copy of fixture `name` rewritten through `moestream::gguf::write`
+/// A copy of fixture `name` rewritten through `moestream::convert::gguf_write`
 /// with its metadata edited by `edit` (tensors and their bytes kept).
 fn rewritten(
     name: &str,
-    edit: impl FnOnce(&mut Vec<(String, moestream::gguf::file::Value)>),
+    edit: impl FnOnce(&mut Vec<(String, moestream::formats::gguf::file::Value)>),
 ) -> (tempfile::TempDir, PathBuf) {
-    use moestream::gguf::write::{write_gguf, TensorSpec};
+    use moestream::convert::gguf_write::{write_gguf, TensorSpec};
     let src = gguf(name);
-    let f = moestream::gguf::file::GgufFile::open(&src).unwrap();
+    let f = moestream::formats::gguf::file::GgufFile::open(&src).unwrap();
     let bytes = std::fs::read(&src).unwrap();
     let mut meta: Vec<_> = f.metadata.clone().into_iter().collect();
     meta.sort_by(|a, b| a.0.cmp(&b.0));
@@ -492,9 +492,9 @@ fn rewritten(
 }
 
 fn set(
-    meta: &mut [(String, moestream::gguf::file::Value)],
+    meta: &mut [(String, moestream::formats::gguf::file::Value)],
     key: &str,
-    v: moestream::gguf::file::Value,
+    v: moestream::formats::gguf::file::Value,
 ) {
     let slot = meta.iter_mut().find(|(k, _)| k == key);
     slot.unwrap_or_else(|| panic!("{key} not in the fixture")).1 = v;
@@ -502,7 +502,7 @@ fn set(
 
 #[test]
 fn block_count_of_2_pow_40_is_refused_before_anything_is_sized_by_it() {
-    use moestream::gguf::file::Value;
+    use moestream::formats::gguf::file::Value;
     let (_dir, path) = rewritten("qwen3moe-Q4_0.gguf", |m| {
         set(m, "qwen3moe.block_count", Value::U64(1 << 40))
     });
@@ -519,7 +519,7 @@ fn block_count_of_2_pow_40_is_refused_before_anything_is_sized_by_it() {
 
 #[test]
 fn non_finite_float_metadata_is_refused_naming_the_key() {
-    use moestream::gguf::file::Value;
+    use moestream::formats::gguf::file::Value;
     for (key, x) in [
         ("qwen3moe.rope.freq_base", f32::NAN),
         ("qwen3moe.attention.layer_norm_rms_epsilon", f32::INFINITY),
@@ -533,7 +533,7 @@ fn non_finite_float_metadata_is_refused_naming_the_key() {
 
 #[test]
 fn an_absurd_vocabulary_token_is_refused_naming_its_index() {
-    use moestream::gguf::file::{Array, Value};
+    use moestream::formats::gguf::file::{Array, Value};
     let (_dir, path) = rewritten("qwen3moe-Q4_0.gguf", |m| {
         let tokens = m.iter_mut().find(|(k, _)| k == "tokenizer.ggml.tokens");
         let Some((_, Value::Array(Array::Str(t)))) = tokens else {
@@ -542,7 +542,7 @@ fn an_absurd_vocabulary_token_is_refused_naming_its_index() {
         t[7] = "▁".repeat(1 << 20);
     });
     let started = std::time::Instant::now();
-    let err = moestream::tokenizer::Tokenizer::load(&path)
+    let err = moestream::formats::tokenizer::Tokenizer::load(&path)
         .err()
         .expect("loaded");
     let text = err.to_string();

@@ -5,7 +5,7 @@
 //! the header is parsed; this file holds one test so no other test thread
 //! allocates while it measures.
 
-use moestream::gguf::file::{Array, GgufFile, Value};
+use moestream::formats::gguf::file::{Array, GgufFile, Value};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -72,7 +72,7 @@ fn metadata_arrays_cost_a_bounded_multiple_of_the_file_not_32_bytes_an_element()
             Value::Array(Array::Str(vec![String::new(); n / 8])),
         ),
     ];
-    moestream::gguf::write::write_gguf(&path, &metadata, &[], |_, _| Ok(())).unwrap();
+    moestream::convert::gguf_write::write_gguf(&path, &metadata, &[], |_, _| Ok(())).unwrap();
     drop(metadata);
     let file_len = std::fs::metadata(&path).unwrap().len() as usize;
     let before = LIVE.load(Ordering::Relaxed);

@@ -12,10 +12,10 @@ use common::{assert_clean_failure, eval_json, fixture, moestream, oracle_at, u32
 fn oracle(family: &str) -> Value {
     oracle_at(&fixture(family))
 }
-use moestream::generate::{evaluate, generate, GenOptions};
+use moestream::engine::generate::{evaluate, generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
 use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
-use moestream::sampler::SamplingParams;
 use serde_json::Value;
 use std::path::Path;
 

@@ -110,7 +110,7 @@ fn converted() -> (tempfile::TempDir, std::path::PathBuf) {
 
 /// Sets row `row`'s f32 scale of packed tensor `name` in container `dir`.
 fn poison_row_scale(dir: &Path, name: &str, row: usize, value: f32) {
-    let scales = moestream::weights::index::scales_name(name);
+    let scales = moestream::formats::weights::index::scales_name(name);
     let shard = shard_of(dir, &scales);
     let (header, mut data) = read_shard(&shard);
     assert_eq!(header[&scales]["dtype"], "F32");
@@ -167,7 +167,7 @@ fn poisoned_gguf(
     (block, which): (usize, usize),
 ) -> (tempfile::TempDir, std::path::PathBuf) {
     let src = fixture("gguf").join(file);
-    let g = moestream::gguf::file::GgufFile::open(&src).unwrap();
+    let g = moestream::formats::gguf::file::GgufFile::open(&src).unwrap();
     let t = g.tensors.iter().find(|t| t.name == tensor).unwrap();
     let experts = match tensor.contains("_exps") {
         true => g.get("qwen3moe.expert_count").unwrap().as_u64().unwrap() as usize,

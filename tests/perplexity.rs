@@ -5,7 +5,7 @@
 mod common;
 
 use common::{assert_clean_failure, fixture, moestream};
-use moestream::tokenizer::Tokenizer;
+use moestream::formats::tokenizer::Tokenizer;
 
 const TEXT: &str =
     "The engine reads the routed experts from disk while the attention of the next layer runs.";

@@ -7,11 +7,11 @@
 mod common;
 
 use common::{copy_fixture, fixture, moestream, moestream_env, read_shard, write_shard, Out};
-use moestream::config::ModelConfig;
+use moestream::formats::config::ModelConfig;
+use moestream::formats::quant::policy::Policy;
+use moestream::formats::weights::index::AtLoad;
+use moestream::formats::weights::WeightIndex;
 use moestream::model::{Footprint, LoadOptions, Model};
-use moestream::quant::policy::Policy;
-use moestream::weights::index::AtLoad;
-use moestream::weights::WeightIndex;
 use moestream_io::ReadMode;
 use serde_json::Value;
 use std::path::Path;

@@ -13,8 +13,8 @@ mod common;
 
 use common::{fixture, Greedy};
 use moestream::convert::{self, ConvertOptions};
+use moestream::formats::quant::policy::Policy;
 use moestream::model::{LoadOptions, Model};
-use moestream::quant::policy::Policy;
 use moestream_io::{shared_pool, AlignedBuf, MAP_BYTES_MIN};
 use std::time::Duration;
 

@@ -4,9 +4,9 @@
 //! (hidden 7168, intermediate 2048) in each GGUF block type and as int4
 //! container rows. A measurement, not a test (results/scale-check.md):
 //! `cargo test --test scale_check_cost -- --ignored --nocapture`.
+use moestream::formats::quant::{QBits, QMatrix};
+use moestream::formats::tensor::Mat;
 use moestream::kernels::ggml::BlockType;
-use moestream::quant::{QBits, QMatrix};
-use moestream::tensor::Mat;
 use std::time::Instant;
 
 /// Evicts the caches: writes a line of every 64 bytes of a large buffer.
@@ -24,12 +24,12 @@ fn time(label: &str, parts: &[(Mat, &str)], bytes: usize, junk: &mut [u8]) {
         flush(junk);
         let t = Instant::now();
         for (m, n) in parts {
-            moestream::weights::index::check_finite(n, m).unwrap();
+            moestream::formats::weights::index::check_finite(n, m).unwrap();
         }
         cold = cold.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
         for (m, n) in parts {
-            moestream::weights::index::check_finite(n, m).unwrap();
+            moestream::formats::weights::index::check_finite(n, m).unwrap();
         }
         warm = warm.min(t.elapsed().as_secs_f64());
     }

@@ -642,7 +642,7 @@ fn openai_python_client_drives_the_server() {
 
 #[test]
 fn a_waiting_stream_gets_keep_alive_comments() {
-    use moestream::synth::{self, SynthSpec};
+    use moestream::lab::synth::{self, SynthSpec};
     let dir = tempfile::tempdir().unwrap();
     let spec = SynthSpec {
         hidden: 256,
@@ -1055,7 +1055,7 @@ fn sigterm_while_the_model_loads_ends_the_server_promptly() {
         overrides: Default::default(),
         speculation: Default::default(),
     };
-    let tok = moestream::tokenizer::Tokenizer::load(&dir).unwrap();
+    let tok = moestream::formats::tokenizer::Tokenizer::load(&dir).unwrap();
     // A load that takes a minute, and a stop as soon as the server answers.
     let loader = Box::new(|| {
         std::thread::sleep(Duration::from_secs(60));

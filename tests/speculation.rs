@@ -6,10 +6,10 @@
 mod common;
 
 use common::fixture;
+use moestream::engine::generate::{generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
 use moestream::engine::Speculation;
-use moestream::generate::{generate, GenOptions};
 use moestream::model::{LoadOptions, Model};
-use moestream::sampler::SamplingParams;
 use std::collections::HashMap;
 
 fn load(family: &str) -> Model {
@@ -145,7 +145,7 @@ fn sampled_output_has_the_target_distribution() {
 #[test]
 fn mtp_drafts_are_lossless_and_match_the_reference_drafter() {
     use moestream::engine::{DraftSource, MtpDraft};
-    use moestream::profile::Profile;
+    use moestream::model::profile::Profile;
     for family in ["deepseek_v3", "glm4_moe", "glm_moe_dsa"] {
         let model = load(family);
         let greedy = SamplingParams::default();

@@ -5,9 +5,9 @@
 
 mod common;
 
-use moestream::generate::{generate, GenOptions};
+use moestream::engine::generate::{generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
 use moestream::model::{LoadOptions, Model};
-use moestream::sampler::SamplingParams;
 use moestream::store::{Lookahead, Schedule, Variant};
 use moestream_io::ReadMode;
 use std::path::Path;
@@ -252,9 +252,13 @@ fn bf16_experts_give_bit_identical_logits_to_the_widened_f32_checkpoint() {
     widen_checkpoint(wide.path());
     let ids = [5u32, 6, 7, 8, 9, 10];
     let a =
-        moestream::generate::evaluate(&load(bf.path(), 2, ReadMode::Buffered, true), &ids).unwrap();
-    let b = moestream::generate::evaluate(&load(wide.path(), 2, ReadMode::Buffered, true), &ids)
-        .unwrap();
+        moestream::engine::generate::evaluate(&load(bf.path(), 2, ReadMode::Buffered, true), &ids)
+            .unwrap();
+    let b = moestream::engine::generate::evaluate(
+        &load(wide.path(), 2, ReadMode::Buffered, true),
+        &ids,
+    )
+    .unwrap();
     assert!(a
         .last_logits
         .iter()

@@ -6,10 +6,10 @@
 mod common;
 
 use common::{assert_clean_failure, moestream, moestream_env, tiny_model};
-use moestream::generate::{generate, GenOptions};
+use moestream::engine::generate::{generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
+use moestream::fs::state::history_path;
 use moestream::model::{LoadOptions, Model};
-use moestream::sampler::SamplingParams;
-use moestream::state::history_path;
 use moestream::store::policy::EvictPolicy;
 use std::path::Path;
 

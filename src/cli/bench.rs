@@ -49,7 +49,7 @@ pub(super) fn cmd_bench_mem(a: MemArgs) -> Result<()> {
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     super::limits::count("--reps", a.reps, 1..=super::limits::REPEATS_MAX)?;
-    let ram_mib = moestream::profile::mem_total_bytes().unwrap_or(u64::MAX) >> 20;
+    let ram_mib = moestream::model::profile::mem_total_bytes().unwrap_or(u64::MAX) >> 20;
     if a.mib == 0 || a.mib as u64 > ram_mib / 2 {
         anyhow::bail!(
             "--mib {} is outside 1..={} (half of this machine's RAM)",
@@ -57,7 +57,7 @@ pub(super) fn cmd_bench_mem(a: MemArgs) -> Result<()> {
             ram_mib / 2
         );
     }
-    let r = moestream::bench::mem::read_bandwidth(a.mib << 20, threads, a.reps);
+    let r = moestream::lab::bench::mem::read_bandwidth(a.mib << 20, threads, a.reps);
     if a.json {
         println!(
             "{}",
@@ -80,7 +80,7 @@ const IO_THREADS: [&str; 2] = ["moestream-io", "moestream-read"];
 fn io_cpu_seconds() -> f64 {
     IO_THREADS
         .iter()
-        .map(|t| moestream::profile::thread_cpu_seconds(t))
+        .map(|t| moestream::model::profile::thread_cpu_seconds(t))
         .sum()
 }
 

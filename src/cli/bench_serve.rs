@@ -200,7 +200,7 @@ fn measure(base: &str, clients: usize, tokens: usize, round: usize) -> Result<Ro
         ttft_p50_ms: percentile(&ttft, 0.5),
         ttft_p99_ms: percentile(&ttft, 0.99),
         mb_per_token: bytes / 1e6 / generated.max(1.0),
-        peak_rss_mib: moestream::profile::peak_rss_bytes() as f64 / (1 << 20) as f64,
+        peak_rss_mib: moestream::model::profile::peak_rss_bytes() as f64 / (1 << 20) as f64,
     })
 }
 

@@ -6,9 +6,9 @@
 //! medians per kind.
 
 use super::*;
+use moestream::engine::sampler::Rng;
 use moestream::engine::{DraftSource, Engine, Session};
-use moestream::profile::Profile;
-use moestream::sampler::Rng;
+use moestream::model::profile::Profile;
 use std::time::Instant;
 
 #[derive(Args)]

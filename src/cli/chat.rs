@@ -7,9 +7,9 @@
 
 use super::serve::chat_template;
 use super::*;
-use moestream::chat::{ChatTemplate, Message};
 use moestream::engine::{Engine, Prefix, Session};
-use moestream::profile::Profile;
+use moestream::formats::chat::{ChatTemplate, Message};
+use moestream::model::profile::Profile;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;

@@ -1,12 +1,12 @@
-//! `moestream doctor` and `moestream status` (`moestream::doctor`,
-//! `moestream::status`): readiness checks with a fix for each problem, and
+//! `moestream doctor` and `moestream status` (`moestream::inspect::doctor`,
+//! `moestream::inspect::status`): readiness checks with a fix for each problem, and
 //! a one-screen summary of the model and the machine.
 
 use anyhow::Result;
 use clap::Args;
-use moestream::doctor::{self, Status};
+use moestream::engine::runtime::{self, Choice, Requested};
+use moestream::inspect::doctor::{self, Status};
 use moestream::model::LoadOptions;
-use moestream::runtime::{self, Choice, Requested};
 use moestream::store::budget::human;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -62,7 +62,7 @@ fn seconds(s: f64) -> Result<f64> {
 /// A hub id resolved to its snapshot; a path as given.
 fn model_dir(model: &Option<PathBuf>, revision: &str) -> Result<Option<PathBuf>> {
     Ok(match model {
-        Some(m) => Some(moestream::hub::resolve(m, Some(revision))?),
+        Some(m) => Some(moestream::formats::hub::resolve(m, Some(revision))?),
         None => None,
     })
 }
@@ -83,7 +83,7 @@ fn load_options(a: &DoctorArgs, dir: Option<&std::path::Path>) -> Result<LoadOpt
         prefetch: Choice::Auto,
         budgeted: ram_budget.is_some(),
     };
-    let profile = dir.and_then(|d| moestream::tune::load(d).ok().flatten());
+    let profile = dir.and_then(|d| moestream::lab::tune::load(d).ok().flatten());
     let r = runtime::resolve(&req, profile.as_ref().map(|(_, p)| p));
     Ok(LoadOptions {
         read_mode: r.read_mode,
@@ -144,7 +144,7 @@ pub(super) fn cmd_doctor(a: DoctorArgs) -> Result<ExitCode> {
 pub(super) fn cmd_status(a: StatusArgs) -> Result<()> {
     let probe_seconds = seconds(a.probe_seconds)?;
     let dir = model_dir(&a.model, &a.revision)?;
-    let s = moestream::status::gather(dir.as_deref(), probe_seconds)?;
+    let s = moestream::inspect::status::gather(dir.as_deref(), probe_seconds)?;
     if a.json {
         println!("{}", serde_json::to_string(&s)?);
         return Ok(());

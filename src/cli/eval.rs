@@ -70,7 +70,9 @@ pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
     }
     let before = model.store.counters();
     let e = match a.chunk {
-        Some(chunk) => moestream::generate::evaluate_in_chunks(&model, &a.prompt_ids, chunk)?,
+        Some(chunk) => {
+            moestream::engine::generate::evaluate_in_chunks(&model, &a.prompt_ids, chunk)?
+        }
         None => evaluate(&model, &a.prompt_ids)?,
     };
     let mut v = serde_json::to_value(&e)?;
@@ -110,7 +112,7 @@ fn eval_text(model: &Model, path: &Path, a: &EvalArgs) -> Result<()> {
     let ids = tok.encode(&text)?;
     let window = a.window.min(model.cfg.rope.max_position_embeddings);
     let stride = a.stride.unwrap_or((window / 2).max(1));
-    let p = moestream::generate::perplexity(model, &ids, window, stride)?;
+    let p = moestream::engine::generate::perplexity(model, &ids, window, stride)?;
     if a.json {
         println!("{}", serde_json::to_string(&p)?);
     } else {
@@ -204,7 +206,7 @@ fn score_task(model: &Model, tok: &Tokenizer, task: &Task) -> Result<Scored> {
     for choice in &task.choices {
         let whole = tok.encode(&format!("{}{choice}", task.context))?;
         let cont = whole.get(context.len()..).unwrap_or(&[]);
-        loglik.push(moestream::generate::continuation_loglik(
+        loglik.push(moestream::engine::generate::continuation_loglik(
             model, &context, cont,
         )?);
     }

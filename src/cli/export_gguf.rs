@@ -1,5 +1,5 @@
 //! `moestream export-gguf`: a Qwen3-MoE model written as a GGUF file
-//! ([`moestream::gguf::export`]).
+//! ([`moestream::convert::gguf_export`]).
 
 use super::*;
 use moestream::kernels::ggml::BlockType;
@@ -46,7 +46,7 @@ pub(super) fn cmd_export(a: ExportArgs) -> Result<()> {
         bar.set_length(total);
         bar.set_position(done);
     };
-    let n = moestream::gguf::export::export(&a.model, &a.out, ty, &progress)?;
+    let n = moestream::convert::gguf_export::export(&a.model, &a.out, ty, &progress)?;
     bar.finish_and_clear();
     let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
     eprintln!(

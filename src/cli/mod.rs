@@ -3,17 +3,17 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use moestream::gen_config::{GenerationDefaults, Overrides};
-use moestream::generate::{evaluate, generate, GenOptions, Generation};
+use moestream::engine::generate::{evaluate, generate, GenOptions, Generation};
+use moestream::engine::runtime::{self, lookahead_name, Choice, Requested};
+use moestream::engine::sampler::SamplingParams;
+use moestream::formats::gen_config::{GenerationDefaults, Overrides};
+use moestream::formats::quant::policy::{Class, Policy, Width};
+use moestream::formats::tokenizer::{eos_ids, TextStream, Tokenizer};
+use moestream::lab::quality;
 use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
-use moestream::quality;
-use moestream::quant::policy::{Class, Policy, Width};
-use moestream::runtime::{self, lookahead_name, Choice, Requested};
-use moestream::sampler::SamplingParams;
 use moestream::store::policy::EvictPolicy;
 use moestream::store::{Lookahead, Schedule, Variant};
-use moestream::tokenizer::{eos_ids, TextStream, Tokenizer};
 use moestream_io::ReadMode;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -395,14 +395,14 @@ fn requested(m: &ModelArgs) -> Requested {
 }
 
 /// The read mode, pipelining and prefetch `m` asks for, resolved once
-/// (`moestream::runtime`): flags, then the tuned profile, then the
+/// (`moestream::engine::runtime`): flags, then the tuned profile, then the
 /// defaults; and a note saying which profile was used.
 fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
     let req = requested(m);
     let mut note = None;
     let mut profile = None;
     if req.wants_profile() {
-        match moestream::tune::load(&m.model) {
+        match moestream::lab::tune::load(&m.model) {
             Ok(found) => profile = found,
             Err(e) => note = Some(format!("warning: {e}; using the defaults")),
         }
@@ -634,12 +634,12 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Tune(a) => &mut a.model,
         Cmd::Plan(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Sweep(a)) => {
-            a.model = moestream::hub::resolve(&a.model, Some(&a.revision))?;
+            a.model = moestream::formats::hub::resolve(&a.model, Some(&a.revision))?;
             return Ok(());
         }
         _ => return Ok(()),
     };
-    m.model = moestream::hub::resolve(&m.model, Some(&m.revision))?;
+    m.model = moestream::formats::hub::resolve(&m.model, Some(&m.revision))?;
     Ok(())
 }
 
@@ -752,8 +752,8 @@ fn save_history(model: &Model, m: &ModelArgs) {
     if m.no_history {
         return;
     }
-    let saved =
-        moestream::state::history_path(&m.model).and_then(|path| model.store.save_history(&path));
+    let saved = moestream::fs::state::history_path(&m.model)
+        .and_then(|path| model.store.save_history(&path));
     if let Err(e) = saved {
         eprintln!("warning: usage history not saved: {e}");
     }
@@ -804,7 +804,7 @@ fn constrained(
         (_, _, Some(r)) => Constraint::Regex(r.clone()),
         _ => return Ok(None),
     };
-    let bytes = moestream::model_files::read(dir, "tokenizer.json")?
+    let bytes = moestream::formats::model_files::read(dir, "tokenizer.json")?
         .with_context(|| format!("{}: no tokenizer.json", dir.display()))?
         .text
         .into_bytes();

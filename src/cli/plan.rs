@@ -1,12 +1,12 @@
 //! `moestream plan`: the RAM plan of a model under a budget, from headers
 //! only (works on a partial download), with the smallest budget that runs
-//! and a prediction of MB read per token and tok/s (`moestream::plan`).
+//! and a prediction of MB read per token and tok/s (`moestream::inspect::plan`).
 
 use super::{load_options, with_flags, ModelArgs};
 use anyhow::Result;
 use clap::Args;
+use moestream::inspect::plan::{self, gb_at_least, Plan, Prediction, Rates};
 use moestream::model::LoadOptions;
-use moestream::plan::{self, gb_at_least, Plan, Prediction, Rates};
 use moestream::store::budget::human;
 
 #[derive(Args)]
@@ -102,7 +102,7 @@ fn refusal(e: moestream::Error, dir: &std::path::Path, opts: &LoadOptions) -> an
 /// Disk and compute rates: the tuned profile's, else a probe's.
 fn rates(a: &PlanArgs, plan: &Plan) -> std::result::Result<Rates, String> {
     let dir = &a.model.model;
-    if let Ok(Some((path, profile))) = moestream::tune::load(dir) {
+    if let Ok(Some((path, profile))) = moestream::lab::tune::load(dir) {
         if let Some(r) = plan::rates_from_profile(&profile, &path) {
             return Ok(r);
         }
@@ -110,17 +110,17 @@ fn rates(a: &PlanArgs, plan: &Plan) -> std::result::Result<Rates, String> {
     if a.probe_seconds == 0.0 {
         return Err("no tuned profile, and --probe-seconds 0".into());
     }
-    let files = moestream::disk::shard_files(dir).map_err(|e| e.to_string())?;
+    let files = moestream::machine::disk::shard_files(dir).map_err(|e| e.to_string())?;
     let read_bytes = (plan.experts.disk_bytes as usize).max(4096);
     let mode = plan
         .read_mode
         .parse()
         .unwrap_or(moestream_io::ReadMode::Buffered);
     let depth = plan.experts.top_k.clamp(1, 4);
-    let p = moestream::disk::probe(&files, read_bytes, mode, depth, a.probe_seconds)
+    let p = moestream::machine::disk::probe(&files, read_bytes, mode, depth, a.probe_seconds)
         .map_err(|e| format!("disk probe: {e}"))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mem = moestream::bench::mem::read_bandwidth(256 << 20, threads, 3);
+    let mem = moestream::lab::bench::mem::read_bandwidth(256 << 20, threads, 3);
     Ok(Rates {
         disk_gb_per_s: p.gb_per_s,
         compute_s_per_token: None,
@@ -199,7 +199,7 @@ fn print_text(o: &Output, a: &PlanArgs) {
     }
 }
 
-fn print_placement(b: &moestream::plan::Placement, p: &Plan, a: &PlanArgs) {
+fn print_placement(b: &moestream::inspect::plan::Placement, p: &Plan, a: &PlanArgs) {
     println!(
         "ram plan for --ram-gb {}:",
         a.model.ram_gb.map_or(String::new(), |g| g.to_string())

@@ -5,7 +5,7 @@
 //! escape codes.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use moestream::progress::{Progress, Work};
+use moestream::model::progress::{Progress, Work};
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::sync::Mutex;

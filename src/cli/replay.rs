@@ -1,10 +1,10 @@
 //! `moestream replay`: a routing trace (`--trace FILE` of run, serve,
 //! bench, chat...) replayed offline against eviction policies at several
 //! cache sizes, each against Belady's optimum at the same size
-//! ([`moestream::replay`]); and `--trace` itself, started at load.
+//! ([`moestream::lab::replay`]); and `--trace` itself, started at load.
 
 use super::*;
-use moestream::replay::{self, Prefetch, Slots};
+use moestream::lab::replay::{self, Prefetch, Slots};
 use moestream::store::policy;
 use std::time::Instant;
 
@@ -89,7 +89,7 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
         )
     })?;
     let t0 = Instant::now();
-    let runs = moestream::trace::read::read(&a.trace, a.run.as_deref())?;
+    let runs = moestream::lab::trace::read::read(&a.trace, a.run.as_deref())?;
     let read_s = t0.elapsed().as_secs_f64();
     if runs.is_empty() {
         bail!(
@@ -169,7 +169,7 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
 }
 
 fn print_json(
-    runs: &[moestream::trace::read::Run],
+    runs: &[moestream::lab::trace::read::Run],
     outcomes: &[replay::Outcome],
     prefetch: Prefetch,
     (pinned_hits, hits, misses): (u64, u64, u64),

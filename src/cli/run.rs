@@ -169,7 +169,7 @@ pub(super) fn serve_batched(
         }
     }
     let start = std::time::Instant::now();
-    let mut prof = moestream::profile::Profile::default();
+    let mut prof = moestream::model::profile::Profile::default();
     let mut tokens = 0usize;
     while !pool.is_idle() {
         for ev in pool.step(&mut prof) {

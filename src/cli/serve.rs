@@ -1,7 +1,7 @@
 //! `moestream serve`: the OpenAI-compatible server (src/server).
 
 use super::*;
-use moestream::chat::ChatTemplate;
+use moestream::formats::chat::ChatTemplate;
 use moestream::server::{serve, Limits, ServerConfig};
 use moestream_scheduler::SchedulerConfig;
 use std::time::Duration;

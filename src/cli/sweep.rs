@@ -2,13 +2,13 @@
 //! mode), each run a fresh `moestream run --json` inside a memory cgroup
 //! capped at its budget when one can be made, the model's files dropped
 //! from the page cache first; then a CSV and a plot of tok/s and MB/token
-//! against the budget (`moestream::budget_sweep`).
+//! against the budget (`moestream::lab::budget_sweep`).
 
 use super::progress::{bar, Unit};
 use anyhow::{Context, Result};
 use clap::Args;
-use moestream::budget_sweep::{self, Outcome, SweepRow};
-use moestream::cgroup::MemoryGroup;
+use moestream::lab::budget_sweep::{self, Outcome, SweepRow};
+use moestream::machine::cgroup::MemoryGroup;
 use moestream_io::ReadMode;
 use std::path::{Path, PathBuf};
 
@@ -64,7 +64,7 @@ pub(super) fn cmd_bench_sweep(a: SweepArgs) -> Result<()> {
     let outputs: Vec<&Path> = outputs.iter().map(PathBuf::as_path).collect();
     moestream::fs::check_not_input(&outputs, &[&a.model]).context("--out")?;
     let exe = std::env::current_exe().context("finding the moestream binary")?;
-    let files = moestream::disk::shard_files(&a.model)?;
+    let files = moestream::machine::disk::shard_files(&a.model)?;
     let mut capping = if a.no_cgroup {
         Capping::Off("--no-cgroup".into())
     } else {

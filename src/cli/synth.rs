@@ -3,8 +3,8 @@
 
 use super::run::stream_text;
 use super::*;
-use moestream::synth::realistic::Knobs;
-use moestream::synth::SynthSpec;
+use moestream::lab::synth::realistic::Knobs;
+use moestream::lab::synth::SynthSpec;
 
 #[derive(Args)]
 pub(super) struct DemoArgs {
@@ -94,7 +94,7 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
     let dir = a
         .dir
         .clone()
-        .unwrap_or_else(|| moestream::synth::cache_dir().join("synthetic-qwen3moe-v2"));
+        .unwrap_or_else(|| moestream::lab::synth::cache_dir().join("synthetic-qwen3moe-v2"));
     let spec = SynthSpec::default();
     if !dir.join("config.json").exists() {
         eprintln!(
@@ -102,7 +102,8 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
             dir.display()
         );
     }
-    moestream::synth::ensure(&dir, &spec).with_context(|| format!("creating {}", dir.display()))?;
+    moestream::lab::synth::ensure(&dir, &spec)
+        .with_context(|| format!("creating {}", dir.display()))?;
     eprintln!(
         "moestream demo: a synthetic {}-layer, {}-expert MoE (top-{}) with RANDOM weights — the text below is meaningless; \
          the point is the expert streaming: {} of {} experts per layer fit in the cache, the rest are read from disk.",
@@ -153,14 +154,14 @@ pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {
     if a.out.join("config.json").exists() {
         bail!("{} already holds a model", a.out.display());
     }
-    moestream::synth::ensure(&a.out, &spec)?;
+    moestream::lab::synth::ensure(&a.out, &spec)?;
     eprintln!("wrote a synthetic model to {}", a.out.display());
     Ok(())
 }
 
 /// `synth --geometry NAME`: a quantized container in a real model's shapes.
 fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
-    use moestream::synth::geometry::{self, GeometrySpec, Routing};
+    use moestream::lab::synth::geometry::{self, GeometrySpec, Routing};
     let realistic = Routing::Realistic(Knobs {
         top10_share: a.top10_share,
         reuse: a.reuse,

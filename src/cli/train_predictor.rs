@@ -1,9 +1,9 @@
 //! `moestream train-predictor`: the learned lookahead predictor trained on
 //! a routing trace, with its recall@k on held-out segments beside the
-//! router lookahead's ([`moestream::replay::train`]).
+//! router lookahead's ([`moestream::lab::replay::train`]).
 
 use super::*;
-use moestream::replay::train::{self, Recall, TrainOptions};
+use moestream::lab::replay::train::{self, Recall, TrainOptions};
 
 #[derive(Args)]
 pub(super) struct TrainPredictorArgs {
@@ -36,7 +36,7 @@ pub(super) fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<()> {
     }
     moestream::fs::check_not_input(&[&a.out], &[&a.trace]).context("--out")?;
     super::limits::count("--epochs", a.epochs, 1..=super::limits::REPEATS_MAX)?;
-    let runs = moestream::trace::read::read(&a.trace, None)?;
+    let runs = moestream::lab::trace::read::read(&a.trace, None)?;
     let o = TrainOptions {
         epochs: a.epochs,
         learning_rate: a.learning_rate,

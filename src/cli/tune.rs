@@ -1,17 +1,17 @@
 //! `moestream tune`: measure this disk with expert-sized reads in every
 //! read mode, decode a few tokens cold in each candidate configuration
 //! (read mode × pipelining × lookahead prefetch), and save the fastest as
-//! the model's tuned profile (see `moestream::tune`), which `--io auto`
+//! the model's tuned profile (see `moestream::lab::tune`), which `--io auto`
 //! (the default) then uses.
 
 use super::progress::{self, Unit};
 use super::{drop_page_cache, load, lookahead_name, read_mode_of, IoChoice, ModelArgs, Toggle};
 use anyhow::{Context, Result};
 use clap::Args;
-use moestream::generate::{generate, GenOptions};
-use moestream::sampler::SamplingParams;
-use moestream::tokenizer::Tokenizer;
-use moestream::tune::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
+use moestream::engine::generate::{generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
+use moestream::formats::tokenizer::Tokenizer;
+use moestream::lab::tune::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
 use moestream_io::{sweep, ReadMode, SweepConfig};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

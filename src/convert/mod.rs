@@ -25,14 +25,16 @@
 //! container in a temporary sibling directory and swaps it in only once it
 //! is complete.
 
+pub mod gguf_export;
+pub mod gguf_write;
 pub mod writer;
 
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::quant::policy::{Class, Policy, Width};
-use crate::tensor::{Mat, MatData};
-use crate::weights::index::{scales_name, Resolved, Stored, QUANT_META_PREFIX};
-use crate::weights::WeightIndex;
+use crate::formats::config::ModelConfig;
+use crate::formats::quant::policy::{Class, Policy, Width};
+use crate::formats::tensor::{Mat, MatData};
+use crate::formats::weights::index::{scales_name, Resolved, Stored, QUANT_META_PREFIX};
+use crate::formats::weights::WeightIndex;
 use moestream_io::ReadMode;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -392,14 +394,14 @@ fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
             continue;
         }
         let float = e.stored == safetensors::Dtype::F8_E4M3
-            || crate::weights::dtype::DType::from_safetensors(e.stored).is_some();
+            || crate::formats::weights::dtype::DType::from_safetensors(e.stored).is_some();
         if !float {
             // Integer buffers and other non-float tensors are copied as stored.
             sources.push(Source {
                 res: Resolved {
                     name: name.clone(),
                     entry: e.clone(),
-                    stored: Stored::Float(crate::weights::dtype::DType::F32),
+                    stored: Stored::Float(crate::formats::weights::dtype::DType::F32),
                     shape: e.shape.clone(),
                 },
                 class: Class::Other,
@@ -783,7 +785,7 @@ fn finished(path: &Path, layout: &Layout, rec: &FileRecord) -> bool {
 }
 
 fn header_matches(path: &Path, layout: &Layout) -> Result<()> {
-    let entries = crate::weights::index::read_header(path)?;
+    let entries = crate::formats::weights::index::read_header(path)?;
     let found: HashMap<&str, _> = entries.iter().map(|(n, e)| (n.as_str(), e)).collect();
     let start = layout.data_start();
     for t in &layout.tensors {

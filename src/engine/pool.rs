@@ -3,10 +3,10 @@
 //! kept as prefixes that later requests continue from.
 
 use super::{token_logprobs, Engine, Prefix, Session, TokenLogprobs};
+use crate::engine::generate::GenOptions;
 use crate::error::{Error, Result};
-use crate::generate::GenOptions;
+use crate::model::profile::Profile;
 use crate::model::Model;
-use crate::profile::Profile;
 use moestream_scheduler::{Admission, Rejected, RequestId, Scheduler, SchedulerConfig};
 use std::collections::HashMap;
 use std::time::Instant;

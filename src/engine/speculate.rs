@@ -4,16 +4,16 @@
 //!
 //! Lossless by construction: each position's token is chosen from the
 //! target's own logits (greedy: the argmax; sampling: the speculative
-//! sampling rule, [`crate::sampler::Sampler::verify`]); a drafted token
+//! sampling rule, [`crate::engine::sampler::Sampler::verify`]); a drafted token
 //! survives only when it is that token, and the KV of positions after the
 //! first rejection is rolled back.
 
 use super::Session;
+use crate::engine::sampler::argmax;
 use crate::error::Result;
 use crate::model::mtp::MtpState;
+use crate::model::profile::Profile;
 use crate::model::Model;
-use crate::profile::Profile;
-use crate::sampler::argmax;
 
 impl Session {
     /// Before a step: a decoding session feeds its last token and this

@@ -21,6 +21,7 @@ pub mod guard;
 pub mod lock;
 pub mod print;
 pub mod read;
+pub mod state;
 pub mod write;
 
 pub use guard::check_not_input;

@@ -1,8 +1,8 @@
 //! The SwiGLU feed-forward block `down(silu(gate x) * up x)`: dense MLP
 //! layers, shared experts and every routed expert share this type.
 
-use crate::scratch::Scratch;
-use crate::tensor::Mat;
+use crate::formats::tensor::Mat;
+use crate::layers::scratch::Scratch;
 
 /// Gate, up and down projections, row-major, each in its kept element type.
 pub struct Mlp {

@@ -6,3 +6,4 @@
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod scratch;

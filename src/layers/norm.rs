@@ -1,6 +1,6 @@
 //! RMSNorm, with the sum of squares accumulated in f64 (SPEC §3).
 
-use crate::scratch::Scratch;
+use crate::layers::scratch::Scratch;
 
 /// `out = w * (x / sqrt(mean(x²) + eps))`, one row of length `w.len()`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {

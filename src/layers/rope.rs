@@ -3,7 +3,7 @@
 //! `ROPE_INIT_FUNCTIONS` define them) and their application to a head, in
 //! either the half-split (`rotate_half`) or the interleaved convention.
 
-use crate::config::{RopeConfig, RopeScaling};
+use crate::formats::config::{RopeConfig, RopeScaling};
 
 /// Precomputed rotary parameters for one attention flavour.
 #[derive(Clone, Debug)]
@@ -78,8 +78,8 @@ impl Rope {
     /// heads.
     pub fn apply_heads(&self, x: &mut [f32], head_dim: usize, skip: usize, pos: usize) {
         let half = self.rotary_dim / 2;
-        let mut cos = [0f32; crate::config::ROTARY_DIM_MAX / 2];
-        let mut sin = [0f32; crate::config::ROTARY_DIM_MAX / 2];
+        let mut cos = [0f32; crate::formats::config::ROTARY_DIM_MAX / 2];
+        let mut sin = [0f32; crate::formats::config::ROTARY_DIM_MAX / 2];
         assert!(half <= cos.len(), "rotary dim too large");
         assert!(
             skip + self.rotary_dim <= head_dim,

@@ -6,11 +6,11 @@
 use super::norm::{rms_norm, rms_norm_rows};
 use super::rope::Rope;
 use super::Rows;
-use crate::config::{ModelConfig, QkNorm};
+use crate::formats::config::{ModelConfig, QkNorm};
+use crate::formats::tensor::Mat;
 use crate::kernels::f32::dot;
-use crate::kv::LayerKv;
-use crate::scratch::Scratch;
-use crate::tensor::Mat;
+use crate::layers::scratch::Scratch;
+use crate::model::kv::LayerKv;
 use std::ops::Range;
 
 /// One layer's attention weights.

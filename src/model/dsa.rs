@@ -12,9 +12,9 @@
 
 use super::rope::Rope;
 use super::router::top_k_into;
+use crate::formats::tensor::Mat;
 use crate::kernels::f32::dot;
-use crate::scratch::{self, Scratch};
-use crate::tensor::Mat;
+use crate::layers::scratch::{self, Scratch};
 
 /// Positions each query row may attend to: `None` = every visible one.
 pub type Selection = Vec<Option<Vec<usize>>>;

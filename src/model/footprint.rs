@@ -13,13 +13,13 @@
 
 use super::load::{locate_experts, mtp_spec, LoadOptions};
 use super::{names, PREFILL_CHUNK};
-use crate::config::{ModelConfig, RouterKind};
 use crate::error::{Error, Result};
-use crate::kv::KvLayout;
-use crate::quant::policy::{layer_index, Class};
+use crate::formats::config::{ModelConfig, RouterKind};
+use crate::formats::quant::policy::{layer_index, Class};
+use crate::formats::weights::WeightIndex;
+use crate::model::kv::KvLayout;
 use crate::store::budget::{self, BudgetInput, BudgetPlan};
 use crate::store::ExpertLocation;
-use crate::weights::WeightIndex;
 use std::collections::{BTreeMap, HashSet};
 
 /// A model's byte counts, from headers.

@@ -12,14 +12,14 @@ use super::mtp::Mtp;
 use super::rope::Rope;
 use super::router::Router;
 use super::{names, AttnBlock, Ffn, Layer, Model, Shapes};
-use crate::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
-use crate::progress::{Progress, Work};
-use crate::quant::policy::Policy;
+use crate::formats::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
+use crate::formats::quant::policy::Policy;
+use crate::formats::weights::index::AtLoad;
+use crate::formats::weights::WeightIndex;
+use crate::model::progress::{Progress, Work};
 use crate::store::policy::EvictPolicy;
 use crate::store::{ExpertLocation, ExpertStore, Schedule};
-use crate::weights::index::AtLoad;
-use crate::weights::WeightIndex;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -213,7 +213,7 @@ impl Model {
             model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));
         }
         model.store.warm_buffers();
-        let history = crate::state::history_path(dir);
+        let history = crate::fs::state::history_path(dir);
         if let Some(history) = history.ok().filter(|h| opts.pin_history && h.exists()) {
             model.history = Some(match model.store.pin_from_history(&history) {
                 Ok((tokens, pinned)) => format!(

@@ -21,11 +21,11 @@ use super::dsa::{self, Indexer, IndexerShape, Selection};
 use super::norm::rms_norm;
 use super::rope::Rope;
 use super::Rows;
-use crate::config::MlaConfig;
+use crate::formats::config::MlaConfig;
+use crate::formats::tensor::Mat;
 use crate::kernels::f32::{dot, matmul};
-use crate::kv::LayerKv;
-use crate::scratch::{self, Scratch};
-use crate::tensor::Mat;
+use crate::layers::scratch::{self, Scratch};
+use crate::model::kv::LayerKv;
 
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
 const LORA_NORM_EPS: f64 = 1e-6;

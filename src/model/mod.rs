@@ -10,23 +10,26 @@
 pub mod attention;
 pub mod dsa;
 pub mod footprint;
+pub mod kv;
 mod load;
 pub mod mla;
 pub mod moe;
 pub mod mtp;
 pub mod names;
+pub mod profile;
+pub mod progress;
 pub mod router;
 
 /// Kept at their old paths: the layers live in [`crate::layers`].
 pub use crate::layers::{mlp, norm, rope};
 
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::kv::{KvCache, KvLayout, LayerKv};
-use crate::profile::Profile;
-use crate::scratch::Scratch;
+use crate::formats::config::ModelConfig;
+use crate::formats::tensor::Mat;
+use crate::layers::scratch::Scratch;
+use crate::model::kv::{KvCache, KvLayout, LayerKv};
+use crate::model::profile::Profile;
 use crate::store::{ExpertStore, Variant};
-use crate::tensor::Mat;
 use attention::{Attention, AttentionShape};
 use dsa::Selection;
 use mla::{DsaMode, MlaAttention, MlaMode, MlaShape};
@@ -88,7 +91,7 @@ pub struct Model {
     /// What became of the saved usage history (pins), if there was one.
     pub history: Option<String>,
     /// Where long work on this model (a long prefill) reports progress.
-    pub progress: crate::progress::Progress,
+    pub progress: crate::model::progress::Progress,
 }
 
 /// One sequence of a forward: its new tokens, its KV cache, and its DSA

@@ -11,11 +11,11 @@
 //! layer and vLLM do).
 
 use super::{Layer, Model, Rows};
+use crate::engine::sampler::argmax;
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
-use crate::profile::Profile;
-use crate::sampler::argmax;
-use crate::tensor::Mat;
+use crate::formats::tensor::Mat;
+use crate::model::kv::KvCache;
+use crate::model::profile::Profile;
 
 /// The MTP head's resident weights.
 pub struct Mtp {

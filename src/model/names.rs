@@ -3,9 +3,9 @@
 //! transformers-5 `mlp.*.gate_proj`), both are listed and the first present
 //! in the checkpoint wins.
 
-use crate::config::Family;
 use crate::error::Result;
-use crate::weights::WeightIndex;
+use crate::formats::config::Family;
+use crate::formats::weights::WeightIndex;
 
 /// Prefix of layer `l`.
 pub fn layer(l: usize) -> String {

@@ -14,9 +14,9 @@
 //! bias changes selection only. Off, routing is exactly transformers'.
 
 use super::attention::softmax;
-use crate::config::RouterKind;
+use crate::formats::config::RouterKind;
 use crate::kernels::f32::matvec;
-use crate::scratch::{self, Scratch};
+use crate::layers::scratch::{self, Scratch};
 
 /// The experts chosen for one token and their weights, best first.
 #[derive(Clone, Debug, Default, PartialEq)]

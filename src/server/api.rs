@@ -1,7 +1,7 @@
 //! The OpenAI API's request fields and error shape: parsing, checking,
 //! and turning a request into what the engine needs.
 
-use crate::gen_config::Overrides;
+use crate::formats::gen_config::Overrides;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -365,7 +365,7 @@ impl Request {
 
 /// A wire message as the template's (role, text) message; the text parts
 /// of a list content are joined.
-pub fn to_message(m: &WireMessage) -> Result<crate::chat::Message, ApiError> {
+pub fn to_message(m: &WireMessage) -> Result<crate::formats::chat::Message, ApiError> {
     let content = match &m.content {
         None => String::new(),
         Some(Content::Text(t)) => t.clone(),
@@ -385,7 +385,7 @@ pub fn to_message(m: &WireMessage) -> Result<crate::chat::Message, ApiError> {
             text
         }
     };
-    Ok(crate::chat::Message::new(m.role.clone(), content))
+    Ok(crate::formats::chat::Message::new(m.role.clone(), content))
 }
 
 #[cfg(test)]

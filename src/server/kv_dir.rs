@@ -1,4 +1,4 @@
-//! `--kv-dir`: the server's kept prefixes on disk, one [`crate::kv_file`]
+//! `--kv-dir`: the server's kept prefixes on disk, one [`crate::engine::kv_file`]
 //! per prefix, named `<16 hex digits>.kv` by a hash of its tokens. Saved
 //! when the server goes idle and at shutdown, restored at start.
 //!
@@ -10,18 +10,18 @@
 //!   magic. A user's file, even one named `*.kv`, is never read past its
 //!   magic nor removed; neither is a file of another model.
 //! - KV is keyed to the weights' content, not only their names and sizes:
-//!   the key hashes [`crate::tune::model_key`] with each weight file's
+//!   the key hashes [`crate::lab::tune::model_key`] with each weight file's
 //!   [`crate::fs::print::Print`] (size, mtime, first and last MiB), so
 //!   weights rewritten in place refuse the old KV (and it is removed).
 //! - Restoring is bounded: headers are read first, and only the newest
 //!   files the prefix slots (and the RAM plan's positions) can hold are
 //!   read whole.
 
+use crate::engine::kv_file::{self, Head};
 use crate::engine::Prefix;
 use crate::error::{Error, Result};
 use crate::fs::lock::Lock;
-use crate::kv::KvLayout;
-use crate::kv_file::{self, Head};
+use crate::model::kv::KvLayout;
 use crate::model::Model;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -53,7 +53,7 @@ fn is_kv_name(name: &str) -> bool {
 /// content fingerprints.
 pub fn kv_key(model_dir: &Path) -> Result<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    crate::tune::model_key(model_dir)?.hash(&mut h);
+    crate::lab::tune::model_key(model_dir)?.hash(&mut h);
     for file in weight_files(model_dir)? {
         crate::fs::print::Print::of(&file)?.feed(&mut h);
     }
@@ -62,7 +62,7 @@ pub fn kv_key(model_dir: &Path) -> Result<u64> {
 
 /// The weight files of a model: the GGUF file itself, or every shard.
 fn weight_files(model_dir: &Path) -> Result<Vec<PathBuf>> {
-    if crate::gguf::is_gguf(model_dir) {
+    if crate::formats::gguf::is_gguf(model_dir) {
         return Ok(vec![model_dir.to_path_buf()]);
     }
     let rd = std::fs::read_dir(model_dir).map_err(|e| Error::file(model_dir, e))?;

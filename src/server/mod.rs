@@ -31,10 +31,10 @@ mod respond;
 pub mod stop;
 pub mod worker;
 
-use crate::chat::ChatTemplate;
-use crate::gen_config::{GenerationDefaults, Overrides};
+use crate::formats::chat::ChatTemplate;
+use crate::formats::gen_config::{GenerationDefaults, Overrides};
+use crate::formats::tokenizer::Tokenizer;
 use crate::model::Model;
-use crate::tokenizer::Tokenizer;
 use api::ApiError;
 use axum::body::Body;
 use axum::extract::State;
@@ -264,7 +264,7 @@ fn spawn_engine(
 /// The model's tokenizer prepared for `response_format` constraints.
 fn prepare_grammars(shared: &Shared, model: &Model) -> Result<crate::engine::Grammars, String> {
     let dir = &shared.config.model_dir;
-    let bytes = match crate::model_files::read(dir, "tokenizer.json") {
+    let bytes = match crate::formats::model_files::read(dir, "tokenizer.json") {
         Ok(Some(doc)) => doc.text.into_bytes(),
         Ok(None) => return Err(format!("{}: no tokenizer.json", dir.display())),
         Err(e) => return Err(e.to_string()),

@@ -8,10 +8,10 @@ use super::guard::COMPLETION_BODY_BYTES_MAX;
 use super::stop::{scan, Scan};
 use super::worker::{Command, Event, Submit};
 use super::Shared;
+use crate::engine::generate::GenOptions;
+use crate::engine::sampler::SamplingParams;
 use crate::engine::{PoolError, TokenLogprobs};
-use crate::generate::GenOptions;
-use crate::sampler::SamplingParams;
-use crate::tokenizer::TextStream;
+use crate::formats::tokenizer::TextStream;
 use axum::body::{Body, Bytes};
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -317,7 +317,7 @@ struct Answer<'t> {
 }
 
 impl<'t> Answer<'t> {
-    fn new(tok: &'t crate::tokenizer::Tokenizer, stops: Vec<String>) -> Answer<'t> {
+    fn new(tok: &'t crate::formats::tokenizer::Tokenizer, stops: Vec<String>) -> Answer<'t> {
         Answer {
             text: TextStream::new(tok),
             full: String::new(),

@@ -9,10 +9,10 @@
 
 use super::kv_dir::KvDir;
 use super::metrics::{Rate, Snapshot, LATENCY_BOUNDS_US};
+use crate::engine::generate::GenOptions;
 use crate::engine::{PoolError, PoolEvent, SessionPool, TokenLogprobs};
-use crate::generate::GenOptions;
+use crate::model::profile::Profile;
 use crate::model::Model;
-use crate::profile::Profile;
 use moestream_scheduler::{RequestId, SchedulerConfig};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};

@@ -6,17 +6,17 @@
 
 use super::ExpertStore;
 use crate::error::Result;
+use crate::formats::tensor::{Mat, MatData};
+use crate::formats::weights::index::Resolved;
+use crate::formats::weights::TensorEntry;
 use crate::layers::mlp::Mlp;
-use crate::tensor::{Mat, MatData};
-use crate::weights::index::Resolved;
-use crate::weights::TensorEntry;
 use moestream_io::{coalesce, ByteRange, CoalesceLimits, Slab};
 use std::ops::Range;
 use std::sync::Arc;
 
 /// Refuses a landed packed or block-quantized expert matrix whose row or
 /// block scales are not finite, before it is cached (see
-/// [`crate::weights::index::check_finite`]). The scales are a small share
+/// [`crate::formats::weights::index::check_finite`]). The scales are a small share
 /// of the bytes (4 bytes a row; 2 or 4 bytes a GGUF block), so this costs
 /// little beside the read. Float parts are left to the forward's residual
 /// check: a NaN there reaches the output, and scanning every weight would
@@ -24,7 +24,9 @@ use std::sync::Arc;
 /// narrows).
 fn check_scales(name: &str, m: &Mat) -> Result<()> {
     match m.data {
-        MatData::Q(_) | MatData::Ggml { .. } => crate::weights::index::check_finite(name, m),
+        MatData::Q(_) | MatData::Ggml { .. } => {
+            crate::formats::weights::index::check_finite(name, m)
+        }
         MatData::F32(_) | MatData::Bf16(_) => Ok(()),
     }
 }
@@ -65,7 +67,7 @@ impl ExpertLocation {
     /// Whether every part is a packed container tensor or GGUF blocks
     /// (decoded in place in its read slab: zero copy).
     pub fn packed(&self) -> bool {
-        use crate::weights::index::Stored;
+        use crate::formats::weights::index::Stored;
         self.parts
             .iter()
             .all(|r| matches!(r.stored, Stored::Quant { .. } | Stored::Ggml(_)))
@@ -73,7 +75,7 @@ impl ExpertLocation {
 
     /// Bytes the expert takes in RAM once cached: its decoded parts, or,
     /// zero copy, its read buffers (see [`ExpertLocation::read_buffer_bytes`]).
-    pub fn ram_bytes(&self, index: &crate::weights::WeightIndex) -> u64 {
+    pub fn ram_bytes(&self, index: &crate::formats::weights::WeightIndex) -> u64 {
         let kept: u64 = self.parts.iter().map(|r| index.kept_bytes(r)).sum();
         if self.packed() {
             kept.max(self.read_buffer_bytes())

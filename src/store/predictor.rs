@@ -11,7 +11,7 @@
 //! guess · [e in the lookahead's guess]`, and the guess is the top-k
 //! scores. It reads expert ids only: no model weights, so it lives in the
 //! store. Trained offline from a routing trace by `moestream
-//! train-predictor` (src/replay/train.rs); saved as JSON.
+//! train-predictor` (src/lab/replay/train.rs); saved as JSON.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};

@@ -4,7 +4,7 @@
 //! every `decay_interval` clock ticks (one tick per forwarded token).
 //!
 //! The table persists as JSON in the model's state directory under the
-//! cache directory (`crate::state`, never the model directory, which may be
+//! cache directory (`crate::fs::state`, never the model directory, which may be
 //! read-only or shared) so the next process can pin the experts this model
 //! actually uses. Processes sharing a model merge rather than overwrite:
 //! [`UsageTable::save`] takes an advisory lock, adds this run's selections

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use moestream::synth::{self, SynthSpec};
+use moestream::lab::synth::{self, SynthSpec};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -220,8 +220,8 @@ pub fn copy_fixture(family: &str) -> tempfile::TempDir {
 /// buffers).
 pub struct Greedy<'m> {
     model: &'m moestream::model::Model,
-    kv: moestream::kv::KvCache,
-    prof: moestream::profile::Profile,
+    kv: moestream::model::kv::KvCache,
+    prof: moestream::model::profile::Profile,
     logits: Vec<f32>,
     pub tokens: Vec<u32>,
 }
@@ -253,7 +253,8 @@ impl<'m> Greedy<'m> {
         self.model
             .forward_into(ids, &mut self.kv, false, &mut self.prof, &mut self.logits)
             .expect("forward");
-        self.tokens.push(moestream::sampler::argmax(&self.logits));
+        self.tokens
+            .push(moestream::engine::sampler::argmax(&self.logits));
     }
 }
 

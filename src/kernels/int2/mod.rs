@@ -18,7 +18,7 @@ pub fn dot_scalar(w: &[u8], x: &[i8]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{quantize_row, unpack_row, QBits};
+    use crate::formats::quant::{quantize_row, unpack_row, QBits};
 
     #[test]
     fn matches_the_unpacked_row() {

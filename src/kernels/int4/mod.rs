@@ -1,4 +1,4 @@
-//! int4-weight integer dot products over the `crate::quant` int4 layout
+//! int4-weight integer dot products over the `crate::formats::quant` int4 layout
 //! (byte `j` of a row: column `2j` in the low nibble, `2j+1` in the high
 //! one, each stored as `q + 8`).
 //!
@@ -218,8 +218,8 @@ fn check_block(w: &[u8], row_bytes: usize, x: &[i8], stride: usize, n: usize, ou
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::quant::{unpack_row, QBits};
     use crate::kernels::cpu;
-    use crate::quant::{unpack_row, QBits};
     use proptest::prelude::*;
 
     /// Every available version against the scalar twin, and the twin

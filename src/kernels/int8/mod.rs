@@ -1,5 +1,5 @@
 //! int8-weight integer dot products: packed two's-complement weight bytes
-//! (`crate::quant` int8 layout) against an int8-quantized activation row
+//! (`crate::formats::quant` int8 layout) against an int8-quantized activation row
 //! (values in `[-127, 127]`, never -128). Every version returns the exact
 //! `i32` sum `Σ w[c]·x[c]`; the scalar function is the reference twin of
 //! the AVX2 (sign trick into `maddubs`) and AVX-512 VNNI (`vpdpbusd`)

@@ -1,5 +1,5 @@
 //! Quantized matmul (SPEC §5): `Y[t, r] = W[r, :] · X[t, :]` for a
-//! `crate::quant` packed matrix (int8, int4 or int2 rows with one f32 scale
+//! `crate::formats::quant` packed matrix (int8, int4 or int2 rows with one f32 scale
 //! per row) and `n` f32 activation rows.
 //!
 //! Two paths, chosen by the process-wide [`set_int_dot`] switch (the CLI's
@@ -33,7 +33,7 @@
 
 use super::cpu::{isa, Isa};
 use super::{f32 as kf32, int2, int4, int8, par_row_blocks, par_row_blocks_aligned};
-use crate::quant::{QBits, QMatrix};
+use crate::formats::quant::{QBits, QMatrix};
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -270,7 +270,7 @@ pub fn matmul_float(
 }
 
 /// The integers of one packed row as f32, into `out` (`cols` values): the
-/// same values as `crate::quant::unpack_row`, a byte at a time instead of a
+/// same values as `crate::formats::quant::unpack_row`, a byte at a time instead of a
 /// division per column.
 pub fn unpack_ints(bits: QBits, packed: &[u8], out: &mut [f32]) {
     assert_eq!(packed.len(), bits.row_bytes(out.len()), "packed row length");

@@ -3,8 +3,8 @@
 //! the float path against the dequantized row, batching and threading.
 
 use super::*;
+use crate::formats::quant::unpack_row;
 use crate::kernels::{set_threading, threading, Threading};
-use crate::quant::unpack_row;
 use proptest::prelude::*;
 
 const ALL_BITS: [QBits; 3] = [QBits::Int2, QBits::Int4, QBits::Int8];

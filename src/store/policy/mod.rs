@@ -2,7 +2,7 @@
 //!
 //! A [`Policy`] decides which expert a full layer cache evicts. The same
 //! policy objects drive the live cache ([`super::cache::SlotCache`] inside
-//! the store) and the offline replay (`crate::replay`, which drives a
+//! the store) and the offline replay (`crate::lab::replay`, which drives a
 //! `SlotCache<()>` from a recorded trace), so a replay of a run with the
 //! run's policy and slots reproduces its hits and misses exactly.
 //!
