@@ -29,6 +29,7 @@ use crate::model::profile::Profile;
 use crate::model::{Model, PREFILL_CHUNK};
 
 pub mod gbnf;
+pub mod gen_config;
 pub mod generate;
 mod grammar;
 pub mod kv_file;

@@ -270,7 +270,7 @@ fn split_set_opens_from_its_first_file() {
     let got = greedy(&first, &u32s(&o["prompt_ids"]), want.len(), &[]);
     assert_eq!(got, want);
     // The disk probes (plan, doctor, sweep) read the set's files.
-    let files = moestream::machine::disk::shard_files(&first).unwrap();
+    let files = moestream::inspect::disk::shard_files(&first).unwrap();
     let names: Vec<String> = files
         .iter()
         .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())

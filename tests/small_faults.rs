@@ -58,9 +58,9 @@ fn synth_refuses_geometries_no_model_can_have() {
 fn a_profile_value_not_understood_is_reported_as_replaced() {
     let cache = tempfile::tempdir().unwrap();
     let model = copy_fixture("qwen3_moe");
-    let profile = moestream::lab::tune::Profile {
+    let profile = moestream::fs::tuned::Profile {
         version: 1,
-        device: moestream::lab::tune::device_of(model.path()).unwrap(),
+        device: moestream::fs::state::device_of(model.path()).unwrap(),
         model: model.path().display().to_string(),
         read_mode: "bogus".into(),
         pipeline: true,
@@ -69,7 +69,7 @@ fn a_profile_value_not_understood_is_reported_as_replaced() {
         disk: Vec::new(),
         probes: Vec::new(),
     };
-    moestream::lab::tune::save_in(cache.path(), model.path(), &profile).unwrap();
+    moestream::fs::tuned::save_in(cache.path(), model.path(), &profile).unwrap();
     let m = model.path().to_str().unwrap();
     let args = [
         "run",

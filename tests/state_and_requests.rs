@@ -5,7 +5,7 @@
 mod common;
 
 use common::{listing, moestream_env, tiny_model};
-use moestream::fs::state::history_path;
+use moestream::store::usage::history_path;
 
 #[test]
 fn concurrent_runs_merge_their_history_outside_the_model_directory() {

@@ -8,9 +8,9 @@ mod common;
 use common::{assert_clean_failure, moestream, moestream_env, tiny_model};
 use moestream::engine::generate::{generate, GenOptions};
 use moestream::engine::sampler::SamplingParams;
-use moestream::fs::state::history_path;
 use moestream::model::{LoadOptions, Model};
 use moestream::store::policy::EvictPolicy;
+use moestream::store::usage::history_path;
 use std::path::Path;
 
 fn gen(model: &Model, n: usize) -> Vec<u32> {

@@ -83,7 +83,7 @@ fn load_options(a: &DoctorArgs, dir: Option<&std::path::Path>) -> Result<LoadOpt
         prefetch: Choice::Auto,
         budgeted: ram_budget.is_some(),
     };
-    let profile = dir.and_then(|d| moestream::lab::tune::load(d).ok().flatten());
+    let profile = dir.and_then(|d| moestream::fs::tuned::load(d).ok().flatten());
     let r = runtime::resolve(&req, profile.as_ref().map(|(_, p)| p));
     Ok(LoadOptions {
         read_mode: r.read_mode,

@@ -3,10 +3,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use moestream::engine::gen_config::{GenerationDefaults, Overrides};
 use moestream::engine::generate::{evaluate, generate, GenOptions, Generation};
 use moestream::engine::runtime::{self, lookahead_name, Choice, Requested};
 use moestream::engine::sampler::SamplingParams;
-use moestream::formats::gen_config::{GenerationDefaults, Overrides};
 use moestream::formats::quant::policy::{Class, Policy, Width};
 use moestream::formats::tokenizer::{eos_ids, TextStream, Tokenizer};
 use moestream::lab::quality;
@@ -402,7 +402,7 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
     let mut note = None;
     let mut profile = None;
     if req.wants_profile() {
-        match moestream::lab::tune::load(&m.model) {
+        match moestream::fs::tuned::load(&m.model) {
             Ok(found) => profile = found,
             Err(e) => note = Some(format!("warning: {e}; using the defaults")),
         }
@@ -752,7 +752,7 @@ fn save_history(model: &Model, m: &ModelArgs) {
     if m.no_history {
         return;
     }
-    let saved = moestream::fs::state::history_path(&m.model)
+    let saved = moestream::store::usage::history_path(&m.model)
         .and_then(|path| model.store.save_history(&path));
     if let Err(e) = saved {
         eprintln!("warning: usage history not saved: {e}");

@@ -102,7 +102,7 @@ fn refusal(e: moestream::Error, dir: &std::path::Path, opts: &LoadOptions) -> an
 /// Disk and compute rates: the tuned profile's, else a probe's.
 fn rates(a: &PlanArgs, plan: &Plan) -> std::result::Result<Rates, String> {
     let dir = &a.model.model;
-    if let Ok(Some((path, profile))) = moestream::lab::tune::load(dir) {
+    if let Ok(Some((path, profile))) = moestream::fs::tuned::load(dir) {
         if let Some(r) = plan::rates_from_profile(&profile, &path) {
             return Ok(r);
         }
@@ -110,14 +110,14 @@ fn rates(a: &PlanArgs, plan: &Plan) -> std::result::Result<Rates, String> {
     if a.probe_seconds == 0.0 {
         return Err("no tuned profile, and --probe-seconds 0".into());
     }
-    let files = moestream::machine::disk::shard_files(dir).map_err(|e| e.to_string())?;
+    let files = moestream::inspect::disk::shard_files(dir).map_err(|e| e.to_string())?;
     let read_bytes = (plan.experts.disk_bytes as usize).max(4096);
     let mode = plan
         .read_mode
         .parse()
         .unwrap_or(moestream_io::ReadMode::Buffered);
     let depth = plan.experts.top_k.clamp(1, 4);
-    let p = moestream::machine::disk::probe(&files, read_bytes, mode, depth, a.probe_seconds)
+    let p = moestream::inspect::disk::probe(&files, read_bytes, mode, depth, a.probe_seconds)
         .map_err(|e| format!("disk probe: {e}"))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mem = moestream::lab::bench::mem::read_bandwidth(256 << 20, threads, 3);

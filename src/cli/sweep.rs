@@ -64,7 +64,7 @@ pub(super) fn cmd_bench_sweep(a: SweepArgs) -> Result<()> {
     let outputs: Vec<&Path> = outputs.iter().map(PathBuf::as_path).collect();
     moestream::fs::check_not_input(&outputs, &[&a.model]).context("--out")?;
     let exe = std::env::current_exe().context("finding the moestream binary")?;
-    let files = moestream::machine::disk::shard_files(&a.model)?;
+    let files = moestream::inspect::disk::shard_files(&a.model)?;
     let mut capping = if a.no_cgroup {
         Capping::Off("--no-cgroup".into())
     } else {

@@ -94,7 +94,7 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
     let dir = a
         .dir
         .clone()
-        .unwrap_or_else(|| moestream::lab::synth::cache_dir().join("synthetic-qwen3moe-v2"));
+        .unwrap_or_else(|| moestream::fs::state::cache_dir().join("synthetic-qwen3moe-v2"));
     let spec = SynthSpec::default();
     if !dir.join("config.json").exists() {
         eprintln!(

@@ -1,7 +1,7 @@
 //! `moestream tune`: measure this disk with expert-sized reads in every
 //! read mode, decode a few tokens cold in each candidate configuration
 //! (read mode × pipelining × lookahead prefetch), and save the fastest as
-//! the model's tuned profile (see `moestream::lab::tune`), which `--io auto`
+//! the model's tuned profile (see `moestream::fs::tuned`), which `--io auto`
 //! (the default) then uses.
 
 use super::progress::{self, Unit};
@@ -11,7 +11,7 @@ use clap::Args;
 use moestream::engine::generate::{generate, GenOptions};
 use moestream::engine::sampler::SamplingParams;
 use moestream::formats::tokenizer::Tokenizer;
-use moestream::lab::tune::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
+use moestream::fs::tuned::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
 use moestream_io::{sweep, ReadMode, SweepConfig};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -268,7 +268,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         .clone();
     let profile = Profile {
         version: PROFILE_VERSION,
-        device: tune::device_of(&dir)?,
+        device: moestream::fs::state::device_of(&dir)?,
         model: dir.display().to_string(),
         read_mode: best.read_mode.clone(),
         pipeline: best.pipeline,
@@ -291,7 +291,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     if a.dry_run {
         println!("(dry run: profile not saved)");
     } else {
-        let path = tune::save(&dir, &profile)?;
+        let path = tuned::save(&dir, &profile)?;
         println!(
             "saved {} (used by --io auto on device {})",
             path.display(),

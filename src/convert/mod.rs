@@ -41,14 +41,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use writer::{Checksum, FileWriter, Layout};
 
-/// The manifest of finished output files.
-pub const MANIFEST: &str = "moestream-convert.json";
-
-/// Header metadata key marking a container file (value: format version).
-pub const CONTAINER_KEY: &str = "moestream.container";
-
-/// Container format version.
-pub const FORMAT_VERSION: &str = "1";
+pub use crate::formats::weights::container::{
+    check_finished, CONTAINER_KEY, FORMAT_VERSION, MANIFEST,
+};
 
 /// What to convert and how.
 #[derive(Clone, Debug)]
@@ -242,31 +237,6 @@ fn header_bytes(path: &Path) -> Result<(u64, Vec<u8>)> {
         .read_to_end(&mut header)
         .map_err(|e| Error::file(path, e))?;
     Ok((size, header))
-}
-
-/// Refuses a directory holding a conversion that has not finished (its
-/// manifest has no census yet): some of its files may still be the
-/// source's, others converted.
-pub fn check_finished(dir: &Path) -> Result<()> {
-    let path = dir.join(MANIFEST);
-    if !path.exists() {
-        return Ok(());
-    }
-    let text = crate::fs::read_to_string(&path, crate::fs::read::JSON_SIDE_FILE)?;
-    let m: Manifest = serde_json::from_str(&text)
-        .map_err(|e| Error::config(&path, "(file)", format!("not a conversion manifest: {e}")))?;
-    if m.census.is_none() {
-        return Err(Error::config(
-            &path,
-            "census",
-            format!(
-                "{} holds an unfinished conversion (from {}); finish it with convert's resume, or convert again",
-                dir.display(),
-                m.input.display()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// What a conversion did.

@@ -5,7 +5,7 @@
 //! in, so the rules are table-tested here; the command line only maps its
 //! flags onto [`Requested`].
 
-use crate::lab::tune::Profile;
+use crate::fs::tuned::Profile;
 use crate::store::{Lookahead, Variant};
 use moestream_io::ReadMode;
 

@@ -150,16 +150,7 @@ impl Rng {
     }
 }
 
-/// Index of the largest logit (first on ties, as torch.argmax).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in logits.iter().enumerate() {
-        if *v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use crate::kernels::argmax;
 
 /// A logit under the repetition penalty `penalty`: divided when positive,
 /// multiplied otherwise (transformers; vLLM alike). Saturates at

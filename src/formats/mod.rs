@@ -5,7 +5,6 @@
 
 pub mod chat;
 pub mod config;
-pub mod gen_config;
 pub mod gguf;
 pub mod hub;
 pub mod model_files;

@@ -22,6 +22,7 @@ pub mod lock;
 pub mod print;
 pub mod read;
 pub mod state;
+pub mod tuned;
 pub mod write;
 
 pub use guard::check_not_input;

@@ -410,9 +410,9 @@ fn chat_template(dir: &Path) -> Check {
 
 /// O_DIRECT, read-ahead, free space and the disk probe for `dir`.
 fn disk(dir: &Path, load: &LoadOptions, probe_seconds: f64) -> Vec<Check> {
-    let files = crate::machine::disk::shard_files(dir).unwrap_or_default();
+    let files = crate::inspect::disk::shard_files(dir).unwrap_or_default();
     let mut out = Vec::new();
-    out.push(match files.first().map(|f| crate::machine::disk::direct_io(f)) {
+    out.push(match files.first().map(|f| crate::inspect::disk::direct_io(f)) {
         Some(Ok(true)) => Check::ok("O_DIRECT", "supported on the model's file system"),
         Some(Ok(false)) => Check::problem(
             "O_DIRECT",
@@ -424,7 +424,7 @@ fn disk(dir: &Path, load: &LoadOptions, probe_seconds: f64) -> Vec<Check> {
         None => Check::ok("O_DIRECT", "no shard to open"),
     });
     out.push(read_ahead(dir));
-    if let Some(free) = crate::machine::disk::free_bytes(dir) {
+    if let Some(free) = crate::inspect::disk::free_bytes(dir) {
         out.push(if free < 1 << 30 {
             Check::problem(
                 "disk space",
@@ -444,8 +444,8 @@ fn disk(dir: &Path, load: &LoadOptions, probe_seconds: f64) -> Vec<Check> {
 /// madvise RANDOM), so a large window does not inflate them; none at all
 /// leaves the sequential read of the resident weights at load without it.
 fn read_ahead(dir: &Path) -> Check {
-    let device = crate::lab::tune::device_of(dir).unwrap_or_else(|_| "?".into());
-    match crate::machine::disk::read_ahead_kb(dir) {
+    let device = crate::fs::state::device_of(dir).unwrap_or_else(|_| "?".into());
+    match crate::inspect::disk::read_ahead_kb(dir) {
         None => Check::ok(
             "read-ahead",
             format!("{device}: not reported (not a block device)"),
@@ -475,7 +475,7 @@ fn probe(dir: &Path, files: &[PathBuf], load: &LoadOptions, seconds: f64) -> Che
         })
         .map_or(4 << 20, |fp| (fp.expert_disk as usize).max(4096));
     let mode = load.read_mode;
-    match crate::machine::disk::probe(files, read_bytes, mode, 4, seconds) {
+    match crate::inspect::disk::probe(files, read_bytes, mode, 4, seconds) {
         Ok(p) if p.gb_per_s < 0.2 => Check::problem(
             "disk probe",
             Status::Warn,

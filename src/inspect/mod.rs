@@ -2,6 +2,7 @@
 //! run: `plan` (where a model would go under a budget), `doctor` (readiness
 //! checks, each with its fix) and `status` (a one-screen summary).
 
+pub mod disk;
 pub mod doctor;
 pub mod plan;
 pub mod status;

@@ -94,7 +94,7 @@ fn model_summary(dir: &Path) -> Result<ModelSummary> {
     let cfg = ModelConfig::load(dir)?;
     let (index, extents) = WeightIndex::open_headers(dir)?;
     let fp = Footprint::measure(&cfg, &index)?;
-    let tuned = crate::lab::tune::load(dir)
+    let tuned = crate::fs::tuned::load(dir)
         .ok()
         .flatten()
         .map(|(path, p)| Tuned {
@@ -134,9 +134,9 @@ fn disk(dir: &Path, model: Option<&ModelSummary>, probe_seconds: f64) -> Disk {
     });
     if measured.is_none() && probe_seconds > 0.0 {
         let read_bytes = model.map_or(4 << 20, |m| (m.expert_disk_bytes as usize).max(4096));
-        let files = crate::machine::disk::shard_files(dir).unwrap_or_default();
+        let files = crate::inspect::disk::shard_files(dir).unwrap_or_default();
         let mode = moestream_io::ReadMode::Direct;
-        if let Ok(p) = crate::machine::disk::probe(&files, read_bytes, mode, 4, probe_seconds) {
+        if let Ok(p) = crate::inspect::disk::probe(&files, read_bytes, mode, 4, probe_seconds) {
             measured = Some((
                 p.gb_per_s,
                 format!("a {:.1} s probe, {} reads", p.seconds, p.read_mode),
@@ -144,10 +144,10 @@ fn disk(dir: &Path, model: Option<&ModelSummary>, probe_seconds: f64) -> Disk {
         }
     }
     Disk {
-        device: crate::lab::tune::device_of(dir).unwrap_or_else(|_| "unknown".into()),
-        rotational: crate::machine::disk::rotational(dir),
-        read_ahead_kb: crate::machine::disk::read_ahead_kb(dir),
-        free_bytes: crate::machine::disk::free_bytes(dir),
+        device: crate::fs::state::device_of(dir).unwrap_or_else(|_| "unknown".into()),
+        rotational: crate::inspect::disk::rotational(dir),
+        read_ahead_kb: crate::inspect::disk::read_ahead_kb(dir),
+        free_bytes: crate::inspect::disk::free_bytes(dir),
         gb_per_s: measured.as_ref().map(|m| m.0),
         measured_by: measured.map(|m| m.1),
     }

@@ -53,6 +53,17 @@ pub enum Threading {
 
 static THREADING: AtomicU8 = AtomicU8::new(0);
 
+/// Index of the largest logit (first on ties, as torch.argmax).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// Selects who runs the row blocks of every later product (process-wide).
 pub fn set_threading(t: Threading) {
     THREADING.store(t as u8, Ordering::Relaxed);

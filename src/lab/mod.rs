@@ -8,4 +8,3 @@ pub mod quality;
 pub mod replay;
 pub mod synth;
 pub mod trace;
-pub mod tune;

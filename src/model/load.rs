@@ -213,7 +213,7 @@ impl Model {
             model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));
         }
         model.store.warm_buffers();
-        let history = crate::fs::state::history_path(dir);
+        let history = crate::store::usage::history_path(dir);
         if let Some(history) = history.ok().filter(|h| opts.pin_history && h.exists()) {
             model.history = Some(match model.store.pin_from_history(&history) {
                 Ok((tokens, pinned)) => format!(

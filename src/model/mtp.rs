@@ -11,9 +11,9 @@
 //! layer and vLLM do).
 
 use super::{Layer, Model, Rows};
-use crate::engine::sampler::argmax;
 use crate::error::{Error, Result};
 use crate::formats::tensor::Mat;
+use crate::kernels::argmax;
 use crate::model::kv::KvCache;
 use crate::model::profile::Profile;
 

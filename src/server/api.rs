@@ -1,7 +1,7 @@
 //! The OpenAI API's request fields and error shape: parsing, checking,
 //! and turning a request into what the engine needs.
 
-use crate::formats::gen_config::Overrides;
+use crate::engine::gen_config::Overrides;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;

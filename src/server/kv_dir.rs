@@ -10,7 +10,7 @@
 //!   magic. A user's file, even one named `*.kv`, is never read past its
 //!   magic nor removed; neither is a file of another model.
 //! - KV is keyed to the weights' content, not only their names and sizes:
-//!   the key hashes [`crate::lab::tune::model_key`] with each weight file's
+//!   the key hashes [`crate::fs::state::model_key`] with each weight file's
 //!   [`crate::fs::print::Print`] (size, mtime, first and last MiB), so
 //!   weights rewritten in place refuse the old KV (and it is removed).
 //! - Restoring is bounded: headers are read first, and only the newest
@@ -53,7 +53,7 @@ fn is_kv_name(name: &str) -> bool {
 /// content fingerprints.
 pub fn kv_key(model_dir: &Path) -> Result<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    crate::lab::tune::model_key(model_dir)?.hash(&mut h);
+    crate::fs::state::model_key(model_dir)?.hash(&mut h);
     for file in weight_files(model_dir)? {
         crate::fs::print::Print::of(&file)?.feed(&mut h);
     }

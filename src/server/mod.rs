@@ -31,8 +31,8 @@ mod respond;
 pub mod stop;
 pub mod worker;
 
+use crate::engine::gen_config::{GenerationDefaults, Overrides};
 use crate::formats::chat::ChatTemplate;
-use crate::formats::gen_config::{GenerationDefaults, Overrides};
 use crate::formats::tokenizer::Tokenizer;
 use crate::model::Model;
 use api::ApiError;

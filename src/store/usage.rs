@@ -13,7 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::fs::lock::Lock;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The usage history's file name in a model's state directory.
 pub const HISTORY_FILE: &str = "usage.json";
@@ -198,6 +198,11 @@ pub(crate) fn lock_path(path: &Path) -> std::path::PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".lock");
     s.into()
+}
+
+/// The usage history of the model in `dir`.
+pub fn history_path(dir: &Path) -> Result<PathBuf> {
+    Ok(crate::fs::state::model_state_dir(dir)?.join(HISTORY_FILE))
 }
 
 #[cfg(test)]

@@ -160,7 +160,7 @@ impl WeightIndex {
         if crate::formats::gguf::is_gguf(dir) {
             return Self::open_gguf(dir, mode);
         }
-        crate::convert::check_finished(dir)?;
+        super::container::check_finished(dir)?;
         let paths = shard_paths(dir)?;
         let mut shards = Vec::with_capacity(paths.len());
         let mut extents = Vec::with_capacity(paths.len());
@@ -785,7 +785,7 @@ fn quant_metadata(
     let Some(md) = meta.metadata() else {
         return Ok(out);
     };
-    use crate::convert::{CONTAINER_KEY, FORMAT_VERSION};
+    use crate::formats::weights::container::{CONTAINER_KEY, FORMAT_VERSION};
     if let Some(v) = md.get(CONTAINER_KEY).filter(|v| *v != FORMAT_VERSION) {
         return Err(format!(
             "metadata `{CONTAINER_KEY}` = `{v}`: container version {v} is not supported (this build reads version {FORMAT_VERSION})"

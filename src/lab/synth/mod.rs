@@ -16,7 +16,7 @@ use half::bf16;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Geometry of a synthetic model.
 #[derive(Clone, Debug)]
@@ -93,19 +93,6 @@ impl SynthSpec {
         }
         Ok(())
     }
-}
-
-/// Where `demo` keeps its model: `$MOESTREAM_CACHE`, else
-/// `$XDG_CACHE_HOME/moestream`, else `~/.cache/moestream`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MOESTREAM_CACHE") {
-        return PathBuf::from(d);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("moestream")
 }
 
 /// Creates the synthetic model at `dir` unless it already exists.

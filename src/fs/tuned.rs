@@ -13,8 +13,8 @@
 //! or parsed is ignored with a warning by the caller, never trusted.
 
 use crate::error::{Error, Result};
+use crate::fs::state::model_key;
 use serde::{Deserialize, Serialize};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Bumped when the profile's meaning changes; older files are ignored.
@@ -61,78 +61,16 @@ pub struct Profile {
     pub probes: Vec<Probe>,
 }
 
-/// The block device holding `path`: its kernel name where sysfs tells it.
-pub fn device_of(path: &Path) -> Result<String> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::file(path, e))?;
-    let dev = meta.dev();
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
-    let uevent = format!("/sys/dev/block/{major}:{minor}/uevent");
-    let name = std::fs::read_to_string(uevent).ok().and_then(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("DEVNAME=").map(str::to_owned))
-    });
-    Ok(name.unwrap_or_else(|| format!("dev-{major}:{minor}")))
-}
-
-/// A key of the model: FNV-1a over its canonical path, config.json and the
-/// name and size of every shard, so a rewritten model gets a new profile.
-pub fn model_key(dir: &Path) -> Result<u64> {
-    let canon = dir.canonicalize().map_err(|e| Error::file(dir, e))?;
-    let mut h = Fnv::default();
-    h.update(canon.as_os_str().as_encoded_bytes());
-    if crate::formats::gguf::is_gguf(dir) {
-        let len = std::fs::metadata(dir)
-            .map_err(|e| Error::file(dir, e))?
-            .len();
-        h.update(&len.to_le_bytes());
-        return Ok(h.0);
-    }
-    let config = dir.join("config.json");
-    h.update(crate::fs::read_to_string(&config, crate::fs::read::JSON_SIDE_FILE)?.as_bytes());
-    let mut shards: Vec<(String, u64)> = std::fs::read_dir(dir)
-        .map_err(|e| Error::file(dir, e))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let len = e.metadata().ok()?.len();
-            name.ends_with(".safetensors").then_some((name, len))
-        })
-        .collect();
-    shards.sort();
-    for (name, len) in shards {
-        h.update(name.as_bytes());
-        h.update(&len.to_le_bytes());
-    }
-    Ok(h.0)
-}
-
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-}
-
 /// Where the profile of the model in `dir` on its disk lives:
 /// `<cache>/tune/<device>-<model key>.json`, `<cache>` being the moestream
 /// cache directory.
 pub fn profile_path(dir: &Path) -> Result<PathBuf> {
-    profile_path_in(&crate::lab::synth::cache_dir(), dir)
+    profile_path_in(&crate::fs::state::cache_dir(), dir)
 }
 
 /// [`profile_path`] under the cache directory `cache`.
 pub fn profile_path_in(cache: &Path, dir: &Path) -> Result<PathBuf> {
-    let device = device_of(dir)?;
+    let device = crate::fs::state::device_of(dir)?;
     let key = model_key(dir)?;
     Ok(cache.join("tune").join(format!("{device}-{key:016x}.json")))
 }
@@ -140,7 +78,7 @@ pub fn profile_path_in(cache: &Path, dir: &Path) -> Result<PathBuf> {
 /// Saves `profile` for the model in `dir` (temp file + rename); returns
 /// the path.
 pub fn save(dir: &Path, profile: &Profile) -> Result<PathBuf> {
-    save_in(&crate::lab::synth::cache_dir(), dir, profile)
+    save_in(&crate::fs::state::cache_dir(), dir, profile)
 }
 
 /// [`save`] under the cache directory `cache`.
@@ -157,7 +95,7 @@ pub fn save_in(cache: &Path, dir: &Path, profile: &Profile) -> Result<PathBuf> {
 /// when none was saved, an error naming the file when it is unreadable,
 /// malformed or of another version.
 pub fn load(dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
-    load_in(&crate::lab::synth::cache_dir(), dir)
+    load_in(&crate::fs::state::cache_dir(), dir)
 }
 
 /// [`load`] under the cache directory `cache`.
@@ -182,6 +120,7 @@ pub fn load_in(cache: &Path, dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::state::device_of;
 
     fn model_dir() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
