@@ -21,7 +21,6 @@
 //!         for each session whose prompt is in: sample from its last row
 //! ```
 
-use crate::engine::generate::GenOptions;
 use crate::engine::sampler::Sampler;
 use crate::error::{Error, Result};
 use crate::model::kv::KvCache;
@@ -42,6 +41,20 @@ pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use pool::{Finished, PoolError, PoolEvent, SessionPool};
 pub use speculate::{ngram_propose, DraftSource, MtpDraft, NgramDraft, SpecStats, Speculation};
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenOptions {
+    pub max_tokens: usize,
+    pub sampling: crate::engine::sampler::SamplingParams,
+    /// Keep going past EOS until `max_tokens`.
+    pub ignore_eos: bool,
+    pub eos_ids: Vec<u32>,
+    /// Draft tokens and verify them in one forward (lossless).
+    pub speculation: Speculation,
+    /// Constrain the output to a grammar, a JSON schema or a regex.
+    pub constraint: Option<Constrained>,
+}
 
 /// One sequence being generated.
 pub struct Session {

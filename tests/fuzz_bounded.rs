@@ -397,14 +397,14 @@ fn routing_trace_never_panics() {
     let dir = tempfile::tempdir().unwrap();
     let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/traces/qwen3_moe-3-tokens.parquet");
-    assert!(moestream::lab::trace::read::read(&trace, None).is_ok());
+    assert!(moestream::formats::trace::read::read(&trace, None).is_ok());
     let seed = std::fs::read(&trace).unwrap();
     let mutant = dir.path().join("m.parquet");
     for _ in 0..ROUNDS {
         let m = mutate_bytes(&mut rng, &seed);
         std::fs::write(&mutant, &m).unwrap();
         check("routing_trace", &m, || {
-            let _ = moestream::lab::trace::read::read(&mutant, None);
+            let _ = moestream::formats::trace::read::read(&mutant, None);
         });
     }
 }

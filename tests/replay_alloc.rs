@@ -5,8 +5,8 @@
 //! threads allocate when they please (a count of 13 against 9 was seen on
 //! a loaded machine).
 
+use moestream::formats::trace::read::{Fetch, LayerTrace, Run};
 use moestream::lab::replay::{simulate, Prefetch, Slots};
-use moestream::lab::trace::read::{Fetch, LayerTrace, Run};
 use moestream::store::policy::NAMES;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};

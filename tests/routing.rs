@@ -12,10 +12,10 @@
 mod common;
 
 use common::moestream;
+use moestream::formats::trace::read::Run;
 use moestream::lab::replay::{self, knobs, Prefetch, Slots};
 use moestream::lab::synth::geometry::{self, GeometrySpec, Routing};
 use moestream::lab::synth::realistic::Knobs;
-use moestream::lab::trace::read::Run;
 use std::path::Path;
 
 const TOLERANCE: f64 = 0.05;
@@ -64,7 +64,7 @@ fn traced_run(model: &Path, trace: &Path) -> (Vec<Run>, Vec<u64>) {
         .iter()
         .map(|t| t.as_u64().unwrap())
         .collect();
-    let runs = moestream::lab::trace::read::read(trace, None).expect("read the trace");
+    let runs = moestream::formats::trace::read::read(trace, None).expect("read the trace");
     (runs, tokens)
 }
 

@@ -170,7 +170,7 @@ fn the_columns_hold_what_the_run_did() {
     );
     let s = &v["stats"];
     let forwarded = s["prompt_tokens"].as_u64().unwrap() + s["tokens"].as_u64().unwrap() - 1;
-    let batches: Vec<_> = moestream::lab::trace::write::batches(&trace)
+    let batches: Vec<_> = moestream::formats::trace::write::batches(&trace)
         .unwrap()
         .map(|b| b.unwrap())
         .collect();
@@ -341,8 +341,8 @@ fn write_trace(path: &Path, rows: &[Row]) {
         u32s(&|r| r.n_experts),
         u64s(&|r| r.expert_bytes),
     ];
-    let batch = RecordBatch::try_new(moestream::lab::trace::schema(), columns).unwrap();
-    let mut w = moestream::lab::trace::write::TraceWriter::create(path).unwrap();
+    let batch = RecordBatch::try_new(moestream::formats::trace::schema(), columns).unwrap();
+    let mut w = moestream::formats::trace::write::TraceWriter::create(path).unwrap();
     w.write(&batch).unwrap();
     w.finish().unwrap();
 }
@@ -423,8 +423,8 @@ fn a_layer_whose_expert_count_changes_within_a_run_is_refused() {
 
 #[test]
 fn many_runs_naming_a_high_layer_are_refused_before_their_tables_are_allocated() {
-    let limit = moestream::lab::trace::read::LAYER_TABLES_MAX;
-    let layer = moestream::lab::trace::read::LAYERS_MAX - 1;
+    let limit = moestream::formats::trace::read::LAYER_TABLES_MAX;
+    let layer = moestream::formats::trace::read::LAYERS_MAX - 1;
     let runs = limit / layer as usize + 1;
     let names: Vec<&'static str> = (0..runs)
         .map(|i| &*Box::leak(format!("run{i}").into_boxed_str()))

@@ -89,7 +89,7 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
         )
     })?;
     let t0 = Instant::now();
-    let runs = moestream::lab::trace::read::read(&a.trace, a.run.as_deref())?;
+    let runs = moestream::formats::trace::read::read(&a.trace, a.run.as_deref())?;
     let read_s = t0.elapsed().as_secs_f64();
     if runs.is_empty() {
         bail!(
@@ -169,7 +169,7 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
 }
 
 fn print_json(
-    runs: &[moestream::lab::trace::read::Run],
+    runs: &[moestream::formats::trace::read::Run],
     outcomes: &[replay::Outcome],
     prefetch: Prefetch,
     (pinned_hits, hits, misses): (u64, u64, u64),

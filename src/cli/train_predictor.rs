@@ -36,7 +36,7 @@ pub(super) fn cmd_train_predictor(a: TrainPredictorArgs) -> Result<()> {
     }
     moestream::fs::check_not_input(&[&a.out], &[&a.trace]).context("--out")?;
     super::limits::count("--epochs", a.epochs, 1..=super::limits::REPEATS_MAX)?;
-    let runs = moestream::lab::trace::read::read(&a.trace, None)?;
+    let runs = moestream::formats::trace::read::read(&a.trace, None)?;
     let o = TrainOptions {
         epochs: a.epochs,
         learning_rate: a.learning_rate,

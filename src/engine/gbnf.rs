@@ -17,6 +17,7 @@
 //! lines (a rule runs until the next `name ::=`). Not supported: token
 //! matches (`<think>`, `<[id]>`, `!<...>`), refused by name.
 
+mod ast;
 mod charset;
 mod emit;
 mod flow;

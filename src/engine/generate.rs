@@ -2,7 +2,7 @@
 //! prefill the prompt in one batched forward, then decode one token per
 //! forward until EOS or the token limit, and the statistics of the run.
 
-use crate::engine::sampler::{argmax, SamplingParams};
+use crate::engine::sampler::argmax;
 use crate::engine::{Engine, Session};
 use crate::error::{Error, Result};
 use crate::model::profile::{device_read_bytes, peak_rss_bytes, Profile};
@@ -11,19 +11,7 @@ use crate::model::{Model, PREFILL_CHUNK};
 use serde::Serialize;
 use std::time::Instant;
 
-/// What to generate.
-#[derive(Clone, Debug)]
-pub struct GenOptions {
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Keep going past EOS until `max_tokens`.
-    pub ignore_eos: bool,
-    pub eos_ids: Vec<u32>,
-    /// Draft tokens and verify them in one forward (lossless).
-    pub speculation: crate::engine::Speculation,
-    /// Constrain the output to a grammar, a JSON schema or a regex.
-    pub constraint: Option<crate::engine::Constrained>,
-}
+pub use crate::engine::GenOptions;
 
 /// Figures of one run; the stats line and `--json` `stats` print these.
 #[derive(Clone, Debug, Serialize)]

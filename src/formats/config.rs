@@ -331,20 +331,6 @@ fn check_in(f: &Fields, name: &str, x: f64, (lo, hi): (f64, f64)) -> Result<f64>
 }
 
 impl ModelConfig {
-    /// Reads and validates `dir/config.json`.
-    pub fn load(dir: &Path) -> Result<ModelConfig> {
-        let doc = crate::formats::model_files::read(dir, "config.json")?.ok_or_else(|| {
-            Error::file(
-                crate::formats::model_files::expected_path(dir, "config.json"),
-                std::io::Error::from(std::io::ErrorKind::NotFound),
-            )
-        })?;
-        let (path, text) = (doc.path, doc.text);
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
-        ModelConfig::from_json(&path, &v)
-    }
-
     /// Builds the normalized config from parsed JSON (`path` only names errors).
     pub fn from_json(path: &Path, v: &Value) -> Result<ModelConfig> {
         let f = Fields { path, v };

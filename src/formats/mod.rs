@@ -11,4 +11,5 @@ pub mod model_files;
 pub mod quant;
 pub mod tensor;
 pub mod tokenizer;
+pub mod trace;
 pub mod weights;

@@ -5,7 +5,9 @@
 //! metadata goes through [`read`], so a `.gguf` path works wherever a model
 //! directory does.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::formats::config::ModelConfig;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// One metadata file's text, with the path that errors about it name (the
@@ -39,5 +41,24 @@ pub fn expected_path(model: &Path, name: &str) -> PathBuf {
         model.to_path_buf()
     } else {
         model.join(name)
+    }
+}
+
+// Loading sits here, not in config.rs, because the file may be derived
+// from a GGUF header, and the GGUF reader checks what it derives with the
+// config parser: config.rs stays a pure parser.
+impl ModelConfig {
+    /// Reads and validates `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<ModelConfig> {
+        let doc = read(dir, "config.json")?.ok_or_else(|| {
+            Error::file(
+                expected_path(dir, "config.json"),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })?;
+        let (path, text) = (doc.path, doc.text);
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(&path, "(file)", format!("not valid JSON: {e}")))?;
+        ModelConfig::from_json(&path, &v)
     }
 }

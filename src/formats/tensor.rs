@@ -11,7 +11,7 @@ use crate::formats::quant::QMatrix;
 use crate::formats::quant::Words;
 use crate::formats::weights::dtype::{self, DType};
 use crate::kernels::ggml::{self, BlockType};
-use crate::kernels::{bf16, f32 as kf32, matmul_rows, quant};
+use crate::kernels::{bf16, f32 as kf32, matmul_rows};
 
 /// The elements of a matrix.
 #[derive(Clone, Debug, PartialEq)]
@@ -193,7 +193,7 @@ impl Mat {
             MatData::Bf16(w) => matmul_rows(self.rows, c, x, n, y, |r, xr| {
                 bf16::dot(&w[r * c..(r + 1) * c], xr)
             }),
-            MatData::Q(q) => quant::matmul_qmatrix(q, x, n, y),
+            MatData::Q(q) => q.matmul(x, n, y),
             MatData::Ggml { ty, data } => ggml::matmul(*ty, data, self.rows, c, x, n, y),
         }
     }

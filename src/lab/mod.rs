@@ -7,4 +7,3 @@ pub mod budget_sweep;
 pub mod quality;
 pub mod replay;
 pub mod synth;
-pub mod trace;

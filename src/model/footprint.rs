@@ -11,7 +11,8 @@
 //! and `moestream plan` both call it, so they accept and refuse the same
 //! budgets with the same message.
 
-use super::load::{locate_experts, mtp_spec, LoadOptions};
+use super::locate::{locate_experts, mtp_spec};
+use super::options::LoadOptions;
 use super::{names, PREFILL_CHUNK};
 use crate::error::{Error, Result};
 use crate::formats::config::{ModelConfig, RouterKind};

@@ -5,107 +5,23 @@
 use super::attention::{Attention, AttentionShape};
 use super::dsa::{Indexer, IndexerShape};
 use super::footprint::{check_budget, Footprint};
-use super::mla::{DsaMode, MlaAttention, MlaMode, MlaShape, QLora};
+use super::locate::{locate_experts, mtp_spec, LayerSpec};
+use super::mla::{MlaAttention, MlaShape, QLora};
 use super::mlp::Mlp;
 use super::moe::{MoeBlock, SharedExpert};
 use super::mtp::Mtp;
+use super::options::LoadOptions;
 use super::rope::Rope;
 use super::router::Router;
 use super::{names, AttnBlock, Ffn, Layer, Model, Shapes};
 use crate::error::{Error, Result};
 use crate::formats::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
-use crate::formats::quant::policy::Policy;
 use crate::formats::weights::index::AtLoad;
 use crate::formats::weights::WeightIndex;
-use crate::model::progress::{Progress, Work};
-use crate::store::policy::EvictPolicy;
+use crate::model::progress::Work;
 use crate::store::{ExpertLocation, ExpertStore, Schedule};
 use std::path::Path;
 use std::sync::Arc;
-
-/// Options for loading.
-#[derive(Clone, Debug)]
-pub struct LoadOptions {
-    /// Routed experts cached per layer.
-    pub expert_cache: usize,
-    pub read_mode: moestream_io::ReadMode,
-    pub mla: MlaMode,
-    pub dsa: DsaMode,
-    /// Batch each layer's expert misses through the io_uring reactor (when
-    /// the kernel supports it); otherwise read them one by one.
-    pub io_reactor: bool,
-    /// Quantize float and FP8 tensors by this policy as they load (the
-    /// runtime quantizer; a container's packed tensors are used as stored).
-    pub quantize_at_load: Option<Policy>,
-    /// RAM budget in bytes: expert slots per layer are planned to fit it
-    /// (overriding `expert_cache`).
-    pub ram_budget: Option<u64>,
-    /// Which cached expert a full cache evicts.
-    pub policy: EvictPolicy,
-    /// Pin each layer's hottest experts from the usage history saved in
-    /// the model directory, if there is one.
-    pub pin_history: bool,
-    /// Context the KV pool is budgeted for (clamped to the model's maximum).
-    pub context: usize,
-    /// Pipelining and router-lookahead prefetch (its
-    /// `prefetch_experts_max` is resolved at load from `prefetch_experts`;
-    /// what is passed in there is not read).
-    pub schedule: Schedule,
-    /// Prefetch reads alive at once while a lookahead prefetches; `None`
-    /// gives `(depth + 1) × top_k`: a layer issues the next `depth` layers'
-    /// reads while its own prefetched reads are still alive (they end when
-    /// it takes them).
-    pub prefetch_experts: Option<usize>,
-    /// A learned lookahead predictor: after each MoE layer routes a decode
-    /// token, the next MoE layer's guessed experts are read ahead (in
-    /// place of the router lookahead's reads).
-    pub predictor: Option<std::sync::Arc<crate::store::predictor::Predictor>>,
-    /// Where loading reports the resident bytes read so far (and the model
-    /// keeps it for prefill progress); off by default.
-    pub progress: Progress,
-}
-
-impl LoadOptions {
-    /// Prefetch reads alive at once for a model routing `top_k` experts
-    /// per token: 0 without lookahead prefetch.
-    pub fn prefetch_experts_max(&self, top_k: usize) -> usize {
-        match (self.schedule.lookahead, &self.predictor) {
-            (Some(a), _) => self
-                .prefetch_experts
-                .unwrap_or(a.depth.max(1).saturating_add(1).saturating_mul(top_k)),
-            (None, Some(_)) => self.prefetch_experts.unwrap_or(top_k),
-            (None, None) => 0,
-        }
-    }
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            expert_cache: 16,
-            read_mode: moestream_io::ReadMode::Buffered,
-            mla: MlaMode::Auto,
-            dsa: DsaMode::Auto,
-            io_reactor: true,
-            quantize_at_load: None,
-            ram_budget: None,
-            policy: EvictPolicy::default(),
-            pin_history: true,
-            context: 4096,
-            schedule: Schedule::default(),
-            prefetch_experts: None,
-            predictor: None,
-            progress: Progress::default(),
-        }
-    }
-}
-
-/// What a layer has, beyond what the config says of every layer.
-pub(super) struct LayerSpec {
-    index: usize,
-    pub(super) sparse: bool,
-    indexer: bool,
-}
 
 impl Model {
     /// Loads config, indexes shards, reads the resident weights and locates
@@ -443,45 +359,6 @@ fn load_moe(
         top_k: cfg.top_k,
     };
     Ok((MoeBlock { router, shared }, locs))
-}
-
-/// Where each routed expert of layer `l` lives, its three tensors
-/// shape-checked (headers only).
-pub(super) fn locate_experts(
-    cfg: &ModelConfig,
-    index: &WeightIndex,
-    l: usize,
-) -> Result<Vec<ExpertLocation>> {
-    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
-    let mut locs = Vec::with_capacity(cfg.num_experts);
-    for x in 0..cfg.num_experts {
-        let cands = names::expert(cfg.family, l, x);
-        let [g, u, d] = names::pick3(index, &cands).clone();
-        locs.push(ExpertLocation {
-            parts: [
-                index.expect_shape(&g, &[i, h])?,
-                index.expect_shape(&u, &[i, h])?,
-                index.expect_shape(&d, &[h, i])?,
-            ],
-        });
-    }
-    Ok(locs)
-}
-
-/// The MTP layer loading reads, if any: the config announces one and the
-/// checkpoint holds its weights (hub conversions sometimes drop it).
-pub(super) fn mtp_spec(cfg: &ModelConfig, index: &WeightIndex) -> Option<LayerSpec> {
-    let l = cfg.num_layers;
-    let p = names::layer(l);
-    if cfg.mtp_layers == 0 || !index.contains(&format!("{p}eh_proj.weight")) {
-        return None;
-    }
-    Some(LayerSpec {
-        index: l,
-        sparse: index.contains(&format!("{p}mlp.gate.weight")),
-        indexer: cfg.indexer.is_some()
-            && index.contains(&format!("{p}self_attn.indexer.wq_b.weight")),
-    })
 }
 
 /// The MTP head at layer index `num_layers`, if the config announces one

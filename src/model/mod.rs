@@ -12,10 +12,12 @@ pub mod dsa;
 pub mod footprint;
 pub mod kv;
 mod load;
+mod locate;
 pub mod mla;
 pub mod moe;
 pub mod mtp;
 pub mod names;
+mod options;
 pub mod profile;
 pub mod progress;
 pub mod router;
@@ -39,7 +41,7 @@ use norm::rms_norm;
 use std::time::Instant;
 
 pub use footprint::{check_budget, Footprint};
-pub use load::LoadOptions;
+pub use options::LoadOptions;
 
 /// The attention of a layer.
 pub enum AttnBlock {

@@ -18,7 +18,7 @@
 //! expert lives and how its slabs become an expert; `buffers` the warmed
 //! read buffers and the cache gate; `prefetch` lookahead reads and recall;
 //! `pins` usage and pinning; `stats` the counters; `tracing` the hooks of
-//! `--trace` ([`crate::lab::trace`]); [`cache`] one layer's slots; [`fetch`] a layer's reads in flight; [`reads`] the read service;
+//! `--trace` ([`crate::formats::trace`]); [`cache`] one layer's slots; [`fetch`] a layer's reads in flight; [`reads`] the read service;
 //! [`budget`] the RAM plan; [`policy`] the eviction and pinning rules.
 
 pub mod budget;
@@ -43,8 +43,8 @@ pub use stats::StoreCounters;
 
 use crate::error::{Error, Result};
 use crate::formats::tensor::Mat;
+use crate::formats::trace::Tier;
 use crate::formats::weights::WeightIndex;
-use crate::lab::trace::Tier;
 use crate::layers::mlp::Mlp;
 use cache::SlotCache;
 use fetch::{Pending, PrefetchRead};
@@ -108,7 +108,7 @@ pub struct ExpertStore {
     leaned_chosen: std::sync::atomic::AtomicU64,
     pub(crate) demand_reads: std::sync::atomic::AtomicU64,
     /// The routing trace being recorded (`--trace`), if any.
-    trace: Option<Mutex<crate::lab::trace::record::Recorder>>,
+    trace: Option<Mutex<crate::formats::trace::record::Recorder>>,
 }
 
 /// How the MoE layers use the store.

@@ -1,11 +1,11 @@
-//! The store's side of `--trace` ([`crate::lab::trace`]): where each event of a
+//! The store's side of `--trace` ([`crate::formats::trace`]): where each event of a
 //! layer's fetch is reported to the recorder. Every hook is a no-op on an
 //! `Option` that is `None` unless a trace was started, so a store that
 //! does not trace pays one branch per hook and allocates nothing.
 
 use super::ExpertStore;
-use crate::lab::trace::record::{LayerShape, Recorder};
-use crate::lab::trace::{self, Tier};
+use crate::formats::trace::record::{LayerShape, Recorder};
+use crate::formats::trace::{self, Tier};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 

@@ -10,9 +10,10 @@
 //! `T_`). Strings are JSON-escaped Lark strings; classes are regexes with
 //! every character outside letters and digits escaped as `\x{…}`.
 
+use super::ast::{Expr, Grammar};
 use super::charset::CharSet;
-use super::lexemes::{Node, Plan};
-use super::parse::{Expr, Grammar};
+use super::flow::Node;
+use super::lexemes::Plan;
 use std::collections::HashMap;
 use std::fmt::Write;
 

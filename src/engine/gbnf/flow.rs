@@ -7,8 +7,25 @@
 //! two lexemes that are never in one such set never meet in the lexer.
 
 use super::charset::CharSet;
-use super::lexemes::Node;
 use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// A rule-level expression: what stays grammar structure in the Lark
+/// output.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Node {
+    Empty,
+    /// One lexeme: an index into [`super::lexemes::Plan::lexemes`].
+    Lex(usize),
+    /// A rule, by index; it has a rule-level body in [`super::lexemes::Plan::bodies`].
+    Ref(usize),
+    Seq(Vec<Node>),
+    Alt(Vec<Node>),
+    Repeat {
+        item: Box<Node>,
+        min: u32,
+        max: Option<u32>,
+    },
+}
 
 /// What can come next: code points and lexemes.
 #[derive(Clone, Debug, Default)]

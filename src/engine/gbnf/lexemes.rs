@@ -28,10 +28,10 @@
 //! GBNF parse ends it, so the translation accepts exactly the GBNF
 //! language.
 
+use super::ast::{Expr, Grammar};
 use super::charset::CharSet;
-use super::flow::Flow;
+use super::flow::{Flow, Node};
 use super::nfa::{extends_into, share_a_string, Nfa};
-use super::parse::{Expr, Grammar};
 use std::collections::{HashMap, HashSet};
 
 /// Most rounds of splitting before falling back to one-code-point lexemes.
@@ -40,24 +40,6 @@ const ROUNDS_MAX: usize = 64;
 const PAIR_BUDGET: usize = 20_000;
 /// Most pairs of automaton states visited for the whole plan.
 const PLAN_BUDGET: usize = 4_000_000;
-
-/// A rule-level expression: what stays grammar structure in the Lark
-/// output.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) enum Node {
-    Empty,
-    /// One lexeme: an index into [`Plan::lexemes`].
-    Lex(usize),
-    /// A rule, by index; it has a rule-level body in [`Plan::bodies`].
-    Ref(usize),
-    Seq(Vec<Node>),
-    Alt(Vec<Node>),
-    Repeat {
-        item: Box<Node>,
-        min: u32,
-        max: Option<u32>,
-    },
-}
 
 /// The rule-level grammar and its lexemes.
 pub(super) struct Plan {

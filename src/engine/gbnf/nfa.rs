@@ -4,8 +4,8 @@
 //! of a match of another? Every search is bounded; `None` means the bound
 //! was hit and the answer is unknown (callers then assume the worst).
 
+use super::ast::{Expr, Rule};
 use super::charset::CharSet;
-use super::parse::{Expr, Rule};
 use std::collections::HashSet;
 
 /// Most states of one automaton.

@@ -4,7 +4,7 @@
 //! parser allow a prefix that nothing can complete (a dead end in the
 //! middle of generation).
 
-use super::parse::{Expr, Rule};
+use super::ast::{Expr, Rule};
 
 /// Drops every alternative of `rules` that can never finish; returns
 /// which rules are productive (the bodies of the others are unchanged).

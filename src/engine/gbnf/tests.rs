@@ -5,8 +5,9 @@
 //! random grammars against a reference recognizer, and errors that name
 //! their line and column.
 
+use super::ast::{Expr, Grammar};
 use super::charset::CharSet;
-use super::parse::{parse, Expr, Grammar};
+use super::parse::parse;
 use super::*;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::ApproximateTokEnv;

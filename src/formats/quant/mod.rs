@@ -21,54 +21,7 @@ pub use words::Words;
 /// Smallest per-row scale (an all-zero row quantizes to zeros, not NaN).
 pub const SCALE_MIN: f32 = 1e-8;
 
-/// An integer width of the container.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum QBits {
-    Int2,
-    Int4,
-    Int8,
-}
-
-impl QBits {
-    /// Bits per weight.
-    pub fn bits(self) -> u32 {
-        match self {
-            QBits::Int2 => 2,
-            QBits::Int4 => 4,
-            QBits::Int8 => 8,
-        }
-    }
-
-    /// The width of `bits`, if the container has one.
-    pub fn from_bits(bits: u32) -> Option<QBits> {
-        match bits {
-            2 => Some(QBits::Int2),
-            4 => Some(QBits::Int4),
-            8 => Some(QBits::Int8),
-            _ => None,
-        }
-    }
-
-    /// Largest stored value, `2^(b-1) - 1`.
-    pub fn qmax(self) -> i32 {
-        (1 << (self.bits() - 1)) - 1
-    }
-
-    /// Smallest stored value, `-2^(b-1)`.
-    pub fn qmin(self) -> i32 {
-        -(1 << (self.bits() - 1))
-    }
-
-    /// Weights per byte.
-    pub fn per_byte(self) -> usize {
-        (8 / self.bits()) as usize
-    }
-
-    /// Bytes of one packed row of `cols` weights.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        cols.div_ceil(self.per_byte())
-    }
-}
+pub use crate::kernels::quant::QBits;
 
 /// The scale of one row (see the module doc).
 pub fn row_scale(row: &[f32], bits: QBits) -> f32 {
@@ -187,6 +140,21 @@ impl QMatrix {
             }
         }
         out
+    }
+
+    /// `y (n, rows) = x (n, cols) · selfᵀ` through the integer kernels,
+    /// which see the packed bytes and scales as slices.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        crate::kernels::quant::matmul(
+            self.bits,
+            &self.data,
+            &self.scales,
+            self.rows,
+            self.cols,
+            x,
+            n,
+            y,
+        )
     }
 
     /// The packed bytes of row `r`.

@@ -33,10 +33,58 @@
 
 use super::cpu::{isa, Isa};
 use super::{f32 as kf32, int2, int4, int8, par_row_blocks, par_row_blocks_aligned};
-use crate::formats::quant::{QBits, QMatrix};
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// An integer width of a packed matrix (the container's int8, int4, int2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QBits {
+    Int2,
+    Int4,
+    Int8,
+}
+
+impl QBits {
+    /// Bits per weight.
+    pub fn bits(self) -> u32 {
+        match self {
+            QBits::Int2 => 2,
+            QBits::Int4 => 4,
+            QBits::Int8 => 8,
+        }
+    }
+
+    /// The width of `bits`, if the container has one.
+    pub fn from_bits(bits: u32) -> Option<QBits> {
+        match bits {
+            2 => Some(QBits::Int2),
+            4 => Some(QBits::Int4),
+            8 => Some(QBits::Int8),
+            _ => None,
+        }
+    }
+
+    /// Largest stored value, `2^(b-1) - 1`.
+    pub fn qmax(self) -> i32 {
+        (1 << (self.bits() - 1)) - 1
+    }
+
+    /// Smallest stored value, `-2^(b-1)`.
+    pub fn qmin(self) -> i32 {
+        -(1 << (self.bits() - 1))
+    }
+
+    /// Weights per byte.
+    pub fn per_byte(self) -> usize {
+        (8 / self.bits()) as usize
+    }
+
+    /// Bytes of one packed row of `cols` weights.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols.div_ceil(self.per_byte())
+    }
+}
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -150,11 +198,6 @@ pub fn matmul(
     } else {
         matmul_float(bits, w, scales, rows, cols, x, n, y)
     }
-}
-
-/// [`matmul`] of a [`QMatrix`].
-pub fn matmul_qmatrix(m: &QMatrix, x: &[f32], n: usize, y: &mut [f32]) {
-    matmul(m.bits, &m.data, &m.scales, m.rows, m.cols, x, n, y)
 }
 
 /// The integer path of [`matmul`], whatever the switch says.

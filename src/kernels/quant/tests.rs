@@ -3,7 +3,9 @@
 //! the float path against the dequantized row, batching and threading.
 
 use super::*;
-use crate::formats::quant::unpack_row;
+// Test data is made with the container's quantizer (a room above); the kernels
+// themselves see only slices.
+use crate::formats::quant::{unpack_row, QMatrix};
 use crate::kernels::{set_threading, threading, Threading};
 use proptest::prelude::*;
 

@@ -10,7 +10,7 @@
 //! - cross-layer predictability: of the experts a layer chose for a decode
 //!   token, the share the lookahead guessed (recall@k), per variant.
 
-use crate::lab::trace::read::Run;
+use crate::formats::trace::read::Run;
 
 /// The routing knobs of a trace (each `None` without the rows to tell).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -70,7 +70,7 @@ pub fn measure(runs: &[Run]) -> Knobs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::trace::read::{Fetch, LayerTrace};
+    use crate::formats::trace::read::{Fetch, LayerTrace};
 
     #[test]
     fn measures_skew_reuse_and_recall() {

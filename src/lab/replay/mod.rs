@@ -1,4 +1,4 @@
-//! Offline replay of a routing trace ([`crate::lab::trace`]) against eviction
+//! Offline replay of a routing trace ([`crate::formats::trace`]) against eviction
 //! policies: each layer's cache is simulated with the live cache's own
 //! code (`SlotCache<()>` and the [`crate::store::policy`] objects), so a
 //! replay with the run's policy and slots gives the run's hits and misses
@@ -26,7 +26,7 @@ pub mod plot;
 pub mod report;
 pub mod train;
 
-use crate::lab::trace::read::{LayerTrace, Run};
+use crate::formats::trace::read::{LayerTrace, Run};
 use crate::store::cache::SlotCache;
 use crate::store::policy::{self, View};
 use crate::store::usage::UsageTable;
@@ -278,7 +278,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::trace::read::Fetch;
+    use crate::formats::trace::read::Fetch;
 
     /// One layer of 8 experts whose fetches are `steps` (one token each).
     fn run_of(steps: &[&[usize]]) -> Run {

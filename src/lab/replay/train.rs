@@ -12,7 +12,7 @@
 //! is plain logistic regression (one output per expert) by stochastic
 //! gradient descent.
 
-use crate::lab::trace::read::{LayerTrace, Run};
+use crate::formats::trace::read::{LayerTrace, Run};
 use crate::store::predictor::{Evidence, LayerPredictor, Predictor, EXPERTS_MAX, VERSION};
 use serde::Serialize;
 
