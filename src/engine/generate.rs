@@ -472,7 +472,7 @@ pub fn perplexity(model: &Model, ids: &[u32], window: usize, stride: usize) -> R
 }
 
 /// The log-likelihood of `continuation` after `context` (both token ids):
-/// the sum of log p(continuation[j] | context, continuation[..j]), from
+/// the sum of log p(continuation\[j\] | context, continuation\[..j\]), from
 /// one teacher-forced forward (lm-evaluation-harness's `loglikelihood`).
 /// The context must not be empty.
 pub fn continuation_loglik(model: &Model, context: &[u32], continuation: &[u32]) -> Result<f64> {
@@ -488,7 +488,7 @@ pub fn continuation_loglik(model: &Model, context: &[u32], continuation: &[u32])
     Ok(-e.nll[context.len() - 1..].iter().sum::<f64>())
 }
 
-/// -log_softmax(logits)[target], in f64.
+/// -log_softmax(logits)\[target\], in f64.
 pub fn nll_of(logits: &[f32], target: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = logits

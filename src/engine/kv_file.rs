@@ -2,7 +2,7 @@
 //! continues a conversation without prefilling it again.
 //!
 //! A file holds the tokens whose positions the cache holds and, per layer,
-//! each buffer's filled rows (the order of [`LayerKv::buffers_mut`]):
+//! each buffer's filled rows (the order of [`crate::model::kv::LayerKv::buffers_mut`]):
 //!
 //! ```text
 //! "MSKV0001" | header length (u32 LE) | header (JSON) | rows (f32 LE)

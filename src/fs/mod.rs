@@ -1,10 +1,10 @@
 //! The one door to files: every file a user can point at is read through
-//! [`read`] (regular files only, checked on the opened descriptor, with a
+//! [`read`](mod@read) (regular files only, checked on the opened descriptor, with a
 //! named size cap), and every file the program writes goes through
-//! [`write`] (a temp file of an unpredictable name created with
+//! [`write`](mod@write) (a temp file of an unpredictable name created with
 //! `O_EXCL | O_NOFOLLOW` beside the target, synced and renamed; removed on
 //! every error). [`guard`] refuses an output that is one of the command's
-//! inputs; [`print`] fingerprints a file's content cheaply; [`lock`] holds a
+//! inputs; [`print`](mod@print) fingerprints a file's content cheaply; [`lock`] holds a
 //! directory against a second process.
 //!
 //! Invariants: nothing here blocks on a FIFO, reads without bound, writes

@@ -162,7 +162,7 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Appends to `path` (a results CSV, say): the old content is read through
 /// the bounded reader (at most `cap`), `tail(fresh)` adds to it (`fresh`:
 /// the file was empty or absent), and the whole is written through
-/// [`write`], so a failed append leaves the old file whole.
+/// [`write`](fn@write), so a failed append leaves the old file whole.
 pub fn append(
     path: &Path,
     cap: super::Cap,

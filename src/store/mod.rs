@@ -4,7 +4,7 @@
 //! it; then its bytes are read (one coalesced read when the three tensors
 //! are adjacent in one shard) and kept, in their stored element type, in a
 //! per-layer slot cache ([`cache`]) of bounded size. A layer's misses are
-//! read together as one demand batch ([`reads`]: the io_uring reactor
+//! read together as one demand batch ([`moestream_io::ReadService`]: the io_uring reactor
 //! thread, or a synchronous reader thread), each expert handed over as soon
 //! as its last span lands ([`fetch`]). Router-lookahead prefetch reads a
 //! later layer's predicted experts at lower priority; a prediction that
@@ -18,7 +18,7 @@
 //! expert lives and how its slabs become an expert; `buffers` the warmed
 //! read buffers and the cache gate; `prefetch` lookahead reads and recall;
 //! `pins` usage and pinning; `stats` the counters; `tracing` the hooks of
-//! `--trace` ([`crate::formats::trace`]); [`cache`] one layer's slots; [`fetch`] a layer's reads in flight; [`reads`] the read service;
+//! `--trace` ([`crate::formats::trace`]); [`cache`] one layer's slots; [`fetch`] a layer's reads in flight; [`moestream_io::ReadService`] the read service;
 //! [`budget`] the RAM plan; [`policy`] the eviction and pinning rules.
 
 pub mod budget;

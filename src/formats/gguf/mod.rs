@@ -2,7 +2,7 @@
 //! file of a split set, `X-00001-of-0000N.gguf`) wherever a model directory
 //! is taken.
 //!
-//! - [`file`] parses and checks one file's header;
+//! - [`file`](mod@file) parses and checks one file's header;
 //! - [`names`] maps llama.cpp's tensor names to the Hugging Face names the
 //!   loader asks for; a stacked expert tensor `[E, rows, cols]` becomes E
 //!   entries, each a byte range of the file, so the expert store reads an

@@ -4,7 +4,7 @@
 //!
 //! - [`record`]: the store's recorder (`--trace FILE`), one row per token ×
 //!   MoE layer, written when the layer's fetch finishes.
-//! - [`write`]: the Parquet file: this run's rows go to a private part file
+//! - [`write`](mod@write): the Parquet file: this run's rows go to a private part file
 //!   while it runs; when it ends they are appended to `FILE` (the rows
 //!   already there copied first, under a lock), so several runs'
 //!   traces concatenate, told apart by the `run` column.
