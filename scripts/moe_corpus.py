@@ -229,6 +229,7 @@ def main() -> None:
     p.add_argument("--workdir", default="/tmp/moe_corpus")
     p.add_argument("--deb", default=None)
     p.add_argument("--dump", default=None, help="write the train text here")
+    p.add_argument("--dump-heldout", default=None, help="write the held-out text here")
     a = p.parse_args()
     c = prepare(a.workdir, a.deb)
     s = dict(c["source"])
@@ -236,6 +237,8 @@ def main() -> None:
     print(json.dumps(s, indent=2))
     if a.dump:
         open(a.dump, "w").write("\n\n".join(c["train"]))
+    if a.dump_heldout:
+        open(a.dump_heldout, "w").write("\n\n".join(c["heldout"]))
 
 
 if __name__ == "__main__":
