@@ -728,7 +728,20 @@ def try_seed(family: str, s: Shape, seed: int, tok: Tokenizer) -> Attempt:
     rng = np.random.default_rng(seed)
     extra = [int(v) for v in rng.integers(0, s.vocab - 1, size=EVAL_LEN - P)]  # never EOS
     eval_ids = prompt_ids + extra
+    return reference_outputs(family, model, mtp, s.prompt, prompt_ids, eval_ids, seed)
 
+
+@torch.no_grad()
+def reference_outputs(
+    family: str, model, mtp, prompt_text: str, prompt_ids: list[int], eval_ids: list[int], seed: int
+) -> Attempt:
+    """Compute the oracle of `model` (and `mtp`) and run every stability check.
+
+    Shared with scripts/train_moe.py, which calls it on trained weights loaded back from disk.
+    """
+    cfg = model.config
+    eos_id = cfg.eos_token_id
+    P = len(prompt_ids)
     chk = Checker()
     chk.attach(model)
     if mtp is not None:
@@ -771,7 +784,7 @@ def try_seed(family: str, s: Shape, seed: int, tok: Tokenizer) -> Attempt:
             "seed": seed,
             "transformers_version": transformers.__version__,
             "torch_version": torch.__version__,
-            "prompt_text": s.prompt,
+            "prompt_text": prompt_text,
             "prompt_ids": prompt_ids,
             "greedy_ids": greedy,
             "eval_ids": eval_ids,
@@ -873,7 +886,9 @@ def write_json(path: str, obj) -> None:
         f.write("\n")
 
 
-def write_weights(model, mtp: MtpParts | None, out: str, tmp: str) -> list[str]:
+def write_weights(
+    model, mtp: MtpParts | None, out: str, tmp: str, shard_bytes: int = SHARD_BYTES
+) -> list[str]:
     """Write sharded safetensors (+ index) under hub tensor names; returns shard names.
 
     The main model goes through transformers' save_pretrained (which un-fuses experts into
@@ -881,7 +896,7 @@ def write_weights(model, mtp: MtpParts | None, out: str, tmp: str) -> list[str]:
     The shards are then rewritten unchanged, plus one extra shard with the MTP layer.
     """
     sp = os.path.join(tmp, "save_pretrained")
-    model.save_pretrained(sp, max_shard_size=SHARD_BYTES)
+    model.save_pretrained(sp, max_shard_size=shard_bytes)
     index = json.load(open(os.path.join(sp, "model.safetensors.index.json")))
     groups: dict[str, list[str]] = {}
     for k, f in index["weight_map"].items():
@@ -918,9 +933,17 @@ def write_fixture(family: str, att: Attempt, tok: Tokenizer, out: str) -> None:
     """Write every file of one fixture directory."""
     clean_dir(out)
     model, cfg = att.model, att.model.config
-    eos_id = tok.token_to_id(EOS_TOKEN)
     with tempfile.TemporaryDirectory() as tmp:
         write_weights(model, att.mtp, out, tmp)
+    write_metadata(cfg, tok, out)
+    write_json(os.path.join(out, "oracle.json"), att.oracle)
+    for f in os.listdir(out):
+        os.chmod(os.path.join(out, f), 0o644)
+
+
+def write_metadata(cfg, tok: Tokenizer, out: str, model_max_length: int = 256) -> None:
+    """config.json, generation_config.json, tokenizer.json and tokenizer_config.json."""
+    eos_id = tok.token_to_id(EOS_TOKEN)
     cfg.save_pretrained(out)
     cj = json.load(open(os.path.join(out, "config.json")))
     write_json(os.path.join(out, "config.json"), cj)
@@ -940,12 +963,9 @@ def write_fixture(family: str, att: Attempt, tok: Tokenizer, out: str) -> None:
             "add_bos_token": False,
             "add_eos_token": False,
             "clean_up_tokenization_spaces": False,
-            "model_max_length": 256,
+            "model_max_length": model_max_length,
         },
     )
-    write_json(os.path.join(out, "oracle.json"), att.oracle)
-    for f in os.listdir(out):
-        os.chmod(os.path.join(out, f), 0o644)
 
 
 @torch.no_grad()
@@ -1021,6 +1041,43 @@ def _verify_expert_layout(family: str, out: str, model) -> None:
                 checked += 1
     if checked == 0:
         raise RuntimeError(f"{family}: no fused experts found")
+
+
+@torch.no_grad()
+def load_mtp_parts_(mtp: MtpParts, out: str, L: int) -> None:
+    """Overwrite `mtp` with the model.layers.{L}.* tensors of the fixture in `out` (as float32).
+
+    The decoder block goes through from_pretrained of a 1-layer model (hub per-expert names
+    -> fused experts), enorm/hnorm/eh_proj/shared_head.norm are copied directly.
+    """
+    tensors, parts = {}, {}
+    for f in sorted(glob.glob(os.path.join(out, "model-*.safetensors"))):
+        with safe_open(f, framework="pt") as fh:
+            for k in fh.keys():
+                if k.startswith(f"model.layers.{L}."):
+                    rest = k[len(f"model.layers.{L}.") :]
+                    if rest.split(".")[0] in ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens"):
+                        parts[rest] = fh.get_tensor(k).float()
+                        continue
+                    tensors["model.layers.0." + rest] = fh.get_tensor(k).float()
+                elif not k.startswith("model.layers."):
+                    tensors[k] = fh.get_tensor(k).float()
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        mtp.block_cfg.save_pretrained(tmp)
+        m1 = model_class(mtp.family).from_pretrained(
+            tmp, attn_implementation="eager", dtype=torch.float32
+        ).eval()
+    mtp.holder = m1
+    mtp.enorm.weight.copy_(parts["enorm.weight"])
+    mtp.hnorm.weight.copy_(parts["hnorm.weight"])
+    mtp.eh_proj.weight.copy_(parts["eh_proj.weight"])
+    mtp.shared_norm.weight.copy_(parts["shared_head.norm.weight"])
+    main = mtp.main[0]
+    if not torch.equal(parts["shared_head.head.weight"], main.lm_head.weight):
+        raise RuntimeError("MTP shared_head.head differs from lm_head")
+    if not torch.equal(parts["embed_tokens.weight"], main.model.embed_tokens.weight):
+        raise RuntimeError("MTP embed_tokens differs from model.embed_tokens")
 
 
 @torch.no_grad()

@@ -135,7 +135,12 @@ fn dsa_selection_changes_long_contexts() {
 
 #[test]
 fn mtp_one_step_matches_the_reference_through_eval() {
-    for family in ["deepseek_v3", "glm4_moe", "glm_moe_dsa"] {
+    for family in [
+        "deepseek_v3",
+        "glm4_moe",
+        "glm_moe_dsa",
+        "trained/deepseek_v3",
+    ] {
         let o = oracle(family);
         let v = eval_json(&fixture(family), &["--mtp"]);
         assert_eq!(
@@ -162,7 +167,12 @@ fn mtp_one_step_matches_the_reference_through_eval() {
 
 #[test]
 fn mtp_drafts_match_the_reference() {
-    for family in ["deepseek_v3", "glm4_moe", "glm_moe_dsa"] {
+    for family in [
+        "deepseek_v3",
+        "glm4_moe",
+        "glm_moe_dsa",
+        "trained/deepseek_v3",
+    ] {
         let o = oracle(family);
         let prompt = u32s(&o["prompt_ids"]);
         let next = u32s(&o["greedy_ids"])[0];

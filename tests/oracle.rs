@@ -131,6 +131,9 @@ family_tests! {
     // block scales, BF16 embeddings/router (scripts/make_fp8_oracle.py; the
     // oracle is transformers on the dequantized weights).
     deepseek_v3_fp8 => "deepseek_v3_fp8",
+    // Trained weights (scripts/train_moe.py, BF16, tests/fixtures/trained/*/README.md).
+    trained_qwen3_moe => "trained/qwen3_moe",
+    trained_deepseek_v3 => "trained/deepseek_v3",
 }
 
 /// The FP8 checkpoint converted with every class kept f32 must match the
@@ -185,6 +188,7 @@ mod mla {
     mla_tests! {
         deepseek_v3 => "deepseek_v3",
         glm_moe_dsa => "glm_moe_dsa",
+        trained_deepseek_v3 => "trained/deepseek_v3",
     }
 }
 
