@@ -366,10 +366,11 @@ pub struct Evaluation {
     pub logits: Vec<f32>,
 }
 
-/// Runs `ids` through the model in prefill chunks and scores every
-/// position.
+/// Runs `ids` through the model as a prefill does (layer-major passes of
+/// [`Model::prefill_pass`] positions; the logits of chunked prefill, bit
+/// for bit) and scores every position.
 pub fn evaluate(model: &Model, ids: &[u32]) -> Result<Evaluation> {
-    evaluate_in_chunks(model, ids, PREFILL_CHUNK)
+    evaluate_by(model, ids, |kv, prof| model.prefill(ids, kv, true, prof))
 }
 
 /// [`evaluate`] with `chunk` positions per forward (1: as decoding sees
@@ -382,6 +383,17 @@ pub fn evaluate_in_chunks(model: &Model, ids: &[u32], chunk: usize) -> Result<Ev
             reason: "positions per forward must be at least 1".into(),
         });
     }
+    evaluate_by(model, ids, |kv, prof| {
+        model.forward_chunked(ids, kv, true, prof, chunk)
+    })
+}
+
+/// Scores `ids` by the logits `forward` gives for every position.
+fn evaluate_by(
+    model: &Model,
+    ids: &[u32],
+    forward: impl FnOnce(&mut crate::model::kv::KvCache, &mut Profile) -> Result<Vec<f32>>,
+) -> Result<Evaluation> {
     if ids.is_empty() {
         return Err(Error::Request("no token ids to evaluate".into()));
     }
@@ -394,7 +406,7 @@ pub fn evaluate_in_chunks(model: &Model, ids: &[u32], chunk: usize) -> Result<Ev
     }
     let mut kv = model.new_kv(ids.len());
     let mut prof = Profile::default();
-    let logits = model.forward_chunked(ids, &mut kv, true, &mut prof, chunk)?;
+    let logits = forward(&mut kv, &mut prof)?;
     let v = model.cfg.vocab_size;
     let rows: Vec<&[f32]> = logits.chunks_exact(v).collect();
     let argmax = rows.iter().map(|r| argmax(r)).collect();

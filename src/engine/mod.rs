@@ -2,11 +2,13 @@
 //!
 //! A [`Session`] is one sequence: its prompt, KV cache, position, sampler,
 //! and the tokens it has produced. [`Engine::step`] runs one forward for a
-//! batch of sessions, each contributing its next positions: a chunk of its
-//! prompt (prefill, at most [`PREFILL_CHUNK`] positions) or its last token
-//! (decode). Their rows go through the layers together
-//! ([`Model::forward_hidden_batch`]), so each MoE layer reads the union of
-//! the whole batch's experts once. Sessions come and go while the engine
+//! batch of sessions, each contributing its next positions: a pass of its
+//! prompt (prefill: the prefilling sessions share one
+//! [`Model::prefill_pass`], each taking whole [`PREFILL_CHUNK`]s) or its
+//! last token (decode). Their rows go through the layers together
+//! ([`Model::forward_pass_batch`]: layer-major, each layer over every row
+//! before the next), so each MoE layer reads the union of the whole
+//! batch's experts once. Sessions come and go while the engine
 //! lives, and a session's tokens never depend on which others shared its
 //! steps: per-row arithmetic is the same alone or batched.
 //!
@@ -25,7 +27,8 @@ use crate::engine::sampler::Sampler;
 use crate::error::{Error, Result};
 use crate::model::kv::KvCache;
 use crate::model::profile::Profile;
-use crate::model::{Model, PREFILL_CHUNK};
+use crate::model::{Model, PassProgress, PREFILL_CHUNK};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod gbnf;
 pub mod gen_config;
@@ -324,17 +327,46 @@ pub struct Constrained {
 /// One loaded model serving sessions.
 pub struct Engine<'m> {
     model: &'m Model,
+    /// Prompt positions prefilled, and the time of the steps that did.
+    prefill_tokens: AtomicU64,
+    prefill_nanos: AtomicU64,
 }
 
 impl<'m> Engine<'m> {
     /// An engine over a loaded model.
     pub fn new(model: &'m Model) -> Engine<'m> {
-        Engine { model }
+        Engine {
+            model,
+            prefill_tokens: AtomicU64::new(0),
+            prefill_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Prompt positions this engine prefilled, and the seconds of the
+    /// steps that prefilled them (rows decoded alongside included).
+    pub fn prefill_totals(&self) -> (u64, f64) {
+        let nanos = self.prefill_nanos.load(Ordering::Relaxed);
+        (
+            self.prefill_tokens.load(Ordering::Relaxed),
+            nanos as f64 / 1e9,
+        )
     }
 
     /// The model.
     pub fn model(&self) -> &'m Model {
         self.model
+    }
+
+    /// Prompt positions each of `prefilling` sessions feeds in one step:
+    /// an equal share of the prefill pass in whole chunks, at least one
+    /// chunk (so every session moves, and chunk boundaries stay where a
+    /// chunked prefill put them).
+    fn pass_share(&self, prefilling: usize) -> usize {
+        let pass = self.model.prefill_pass.positions;
+        if pass < PREFILL_CHUNK {
+            return pass.max(1);
+        }
+        (pass / prefilling.max(1) / PREFILL_CHUNK).max(1) * PREFILL_CHUNK
     }
 
     /// One forward for every session of `sessions` that is not done (each
@@ -351,7 +383,15 @@ impl<'m> Engine<'m> {
         if active.is_empty() {
             return Ok(produced);
         }
+        let started = std::time::Instant::now();
+        let mut prefilled = 0;
         let mut fed = Vec::with_capacity(active.len());
+        let prefilling = sessions
+            .iter()
+            .filter(|s| !s.done && s.in_prefill())
+            .count();
+        let share = self.pass_share(prefilling);
+        let mut progress = None;
         let hidden = {
             let mut batch: Vec<(&[u32], &mut KvCache)> = Vec::with_capacity(active.len());
             for s in sessions.iter_mut().filter(|s| !s.done) {
@@ -364,15 +404,29 @@ impl<'m> Engine<'m> {
                     ..
                 } = &mut **s;
                 let input: &[u32] = if *at < prompt.len() {
-                    &prompt[*at..(*at + PREFILL_CHUNK).min(prompt.len())]
+                    if prefilling == 1 && prompt.len() > PREFILL_CHUNK {
+                        progress = Some(PassProgress {
+                            done: *at as u64,
+                            total: prompt.len() as u64,
+                        });
+                    }
+                    let input = &prompt[*at..(*at + share).min(prompt.len())];
+                    prefilled += input.len();
+                    input
                 } else {
                     feed
                 };
                 fed.push(input.len());
                 batch.push((input, kv));
             }
-            self.model.forward_hidden_batch(&mut batch, prof)?
+            self.model.forward_pass_batch(&mut batch, progress, prof)?
         };
+        if prefilled > 0 {
+            let nanos = started.elapsed().as_nanos() as u64;
+            self.prefill_tokens
+                .fetch_add(prefilled as u64, Ordering::Relaxed);
+            self.prefill_nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
         let h = self.model.cfg.hidden_size;
         let mut row = 0;
         for (&i, &n) in active.iter().zip(&fed) {

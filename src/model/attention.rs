@@ -97,6 +97,7 @@ impl Attention {
             n,
             start,
             rope_offset,
+            ..
         } = rows;
         let LayerKv::Gqa { k: kc, v: vc } = kv else {
             panic!("GQA attention given a non-GQA cache layer");

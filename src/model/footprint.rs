@@ -15,11 +15,11 @@ use super::locate::{locate_experts, mtp_spec};
 use super::options::LoadOptions;
 use super::{names, PREFILL_CHUNK};
 use crate::error::{Error, Result};
-use crate::formats::config::{ModelConfig, RouterKind};
+use crate::formats::config::{ModelConfig, RouterKind, SharedExperts};
 use crate::formats::quant::policy::{layer_index, Class};
 use crate::formats::weights::WeightIndex;
 use crate::model::kv::KvLayout;
-use crate::store::budget::{self, BudgetInput, BudgetPlan};
+use crate::store::budget::{self, BudgetInput, BudgetPlan, PrefillPass};
 use crate::store::ExpertLocation;
 use std::collections::{BTreeMap, HashSet};
 
@@ -45,6 +45,9 @@ pub struct Footprint {
     pub kv_bytes_per_position: u64,
     /// Activation and logit bytes per position of a forward.
     pub activation_bytes_per_position: u64,
+    /// Activation bytes per position of a layer-major prefill pass (no
+    /// logits; see [`pass_bytes_per_position`]).
+    pub pass_bytes_per_position: u64,
     /// The model's longest context.
     pub context_max: usize,
 }
@@ -71,10 +74,6 @@ impl Footprint {
                 k.attention_bytes_per_token() + k.index_bytes_per_token()
             })
             .sum();
-        let widest = cfg
-            .intermediate_size
-            .max(cfg.moe_intermediate_size * cfg.top_k);
-        let per_position = cfg.vocab_size + 16 * cfg.hidden_size + 3 * widest;
         Ok(Footprint {
             resident: resident(cfg, index, &locations, mtp.is_some()),
             expert_ram: first.map_or(0, |loc| loc.ram_bytes(index)),
@@ -85,7 +84,8 @@ impl Footprint {
             experts_per_layer: cfg.num_experts,
             top_k: cfg.top_k,
             kv_bytes_per_position: kv as u64,
-            activation_bytes_per_position: per_position as u64,
+            activation_bytes_per_position: activation_bytes_per_position(cfg),
+            pass_bytes_per_position: pass_bytes_per_position(cfg),
             context_max: cfg.rope.max_position_embeddings,
         })
     }
@@ -109,9 +109,10 @@ impl Footprint {
             experts_per_layer: self.experts_per_layer,
             top_k: self.top_k,
             kv: self.kv_bytes_per_position.saturating_mul(context as u64),
-            activations: self
-                .activation_bytes_per_position
-                .saturating_mul(context.min(PREFILL_CHUNK) as u64 * 4),
+            activations: activations_bytes(self.activation_bytes_per_position, context),
+            pass_bytes_per_position: self.pass_bytes_per_position,
+            pass_granule: PREFILL_CHUNK,
+            context,
             page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
             prefetch_experts: opts.prefetch_experts_max(self.top_k),
         }
@@ -123,6 +124,77 @@ impl Footprint {
 /// it cannot fit.
 pub fn check_budget(fp: &Footprint, budget: u64, opts: &LoadOptions) -> Result<BudgetPlan> {
     budget::plan(&fp.budget_input(budget, opts)).map_err(Error::Budget)
+}
+
+/// The activations item of the RAM plan for `context` positions: the
+/// largest chunked forward, logits of every row included.
+fn activations_bytes(per_position: u64, context: usize) -> u64 {
+    per_position.saturating_mul(context.min(PREFILL_CHUNK) as u64)
+}
+
+/// Activation and logit bytes per position of a forward (f32): logits,
+/// hidden-sized rows and a dense MLP's rows.
+fn activation_bytes_per_position(cfg: &ModelConfig) -> u64 {
+    let per_position = cfg.vocab_size + 16 * cfg.hidden_size + 3 * widest(cfg);
+    4 * per_position as u64
+}
+
+/// The widest MLP row: a dense MLP's, or a token's routed experts' together.
+fn widest(cfg: &ModelConfig) -> usize {
+    cfg.intermediate_size
+        .max(cfg.moe_intermediate_size * cfg.top_k)
+}
+
+/// The prefill pass of a model loaded without a RAM budget: the whole
+/// `context` in one pass (nothing bounds its activations, as nothing
+/// bounds its KV cache).
+pub fn unbudgeted_pass(cfg: &ModelConfig, context: usize) -> PrefillPass {
+    let context = context.min(cfg.rope.max_position_embeddings).max(1);
+    budget::prefill_pass(
+        u64::MAX,
+        pass_bytes_per_position(cfg),
+        PREFILL_CHUNK,
+        context,
+    )
+}
+
+/// Bytes one position of a layer-major prefill pass holds while a layer
+/// runs: the residual stream, its normed copy, the block output, the
+/// shared expert's rows and the final normed rows (`hidden` each), one
+/// routed output row per selected expert (`top_k × hidden`) with its
+/// routing entry, the attention's per-row projections, a dense MLP's or
+/// the shared expert's gate, up and activation rows, and a DSA query's
+/// selected positions. A routed expert's own rows are a fraction of the
+/// pass (its share of the routings) and not counted; nor are logits: a
+/// pass keeps only its last row's.
+fn pass_bytes_per_position(cfg: &ModelConfig) -> u64 {
+    let attention = match &cfg.mla {
+        // q, context, the q latent (and its normed copy), [latent | rope].
+        Some(m) => {
+            cfg.num_heads * (m.qk_head_dim() + m.v_head_dim)
+                + 2 * m.q_lora_rank.unwrap_or(0)
+                + m.kv_lora_rank
+                + m.qk_rope_head_dim
+        }
+        // q, k, v, context.
+        None => 2 * (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim,
+    };
+    let dense = if cfg.sparse_layers.iter().all(|&s| s) {
+        0
+    } else {
+        cfg.intermediate_size
+    };
+    let shared = match cfg.shared_experts {
+        SharedExperts::None => 0,
+        SharedExperts::Gated(size) | SharedExperts::Plain(size) => size,
+    };
+    let floats = (5 + cfg.top_k) * cfg.hidden_size + attention + 3 * dense.max(shared);
+    let routing = cfg.top_k * std::mem::size_of::<(usize, usize, f32)>();
+    let selection = cfg
+        .indexer
+        .as_ref()
+        .map_or(0, |ix| ix.topk * std::mem::size_of::<usize>());
+    (4 * floats + routing + selection) as u64
 }
 
 /// The KV layout of decoder layer `l` (as [`super::Model::kv_layout`] gives

@@ -109,6 +109,7 @@ impl Model {
         };
         store.set_predictor(opts.predictor.clone())?;
         let shapes = shapes(&cfg, opts);
+        let prefill_pass = super::footprint::unbudgeted_pass(&cfg, opts.context);
         let mut model = Model {
             shapes,
             cfg,
@@ -122,8 +123,10 @@ impl Model {
             context_budget: None,
             history: None,
             progress: opts.progress.clone(),
+            prefill_pass,
         };
         if let Some(plan) = plan {
+            model.prefill_pass = plan.prefill_pass;
             model.store.set_slots(plan.slots_per_layer);
             model.plan = Some(plan);
             model.context_budget = Some(opts.context.min(model.cfg.rope.max_position_embeddings));

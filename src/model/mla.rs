@@ -115,7 +115,7 @@ struct Queries<'a> {
     /// (n, heads * qk_head_dim), rope already applied.
     q: &'a [f32],
     start: usize,
-    sel: &'a Selection,
+    sel: &'a [Option<Vec<usize>>],
 }
 
 impl MlaAttention {
@@ -136,6 +136,7 @@ impl MlaAttention {
             n,
             start,
             rope_offset,
+            attend_rows,
         } = rows;
         let LayerKv::Mla {
             latent,
@@ -192,18 +193,26 @@ impl MlaAttention {
                 }
             }
         }
-        let mut ctx = Scratch::zeroed(n * h * c.v_head_dim); // (n, heads * v_head_dim)
+        let vd = h * c.v_head_dim;
+        let mut ctx = Scratch::zeroed(n * vd); // (n, heads * v_head_dim)
         scratch::with_vec::<Option<Vec<usize>>, _>(|all| {
             all.resize(n, None);
-            let queries = Queries {
-                q: &q,
-                start,
-                sel: selection.as_ref().unwrap_or(all),
-            };
-            if sh.explicit_for(n, start + n) {
-                self.attend_explicit(sh, &queries, latent, k_rope, &mut ctx);
-            } else {
-                self.attend_absorbed(sh, &queries, latent, k_rope, &mut ctx);
+            let sel = selection.as_ref().unwrap_or(all);
+            // Each group of `attend_rows` queries takes the path a chunk of
+            // that many would (their keys are all in the cache already).
+            let group = attend_rows.clamp(1, n);
+            for (g, ctx) in ctx.chunks_mut(group * vd).enumerate() {
+                let (lo, m) = (g * group, ctx.len() / vd);
+                let queries = Queries {
+                    q: &q[lo * h * qk..(lo + m) * h * qk],
+                    start: start + lo,
+                    sel: &sel[lo..lo + m],
+                };
+                if sh.explicit_for(m, start + lo + m) {
+                    self.attend_explicit(sh, &queries, latent, k_rope, ctx);
+                } else {
+                    self.attend_absorbed(sh, &queries, latent, k_rope, ctx);
+                }
             }
         });
         self.wo.matmul(&ctx, n, out);

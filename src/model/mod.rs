@@ -31,6 +31,7 @@ use crate::formats::tensor::Mat;
 use crate::layers::scratch::Scratch;
 use crate::model::kv::{KvCache, KvLayout, LayerKv};
 use crate::model::profile::Profile;
+use crate::model::progress::Work;
 use crate::store::{ExpertStore, Variant};
 use attention::{Attention, AttentionShape};
 use dsa::Selection;
@@ -69,7 +70,10 @@ pub struct Shapes {
     pub mla: Option<MlaShape>,
 }
 
-/// Positions per prefill forward: a long prompt runs in chunks of this many.
+/// Positions per forward of a chunked prefill. A long prompt runs in
+/// layer-major passes of [`Model::prefill_pass`] positions (a multiple of
+/// this), attending chunk by chunk inside each pass so that every row gets
+/// the arithmetic the chunks gave it.
 pub const PREFILL_CHUNK: usize = 256;
 
 /// A loaded model.
@@ -94,6 +98,18 @@ pub struct Model {
     pub history: Option<String>,
     /// Where long work on this model (a long prefill) reports progress.
     pub progress: crate::model::progress::Progress,
+    /// Positions each layer runs over before the next layer starts, in a
+    /// long prefill: the RAM plan's pass (the whole context without a
+    /// budget). Each routed expert is read at most once per layer per pass.
+    pub prefill_pass: crate::store::budget::PrefillPass,
+}
+
+/// Where a prefill forward reports per-layer progress: its rows are
+/// positions `done..done + rows` of a prompt of `total`.
+#[derive(Clone, Copy, Debug)]
+pub struct PassProgress {
+    pub done: u64,
+    pub total: u64,
 }
 
 /// One sequence of a forward: its new tokens, its KV cache, and its DSA
@@ -102,6 +118,8 @@ struct Seq<'a> {
     tokens: &'a [u32],
     kv: &'a mut KvCache,
     selection: Option<Selection>,
+    /// MLA picks its attention path for every this many rows.
+    attend_rows: usize,
 }
 
 impl Seq<'_> {
@@ -112,6 +130,7 @@ impl Seq<'_> {
                 n: self.tokens.len(),
                 start: self.kv.len(),
                 rope_offset: 0,
+                attend_rows: self.attend_rows,
             },
             kv: &mut self.kv.layers[l],
             selection: &mut self.selection,
@@ -128,12 +147,16 @@ pub(crate) struct Seg<'a> {
 }
 
 /// Where a chunk of rows sits: cache rows `start..`, RoPE positions
-/// `rope_offset + start..`.
+/// `rope_offset + start..`. MLA chooses between explicit and absorbed
+/// attention for every `attend_rows` rows from `start` (a layer-major pass
+/// attends as the chunks of a chunked prefill did; `usize::MAX`: once for
+/// all `n`).
 #[derive(Clone, Copy, Debug)]
 pub struct Rows {
     pub n: usize,
     pub start: usize,
     pub rope_offset: usize,
+    pub attend_rows: usize,
 }
 
 impl Model {
@@ -259,8 +282,9 @@ impl Model {
             tokens,
             kv,
             selection: None,
+            attend_rows: usize::MAX,
         }];
-        self.forward_hidden_seqs(&mut seqs, prof)
+        self.forward_hidden_seqs(&mut seqs, None, prof)
     }
 
     /// One forward over several sequences at once (a batched step): each
@@ -275,18 +299,108 @@ impl Model {
         batch: &mut [(&[u32], &mut KvCache)],
         prof: &mut Profile,
     ) -> Result<Scratch> {
+        self.forward_hidden_rows(batch, usize::MAX, None, prof)
+    }
+
+    /// [`Model::forward_hidden_batch`] as a layer-major prefill pass: MLA
+    /// picks its attention path for every [`PREFILL_CHUNK`] rows of a
+    /// sequence (so a pass of many chunks gives each row the bits the
+    /// chunks did), and with `progress` each layer done is reported.
+    pub fn forward_pass_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        progress: Option<PassProgress>,
+        prof: &mut Profile,
+    ) -> Result<Scratch> {
+        self.forward_hidden_rows(batch, PREFILL_CHUNK, progress, prof)
+    }
+
+    fn forward_hidden_rows(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        attend_rows: usize,
+        progress: Option<PassProgress>,
+        prof: &mut Profile,
+    ) -> Result<Scratch> {
         let mut seqs: Vec<Seq> = batch
             .iter_mut()
             .map(|(tokens, kv)| Seq {
                 tokens,
                 kv,
                 selection: None,
+                attend_rows,
             })
             .collect();
-        self.forward_hidden_seqs(&mut seqs, prof)
+        self.forward_hidden_seqs(&mut seqs, progress, prof)
     }
 
-    fn forward_hidden_seqs(&self, seqs: &mut [Seq], prof: &mut Profile) -> Result<Scratch> {
+    /// A long prompt's prefill in layer-major passes of
+    /// [`Model::prefill_pass`] positions (see [`Model::forward_pass_batch`]):
+    /// the same logits, bit for bit, as [`Model::forward_chunked`] with
+    /// [`PREFILL_CHUNK`], reading each routed expert at most once per layer
+    /// per pass. Logits are computed a chunk of rows at a time (all of
+    /// them with `all_logits`, else the last row's).
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        all_logits: bool,
+        prof: &mut Profile,
+    ) -> Result<Vec<f32>> {
+        let h = self.cfg.hidden_size;
+        let total = tokens.len() as u64;
+        let mut out = Vec::new();
+        let mut done = 0;
+        for pass in tokens.chunks(self.prefill_pass.positions.max(1)) {
+            let progress = Some(PassProgress { done, total });
+            let hidden = self.forward_pass_batch(&mut [(pass, &mut *kv)], progress, prof)?;
+            done += pass.len() as u64;
+            let last = done == total;
+            let first = if all_logits {
+                0
+            } else if last {
+                pass.len() - 1
+            } else {
+                pass.len()
+            };
+            for rows in hidden[first * h..].chunks(PREFILL_CHUNK * h) {
+                let at = out.len();
+                out.resize(at + rows.len() / h * self.cfg.vocab_size, 0.0);
+                let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+                head.matmul(rows, rows.len() / h, &mut out[at..]);
+            }
+        }
+        if out.iter().any(|x| !x.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "the logits (lm_head)".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Sets the prefill pass to `positions` (at most the RAM plan's: a
+    /// longer pass would outgrow what the plan set aside).
+    pub fn set_prefill_pass(&mut self, positions: usize) -> Result<()> {
+        let most = match &self.plan {
+            Some(p) => p.prefill_pass.positions,
+            None => usize::MAX,
+        };
+        if positions == 0 || positions > most {
+            return Err(Error::Setting {
+                name: "prefill_pass",
+                reason: format!("{positions} positions: must be 1..={most} (the RAM plan's pass)"),
+            });
+        }
+        self.prefill_pass.positions = positions;
+        Ok(())
+    }
+
+    fn forward_hidden_seqs(
+        &self,
+        seqs: &mut [Seq],
+        progress: Option<PassProgress>,
+        prof: &mut Profile,
+    ) -> Result<Scratch> {
         let h = self.cfg.hidden_size;
         let mut n = 0;
         for s in seqs.iter_mut() {
@@ -309,6 +423,11 @@ impl Model {
                 return Err(Error::NonFinite {
                     what: format!("the residual stream after layer {l}"),
                 });
+            }
+            if let Some(p) = progress {
+                let layers = self.layers.len() as u64;
+                let part = n as u64 * (l as u64 + 1) / layers;
+                self.progress.report(Work::Prefill, p.done + part, p.total);
             }
         }
         for s in seqs.iter_mut() {

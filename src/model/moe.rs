@@ -54,6 +54,7 @@ impl MoeBlock {
         let res = self.routed(layer, store, x, n, prof, out, &mut w, &mut shared);
         w.pairs.clear();
         w.ids.clear();
+        w.rows.clear();
         w.cached.clear();
         WORK.with(|slot| *slot.borrow_mut() = w);
         res?;
@@ -110,8 +111,13 @@ impl MoeBlock {
         w.pairs.sort_unstable_by_key(|&(e, t, _)| (e, t));
         w.ids.extend(w.pairs.iter().map(|p| p.0));
         w.ids.dedup();
+        // Rows per expert: the ones with the most rows are read first.
+        w.rows.clear();
+        w.rows.extend(w.ids.iter().map(|&e| {
+            w.pairs.partition_point(|p| p.0 <= e) - w.pairs.partition_point(|p| p.0 < e)
+        }));
         let (ids, pairs) = (&w.ids, &w.pairs);
-        let mut pending = store.begin(layer, ids, &mut w.cached)?;
+        let mut pending = store.begin_by_rows(layer, ids, &w.rows, &mut w.cached)?;
         let cached = &w.cached;
         // Row k holds the output of pair k's expert on pair k's token.
         let mut ys = Scratch::zeroed(pairs.len() * h);
@@ -199,6 +205,8 @@ struct Work {
     route: Route,
     pairs: Vec<(usize, usize, f32)>,
     ids: Vec<usize>,
+    /// Rows routed to each of `ids`.
+    rows: Vec<usize>,
     cached: Vec<Option<Arc<Mlp>>>,
     /// Per expert, whether the layer's cache holds it (cache-aware routing).
     held: Vec<bool>,

@@ -109,6 +109,9 @@ impl Model {
             n: m,
             start: st.kv.len(),
             rope_offset: 1,
+            // The MTP head sees a prefill's rows pass by pass; it attends
+            // them as it did chunk by chunk.
+            attend_rows: super::PREFILL_CHUNK,
         };
         let mut selection = None;
         let mut segs = [super::Seg {

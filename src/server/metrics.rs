@@ -24,6 +24,10 @@ pub struct Snapshot {
     pub prompt_tokens: u64,
     /// Prompt tokens continued from a kept prefix (not prefilled).
     pub prompt_tokens_reused: u64,
+    /// Prompt positions prefilled, and the seconds of the steps that
+    /// prefilled them.
+    pub prefill_tokens: u64,
+    pub prefill_seconds: f64,
     pub generated_tokens: u64,
     pub tokens_per_second: f64,
     pub queue_depth: usize,
@@ -120,6 +124,20 @@ impl Snapshot {
             "counter",
             "Prompt tokens continued from kept KV, not prefilled.",
             self.prompt_tokens_reused,
+        );
+        metric(
+            m,
+            "prefill_tokens_total",
+            "counter",
+            "Prompt positions prefilled.",
+            self.prefill_tokens,
+        );
+        metric(
+            m,
+            "prefill_seconds_total",
+            "counter",
+            "Seconds of the engine steps that prefilled (rows decoded alongside included).",
+            self.prefill_seconds,
         );
         metric(
             m,

@@ -274,6 +274,7 @@ impl Worker<'_> {
         self.snap.latency_below = below;
         self.snap.latency_count = count;
         self.snap.latency_sum_us = sum;
+        (self.snap.prefill_tokens, self.snap.prefill_seconds) = self.pool.prefill_totals();
         self.snap.queue_depth = self.pool.queued_count();
         self.snap.busy_slots = self.pool.running_count();
         self.snap.tokens_per_second = self.rate.record(self.snap.generated_tokens);

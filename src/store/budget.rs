@@ -35,6 +35,16 @@ pub struct BudgetInput {
     pub kv: u64,
     /// Activations and logits of the largest forward.
     pub activations: u64,
+    /// Activation bytes one position of a layer-major prefill pass holds
+    /// (hidden states and every layer's per-row scratch; no logits: a pass
+    /// keeps only its last row's).
+    pub pass_bytes_per_position: u64,
+    /// Positions a pass is a multiple of (the chunk of a chunked prefill,
+    /// so a pass's rows attend exactly as the chunks did), unless it holds
+    /// the whole context or the activations leave less than one.
+    pub pass_granule: usize,
+    /// Context positions planned (a pass never needs more).
+    pub context: usize,
     /// The read mode goes through the page cache (buffered, drop, mmap).
     pub page_cache: bool,
     /// Prefetch reads alive at once: their slabs wait outside the cache
@@ -56,6 +66,51 @@ pub struct BudgetPlan {
     pub moe_layers: usize,
     /// resident + reserves + all expert slots full.
     pub projected_peak: u64,
+    /// The layer-major prefill pass (its bytes: the activations and the
+    /// `prefill pass` items together).
+    pub prefill_pass: PrefillPass,
+}
+
+/// A layer-major prefill pass: each layer runs over this many positions of
+/// a long prompt before the next layer starts, so a layer reads each of
+/// its routed experts once per pass, not once per chunk. Its bytes are
+/// the activations item and the `prefill pass` item together (a pass
+/// keeps one row's logits, so it reuses the activations item).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillPass {
+    pub positions: usize,
+    pub bytes_per_position: u64,
+}
+
+impl PrefillPass {
+    /// The pass's activation bytes (at most the plan's activations item).
+    pub fn bytes(&self) -> u64 {
+        (self.positions as u64).saturating_mul(self.bytes_per_position)
+    }
+}
+
+/// The longest pass whose activations fit in `activations` bytes: a
+/// multiple of `granule` positions, capped at the context (one pass for
+/// the whole context needs no rounding); at least one position.
+pub fn prefill_pass(
+    activations: u64,
+    bytes_per_position: u64,
+    granule: usize,
+    context: usize,
+) -> PrefillPass {
+    let fit = activations
+        .checked_div(bytes_per_position)
+        .map_or(usize::MAX, |f| usize::try_from(f).unwrap_or(usize::MAX));
+    let granule = granule.max(1);
+    let aligned = if fit >= granule {
+        fit / granule * granule
+    } else {
+        fit
+    };
+    PrefillPass {
+        positions: aligned.min(context).max(1),
+        bytes_per_position,
+    }
 }
 
 /// Runtime reserve: binary, tokenizer, thread stacks, and allocator slack.
@@ -69,6 +124,13 @@ fn page_cache_reserve(budget: u64) -> u64 {
     (budget / 8).min(5 * GIB / 2)
 }
 
+/// What a layer-major prefill pass may take: an eighth of the budget (or
+/// the activations item, if more: a pass reuses it, keeping one row's
+/// logits). The pass only holds the positions the context needs.
+fn pass_share(budget: u64) -> u64 {
+    budget / 8
+}
+
 /// Plans the budget, or explains (with the numbers) why it cannot fit.
 /// All arithmetic is checked: an item whose bytes overflow is refused by
 /// name, never wrapped into a small number.
@@ -79,6 +141,12 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         .checked_mul(copies)
         .and_then(|ram| ram.checked_add(i.expert_disk))
         .and_then(|per| per.checked_mul(i.top_k as u64));
+    let pass = prefill_pass(
+        pass_share(i.budget).max(i.activations),
+        i.pass_bytes_per_position,
+        i.pass_granule,
+        i.context,
+    );
     let mut reserves = vec![
         // A layer's misses (at most top-k read at once): read into slabs
         // and decoded (a packed expert is decoded in place, zero copy),
@@ -86,6 +154,10 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         ("in-flight experts", in_flight),
         ("KV pool", Some(i.kv)),
         ("activations", Some(i.activations)),
+        (
+            "prefill pass",
+            Some(pass.bytes().saturating_sub(i.activations)),
+        ),
         ("runtime", Some(runtime_reserve(i.budget))),
     ];
     if i.prefetch_experts > 0 {
@@ -132,7 +204,23 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         experts_per_layer: i.experts_per_layer,
         moe_layers: i.moe_layers,
         projected_peak: fixed + slots as u64 * per_slot_row, // <= budget
+        prefill_pass: pass,
     })
+}
+
+impl BudgetPlan {
+    /// The activations item.
+    pub fn activations(&self) -> u64 {
+        self.reserve("activations")
+    }
+
+    /// The bytes of the reserve named `name` (0 when the plan has none).
+    pub fn reserve(&self, name: &str) -> u64 {
+        self.reserves
+            .iter()
+            .find(|r| r.0 == name)
+            .map_or(0, |r| r.1)
+    }
 }
 
 /// Bytes as `12.3 MiB` / `4.56 GiB`.
@@ -155,6 +243,15 @@ impl fmt::Display for BudgetPlan {
         )?;
         for (name, b) in &self.reserves {
             write!(f, ", {name} {}", human(*b))?;
+            if *name == "prefill pass" {
+                let pass = &self.prefill_pass;
+                write!(
+                    f,
+                    " ({} positions, {} with the activations)",
+                    pass.positions,
+                    human(pass.bytes().max(self.activations()))
+                )?;
+            }
         }
         write!(
             f,
@@ -184,6 +281,10 @@ mod tests {
             top_k: 4,
             kv: 8 * MIB,
             activations: 4 * MIB,
+            // 8192 positions take 4.1 MB: within the activations item.
+            pass_bytes_per_position: 500,
+            pass_granule: 256,
+            context: 8192,
             page_cache: false,
             prefetch_experts: 0,
         }
@@ -263,5 +364,54 @@ mod tests {
         let p = plan(&input(190 * MIB)).unwrap();
         assert_eq!(p.slots_per_layer, 1);
         assert!(p.to_string().starts_with("ram plan: budget 190.0 MiB"));
+    }
+
+    #[test]
+    fn the_prefill_pass_fits_the_activations_item() {
+        // (activations, bytes per position, granule, context) -> positions
+        let table = [
+            (4 * MIB, 1000, 256, 8192, 4096), // 4194 fit, rounded down to 256s
+            (4 * MIB, 1000, 256, 3000, 3000), // the whole context in one pass
+            (4 * MIB, 1000, 256, 4096, 4096), // exactly the context
+            (200_000, 1000, 256, 8192, 200),  // under one granule: what fits
+            (999, 1000, 256, 8192, 1),        // never zero
+            (4 * MIB, 0, 256, 8192, 8192),    // nothing per position
+            (4 * MIB, 1000, 1, 8192, 4194),   // granule 1
+            (u64::MAX, 1, 256, usize::MAX, usize::MAX / 256 * 256),
+        ];
+        for (activations, per, granule, context, want) in table {
+            let p = prefill_pass(activations, per, granule, context);
+            assert_eq!(p.positions, want, "{activations} {per} {granule} {context}");
+            assert!(p.positions <= context.max(1));
+            if p.positions > 1 {
+                assert!(p.bytes() <= activations, "{p:?} over {activations}");
+            }
+        }
+        // Within the activations item: no extra reserve.
+        let p = plan(&input(512 * MIB)).unwrap();
+        assert_eq!(p.prefill_pass.positions, 8192);
+        assert_eq!(p.reserve("prefill pass"), 0);
+        assert!(p.prefill_pass.bytes() <= p.activations());
+        // Beyond it: an eighth of the budget, itemized, and the slots shrink.
+        let mut i = input(512 * MIB);
+        i.pass_bytes_per_position = 10_000;
+        let p = plan(&i).unwrap();
+        assert_eq!(p.prefill_pass.positions, 6656, "64 MiB / 10 kB, in 256s");
+        let extra = 6656 * 10_000 - 4 * MIB;
+        assert_eq!(p.reserve("prefill pass"), extra);
+        assert!(p.prefill_pass.bytes() <= p.activations() + p.reserve("prefill pass"));
+        assert!(p.prefill_pass.bytes() <= 512 * MIB / 8);
+        let fixed = 100 * MIB + 12 * MIB + 8 * MIB + 4 * MIB + extra + 48 * MIB + 512 * MIB / 50;
+        assert_eq!(p.slots_per_layer as u64, (512 * MIB - fixed) / (10 * MIB));
+        assert!(p.projected_peak <= p.budget);
+        assert!(
+            p.to_string().contains(
+                ", prefill pass 59.5 MiB (6656 positions, 63.5 MiB with the activations)"
+            ),
+            "{p}"
+        );
+        // A short context: one pass holds all of it.
+        i.context = 1000;
+        assert_eq!(plan(&i).unwrap().prefill_pass.positions, 1000);
     }
 }

@@ -291,6 +291,26 @@ impl ExpertStore {
         ids: &[usize],
         cached: &mut Vec<Option<Arc<Mlp>>>,
     ) -> Result<Pending<'_>> {
+        self.begin_by_rows(layer, ids, &[], cached)
+    }
+
+    /// [`ExpertStore::begin`] reading the misses in order of `rows` (the
+    /// rows each of `ids` is applied to), most first, so that the experts
+    /// with the most work land first and compute while the rest stream in
+    /// (ties, and an empty `rows`, in id order). The cache's insertions
+    /// stay in id order, so what it holds afterwards does not depend on
+    /// `rows`.
+    pub fn begin_by_rows(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        rows: &[usize],
+        cached: &mut Vec<Option<Arc<Mlp>>>,
+    ) -> Result<Pending<'_>> {
+        assert!(
+            rows.is_empty() || rows.len() == ids.len(),
+            "one row count per expert"
+        );
         assert!(
             ids.windows(2).all(|w| w[0] < w[1]),
             "a layer fetches a sorted union of distinct experts"
@@ -348,6 +368,10 @@ impl ExpertStore {
             if p.read.outstanding() {
                 self.reads.cancel(p.read.batch.id);
             }
+        }
+        if !rows.is_empty() {
+            // Stable: ties keep id order.
+            to_read.sort_by_key(|e| std::cmp::Reverse(rows[ids.partition_point(|i| i < e)]));
         }
         self.grow_into_spare_buffers(layer, misses.len());
         let survives = self.survivors(layer, &misses);

@@ -1,0 +1,267 @@
+//! Layer-major prefill: a prompt longer than one chunk runs in passes of
+//! `Model::prefill_pass` positions, each layer over the whole pass before
+//! the next. It gives chunked prefill's bits (greedy tokens, logits, the
+//! teacher-forced eval) in every family, reads each routed expert at most
+//! once per layer per pass, and never runs a longer pass than the RAM
+//! plan set aside activations for.
+
+mod common;
+
+use common::copy_fixture;
+use moestream::engine::generate::{evaluate, evaluate_in_chunks, generate, GenOptions};
+use moestream::engine::sampler::SamplingParams;
+use moestream::engine::{Engine, Session};
+use moestream::model::mla::{DsaMode, MlaMode};
+use moestream::model::profile::Profile;
+use moestream::model::progress::{Progress, Work};
+use moestream::model::{LoadOptions, Model, PREFILL_CHUNK};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+const FAMILIES: [&str; 9] = [
+    "qwen3_moe",
+    "qwen2_moe",
+    "mixtral",
+    "mixtral_sliding_window",
+    "olmoe",
+    "deepseek_v3",
+    "deepseek_v3_fp8",
+    "glm4_moe",
+    "glm_moe_dsa",
+];
+
+/// A copy of `family`'s fixture whose context holds `positions` (the
+/// fixtures' own hold at most one chunk).
+fn long_fixture(family: &str, positions: usize) -> tempfile::TempDir {
+    let dir = copy_fixture(family);
+    let path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = positions.into();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    dir
+}
+
+/// `n` spread-out token ids below `vocab`.
+fn prompt(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+fn greedy(max_tokens: usize) -> GenOptions {
+    GenOptions {
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        ignore_eos: true,
+        eos_ids: Vec::new(),
+        speculation: Default::default(),
+        constraint: None,
+    }
+}
+
+fn load(dir: &Path, opts: LoadOptions) -> Model {
+    Model::load(
+        dir,
+        &LoadOptions {
+            pin_history: false,
+            ..opts
+        },
+    )
+    .unwrap()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Today's chunked prefill and the layer-major one agree bit for bit.
+fn assert_layer_major_is_chunked(model: &mut Model, ids: &[u32], what: &str) {
+    assert!(
+        model.prefill_pass.positions >= ids.len(),
+        "{what}: one pass"
+    );
+    let chunked = evaluate_in_chunks(model, ids, PREFILL_CHUNK).unwrap();
+    let layered = evaluate(model, ids).unwrap();
+    assert!(
+        same_bits(&chunked.logits, &layered.logits),
+        "{what}: the eval's logits differ"
+    );
+    assert_eq!(chunked.argmax, layered.argmax, "{what}");
+    let pass = model.prefill_pass.positions;
+    let layer_major = generate(model, ids, &greedy(3), |_| Ok(())).unwrap();
+    model.set_prefill_pass(PREFILL_CHUNK).unwrap();
+    let chunk_by_chunk = generate(model, ids, &greedy(3), |_| Ok(())).unwrap();
+    model.set_prefill_pass(pass).unwrap();
+    assert_eq!(
+        layer_major.token_ids, chunk_by_chunk.token_ids,
+        "{what}: greedy tokens"
+    );
+    // The first token's logits, from an engine step each way.
+    let first = |model: &Model| {
+        let mut s = Session::new(model, ids, &greedy(1)).unwrap();
+        let engine = Engine::new(model);
+        while !s.is_done() {
+            engine.step(&mut [&mut s], &mut Profile::default()).unwrap();
+        }
+        s.logits().to_vec()
+    };
+    let layered = first(model);
+    model.set_prefill_pass(PREFILL_CHUNK).unwrap();
+    let chunked = first(model);
+    model.set_prefill_pass(pass).unwrap();
+    assert!(same_bits(&layered, &chunked), "{what}: first logits");
+}
+
+#[test]
+fn layer_major_prefill_is_chunked_prefill_bit_for_bit_in_every_family() {
+    for family in FAMILIES {
+        let dir = long_fixture(family, 700);
+        let mla = family.starts_with("deepseek") || family == "glm_moe_dsa";
+        let mut modes = vec![(MlaMode::Auto, DsaMode::Auto)];
+        if mla {
+            modes.push((MlaMode::Absorb, DsaMode::Auto));
+        }
+        if family == "glm_moe_dsa" {
+            modes.push((MlaMode::Absorb, DsaMode::On));
+            modes.push((MlaMode::Auto, DsaMode::On));
+        }
+        for (m, d) in modes {
+            let mut model = load(dir.path(), LoadOptions::default());
+            model.set_attention_modes(m, d);
+            let ids = prompt(600, model.cfg.vocab_size);
+            assert_layer_major_is_chunked(&mut model, &ids, &format!("{family} {m:?} {d:?}"));
+        }
+    }
+    // Quantized at load: the batched int kernels give each row its bits
+    // whatever the rows beside it.
+    let dir = long_fixture("qwen3_moe", 700);
+    let opts = LoadOptions {
+        quantize_at_load: Some(moestream::formats::quant::policy::Policy::default()),
+        ..LoadOptions::default()
+    };
+    let mut model = load(dir.path(), opts);
+    let ids = prompt(600, model.cfg.vocab_size);
+    assert_layer_major_is_chunked(&mut model, &ids, "qwen3_moe quantized at load");
+}
+
+/// Cold store counters after a greedy prefill of `ids` (one token) at
+/// `pass` positions per pass, 2 expert slots per layer.
+fn prefill_counters(dir: &Path, ids: &[u32], pass: usize) -> moestream::store::StoreCounters {
+    let mut model = load(
+        dir,
+        LoadOptions {
+            expert_cache: 2,
+            context: 1100,
+            ..LoadOptions::default()
+        },
+    );
+    model.set_prefill_pass(pass).unwrap();
+    let before = model.store.counters();
+    generate(&model, ids, &greedy(1), |_| Ok(())).unwrap();
+    let after = model.store.counters();
+    moestream::store::StoreCounters {
+        layer_fetches: after.layer_fetches - before.layer_fetches,
+        demand_reads: after.demand_reads - before.demand_reads,
+        misses: after.misses - before.misses,
+        ..after
+    }
+}
+
+#[test]
+fn a_long_prompt_reads_each_expert_at_most_once_per_layer_per_pass() {
+    let dir = long_fixture("qwen3_moe", 1100);
+    let model = load(dir.path(), LoadOptions::default());
+    let (layers, experts) = (
+        model.store.moe_layers() as u64,
+        model.store.experts_in(0) as u64,
+    );
+    let ids = prompt(1024, model.cfg.vocab_size);
+    drop(model);
+    // One pass: each layer fetches once and reads each expert at most once.
+    let one = prefill_counters(dir.path(), &ids, 1024);
+    assert_eq!(one.layer_fetches, layers, "one fetch per layer");
+    assert!(
+        one.demand_reads <= layers * experts,
+        "{} reads for {layers} layers of {experts} experts",
+        one.demand_reads
+    );
+    // Two passes: twice.
+    let two = prefill_counters(dir.path(), &ids, 512);
+    assert_eq!(two.layer_fetches, 2 * layers);
+    assert!(two.demand_reads <= 2 * layers * experts);
+    // Chunk by chunk, a 2-slot cache re-reads the experts every chunk.
+    let chunked = prefill_counters(dir.path(), &ids, PREFILL_CHUNK);
+    assert_eq!(chunked.layer_fetches, 4 * layers);
+    assert!(
+        chunked.demand_reads > one.demand_reads,
+        "chunked {} vs one pass {}",
+        chunked.demand_reads,
+        one.demand_reads
+    );
+}
+
+#[test]
+fn the_pass_is_the_plans_and_no_longer() {
+    let dir = long_fixture("qwen3_moe", 4096);
+    let model = load(
+        dir.path(),
+        LoadOptions {
+            ram_budget: Some(200_000_000),
+            ..LoadOptions::default()
+        },
+    );
+    let plan = model.plan.clone().expect("a plan under a budget");
+    let pass = plan.prefill_pass;
+    assert_eq!(model.prefill_pass, pass, "the loaded pass is the plan's");
+    assert!(pass.positions > PREFILL_CHUNK, "{plan}");
+    assert!(pass.positions <= 4096);
+    assert!(
+        pass.bytes() <= plan.activations() + plan.reserve("prefill pass"),
+        "{plan}"
+    );
+    assert!(plan.to_string().contains("prefill pass"), "{plan}");
+    let mut model = model;
+    let e = model.set_prefill_pass(pass.positions + 1).unwrap_err();
+    assert!(e.to_string().contains("prefill_pass"), "{e}");
+    assert!(model.set_prefill_pass(0).is_err());
+    // Without a budget: the whole context in one pass.
+    let free = load(
+        dir.path(),
+        LoadOptions {
+            context: 3000,
+            ..LoadOptions::default()
+        },
+    );
+    assert_eq!(free.prefill_pass.positions, 3000);
+}
+
+#[test]
+fn a_pass_reports_progress_layer_by_layer_and_the_engine_counts_prefill() {
+    let dir = long_fixture("olmoe", 1100);
+    let mut model = load(dir.path(), LoadOptions::default());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    model.progress = Progress::new(move |w, done, total| {
+        if w == Work::Prefill {
+            s.lock().unwrap().push((done, total));
+        }
+    });
+    let ids = prompt(1000, model.cfg.vocab_size);
+    let mut session = Session::new(&model, &ids, &greedy(2)).unwrap();
+    let engine = Engine::new(&model);
+    while !session.is_done() {
+        engine
+            .step(&mut [&mut session], &mut Profile::default())
+            .unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let layers = model.cfg.num_layers;
+    assert_eq!(seen.len(), layers, "one report per layer of the one pass");
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0), "{seen:?}");
+    assert_eq!(seen.last(), Some(&(1000, 1000)));
+    let (tokens, seconds) = engine.prefill_totals();
+    assert_eq!(tokens, 1000, "prompt positions prefilled");
+    assert!(seconds > 0.0);
+}
