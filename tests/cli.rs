@@ -81,8 +81,27 @@ fn short_flags_aliases_and_a_positional_model_match_the_long_flags() {
     ]);
     assert_eq!(long.1.len(), 4);
     let spellings: [&[&str]; 4] = [
-        &["-m", &m, "-p", "hello world", "-n", "4", "-c", "64", "-t", "1"],
-        &[&m, "-p", "hello world", "--n-predict", "4", "--ctx-size", "64"],
+        &[
+            "-m",
+            &m,
+            "-p",
+            "hello world",
+            "-n",
+            "4",
+            "-c",
+            "64",
+            "-t",
+            "1",
+        ],
+        &[
+            &m,
+            "-p",
+            "hello world",
+            "--n-predict",
+            "4",
+            "--ctx-size",
+            "64",
+        ],
         &["-p", "hello world", &m, "-n", "4"],
         &["--model", &m, "-p", "hello world", "-n", "4", "--temp", "0"],
     ];
@@ -113,8 +132,14 @@ fn the_prompt_comes_from_a_file_or_standard_input() {
     assert_eq!(run_ids(&["-m", &m, "-f", f, "-n", "3"]), want);
     assert_eq!(run_ids(&["-m", &m, "--file", f, "-n", "3"]), want);
     let piped = "a file\nof two lines\n";
-    assert_eq!(run_ids_stdin(&["-m", &m, "-p", "-", "-n", "3"], piped), want);
-    assert_eq!(run_ids_stdin(&["-m", &m, "-f", "-", "-n", "3"], piped), want);
+    assert_eq!(
+        run_ids_stdin(&["-m", &m, "-p", "-", "-n", "3"], piped),
+        want
+    );
+    assert_eq!(
+        run_ids_stdin(&["-m", &m, "-f", "-", "-n", "3"], piped),
+        want
+    );
     // A missing file is named.
     let out = moestream(&["run", "-m", &m, "-f", "/nonexistent/p.txt"]);
     common::assert_clean_failure(&out, &["--file /nonexistent/p.txt"]);
@@ -247,7 +272,10 @@ fn version_names_the_commit_profile_and_kernels() {
     let out = moestream(&["--version"]);
     assert!(out.ok, "{}", out.stderr);
     let v = &out.stdout;
-    assert!(v.starts_with(&format!("moestream {}", env!("CARGO_PKG_VERSION"))), "{v}");
+    assert!(
+        v.starts_with(&format!("moestream {}", env!("CARGO_PKG_VERSION"))),
+        "{v}"
+    );
     for key in ["commit ", "profile ", "kernels "] {
         assert!(v.contains(key), "`{key}` in {v}");
     }
@@ -269,13 +297,19 @@ fn completions_and_the_man_page_are_generated() {
         let out = moestream(&["completions", shell]);
         assert!(out.ok, "{shell}: {}", out.stderr);
         assert!(out.stdout.contains("moestream"), "{shell}");
-        assert!(out.stdout.contains("ram-gb"), "{shell}: flags of subcommands");
+        assert!(
+            out.stdout.contains("ram-gb"),
+            "{shell}: flags of subcommands"
+        );
     }
     let out = moestream(&["completions", "nosuchshell"]);
     common::assert_clean_failure(&out, &["nosuchshell"]);
     let out = moestream(&["man"]);
     assert!(out.ok, "{}", out.stderr);
-    assert!(out.stdout.starts_with(".ie") || out.stdout.contains(".TH"), "roff");
+    assert!(
+        out.stdout.starts_with(".ie") || out.stdout.contains(".TH"),
+        "roff"
+    );
     assert!(out.stdout.contains("moestream"));
 }
 
@@ -305,7 +339,10 @@ fn needed_libraries(elf: &[u8]) -> Vec<String> {
     let Some(&dynamic) = headers.iter().find(|&&h| u32_at(h) == 2) else {
         return Vec::new(); // statically linked
     };
-    let (off, size) = (u64_at(dynamic + 0x08) as usize, u64_at(dynamic + 0x20) as usize);
+    let (off, size) = (
+        u64_at(dynamic + 0x08) as usize,
+        u64_at(dynamic + 0x20) as usize,
+    );
     let entries: Vec<(u64, u64)> = (off..off + size)
         .step_by(16)
         .map(|e| (u64_at(e), u64_at(e + 8)))
@@ -329,7 +366,15 @@ fn the_binary_links_only_the_c_runtime() {
     let elf = std::fs::read(env!("CARGO_BIN_EXE_moestream")).unwrap();
     let needed = needed_libraries(&elf);
     assert!(!needed.is_empty(), "a dynamically linked binary names libc");
-    let allowed = ["libc.so", "libm.so", "libgcc_s.so", "ld-linux", "libpthread.so", "libdl.so", "librt.so"];
+    let allowed = [
+        "libc.so",
+        "libm.so",
+        "libgcc_s.so",
+        "ld-linux",
+        "libpthread.so",
+        "libdl.so",
+        "librt.so",
+    ];
     for lib in &needed {
         assert!(
             allowed.iter().any(|a| lib.starts_with(a)),

@@ -153,8 +153,13 @@ struct ModelArgs {
     /// Hugging Face id (`org/name`) found offline in the hub cache
     /// ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub); also
     /// accepted as the first positional argument.
-    #[arg(short = 'm', long = "model", value_name = "DIR",
-          required_unless_present = "model_pos", conflicts_with = "model_pos")]
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "DIR",
+        required_unless_present = "model_pos",
+        conflicts_with = "model_pos"
+    )]
     model_flag: Option<PathBuf>,
     /// The model (as --model).
     #[arg(value_name = "MODEL")]
@@ -865,7 +870,9 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
     };
     if m.ram_gb.is_none() {
         match moestream::machine::memory::machine_budget() {
-            None => eprintln!("memory: no cgroup limit or MemAvailable known; the run is not bounded"),
+            None => {
+                eprintln!("memory: no cgroup limit or MemAvailable known; the run is not bounded")
+            }
             Some(machine) => {
                 if let Some(fit) = machine_fit(m, &opts, machine) {
                     eprintln!("{}", fit.line());
@@ -928,7 +935,8 @@ fn machine_fit(
         schedule,
         ..opts.clone()
     };
-    let need_bytes = moestream::inspect::plan::budget_for_slots(&m.model, &budgeted, m.expert_cache).ok()?;
+    let need_bytes =
+        moestream::inspect::plan::budget_for_slots(&m.model, &budgeted, m.expert_cache).ok()?;
     Some(Fit {
         machine,
         slots: m.expert_cache,

@@ -93,7 +93,11 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
 /// The error of loading (same words, same flag names: `plan` and `run`
 /// share it); for a budget that does not fit, a hint with the smallest one
 /// that does, first ([`plan::smallest_budget`], as `doctor` names it).
-pub(super) fn refusal(e: moestream::Error, dir: &std::path::Path, opts: &LoadOptions) -> anyhow::Error {
+pub(super) fn refusal(
+    e: moestream::Error,
+    dir: &std::path::Path,
+    opts: &LoadOptions,
+) -> anyhow::Error {
     if matches!(e, moestream::Error::Budget(_)) {
         let unbudgeted = LoadOptions {
             ram_budget: None,

@@ -6,10 +6,10 @@
 //! elements the viewer renders, carries the labels). Layout still measures
 //! text with plotters' built-in estimate, so both files share one layout.
 
+use plotters::prelude::BitMapBackend;
 use plotters_backend::{
     BackendColor, BackendCoord, BackendStyle, BackendTextStyle, DrawingBackend, DrawingErrorKind,
 };
-use plotters::prelude::BitMapBackend;
 use std::path::Path;
 
 /// A bitmap backend that draws no text.

@@ -84,7 +84,10 @@ pub fn mem_available_bytes() -> Option<u64> {
 
 /// This machine's default budget, read now.
 pub fn machine_budget() -> Option<MachineBudget> {
-    budget_from(crate::machine::cgroup::memory_limit(), mem_available_bytes())
+    budget_from(
+        crate::machine::cgroup::memory_limit(),
+        mem_available_bytes(),
+    )
 }
 
 #[cfg(test)]
@@ -97,12 +100,24 @@ mod tests {
     fn the_smaller_figure_less_the_margin() {
         // (cgroup limit, MemAvailable) -> (bytes, source)
         let table = [
-            (Some(8 * GB), Some(100 * GB), Some((7_200_000_000, Source::CgroupLimit))),
-            (Some(100 * GB), Some(8 * GB), Some((7_200_000_000, Source::MemAvailable))),
+            (
+                Some(8 * GB),
+                Some(100 * GB),
+                Some((7_200_000_000, Source::CgroupLimit)),
+            ),
+            (
+                Some(100 * GB),
+                Some(8 * GB),
+                Some((7_200_000_000, Source::MemAvailable)),
+            ),
             (None, Some(10 * GB), Some((9 * GB, Source::MemAvailable))),
             (Some(10 * GB), None, Some((9 * GB, Source::CgroupLimit))),
             // A small figure keeps the least margin.
-            (Some(GB), None, Some((GB - (256 << 20), Source::CgroupLimit))),
+            (
+                Some(GB),
+                None,
+                Some((GB - (256 << 20), Source::CgroupLimit)),
+            ),
             (Some(200 << 20), None, None),
             (None, None, None),
         ];
