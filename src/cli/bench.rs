@@ -7,10 +7,11 @@ pub(super) struct DecodeArgs {
     #[command(flatten)]
     pub(super) model: ModelArgs,
     /// Tokens to decode (greedy, EOS ignored).
-    #[arg(long, default_value_t = 32)]
+    #[arg(short = 'n', long, visible_aliases = ["max-tokens", "n-predict"], default_value_t = 32)]
     tokens: usize,
     /// Prompt text.
     #[arg(
+        short = 'p',
         long,
         default_value = "The engine reads the expert from the disk while the cores compute"
     )]
@@ -125,7 +126,7 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         submit: format!("{:?}", a.model.submit).to_lowercase(),
         pipeline: model.store.schedule.pipeline,
         prefetch: lookahead_name(model.store.schedule.lookahead),
-        ram_gb: a.model.ram_gb,
+        ram_gb: a.model.budget_gb(),
         slots: model
             .plan
             .as_ref()

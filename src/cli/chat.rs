@@ -5,7 +5,7 @@
 //! Commands: /reset, /stats, /exit. Ctrl-C stops the answer being
 //! generated; at the prompt it ends the program (as does Ctrl-D).
 
-use super::serve::chat_template;
+use super::serve::chat_template_required;
 use super::*;
 use moestream::engine::{Engine, Prefix, Session};
 use moestream::formats::chat::{ChatTemplate, Message};
@@ -15,9 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 #[derive(Args)]
+#[command(next_help_heading = H_GEN)]
 pub(super) struct ChatArgs {
-    #[command(flatten)]
-    pub(super) model: ModelArgs,
     /// A Jinja chat template to use instead of the model's.
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
@@ -25,12 +24,14 @@ pub(super) struct ChatArgs {
     #[arg(long)]
     system: Option<String>,
     /// New tokens per answer at most.
-    #[arg(long, default_value_t = 512)]
+    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 512)]
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
     spec: SpecArgs,
+    #[command(flatten)]
+    pub(super) model: ModelArgs,
 }
 
 /// Set while an answer is generated: Ctrl-C then stops it.
@@ -87,12 +88,7 @@ struct TurnStats {
 pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
     let dir = a.model.model.clone();
     let tok = Tokenizer::load(&dir)?;
-    let Some(template) = chat_template(a.chat_template.as_deref(), &dir)? else {
-        bail!(
-            "{}: the model has no chat template (tokenizer_config.json chat_template); give --chat-template FILE",
-            dir.display()
-        );
-    };
+    let template = chat_template_required(a.chat_template.as_deref(), &dir)?;
     let defaults = GenerationDefaults::load(&dir)?;
     let opts = GenOptions {
         max_tokens: a.max_tokens,

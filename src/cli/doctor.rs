@@ -77,11 +77,14 @@ fn load_options(a: &DoctorArgs, dir: Option<&std::path::Path>) -> Result<LoadOpt
         Some(gb) => Some((gb * 1e9) as u64),
         None => None,
     };
+    // A budget is checked the way a budgeted run resolves `--io auto`
+    // (as `plan` does), asked for or not: the smallest budget doctor names
+    // is then plan's and run's.
     let req = Requested {
         read_mode: Choice::Auto,
         pipeline: Choice::Auto,
         prefetch: Choice::Auto,
-        budgeted: ram_budget.is_some(),
+        budgeted: true,
     };
     let profile = dir.and_then(|d| moestream::fs::tuned::load(d).ok().flatten());
     let r = runtime::resolve(&req, profile.as_ref().map(|(_, p)| p));

@@ -51,7 +51,7 @@ pub(super) fn model_args(m: &ModelArgs) -> Result<()> {
     if let Some(c) = m.context {
         count("--context", c, 1..=CONTEXT_MAX)?;
     }
-    if let Some(gb) = m.ram_gb {
+    if let Some(gb) = m.budget_gb() {
         if !(gb > 0.0 && gb <= RAM_GB_MAX) {
             bail!("--ram-gb {gb:?} is outside (0, {RAM_GB_MAX:?}] GB");
         }
@@ -60,10 +60,15 @@ pub(super) fn model_args(m: &ModelArgs) -> Result<()> {
 }
 
 /// Says on stderr which model flags `model` used clamped: more cache slots
-/// than its largest layer has experts.
+/// than its largest layer has experts, more context than the model's
+/// positions.
 pub(super) fn note_clamps(m: &ModelArgs, model: &Model) {
+    let positions = model.cfg.rope.max_position_embeddings;
+    if let Some(c) = m.context.filter(|&c| c > positions) {
+        eprintln!("--context {c}: using {positions} (the model's max_position_embeddings)");
+    }
     let experts = model.cfg.num_experts;
-    if m.ram_gb.is_none() && experts > 0 && m.expert_cache > experts {
+    if model.plan.is_none() && experts > 0 && m.expert_cache > experts {
         eprintln!(
             "--expert-cache {}: using {experts} (the experts of a layer)",
             m.expert_cache

@@ -2,7 +2,7 @@
 //! exactly one JSON object on stdout; that shape is a contract.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 use moestream::engine::gen_config::{GenerationDefaults, Overrides};
 use moestream::engine::generate::{evaluate, generate, GenOptions, Generation};
 use moestream::engine::runtime::{self, lookahead_name, Choice, Requested};
@@ -29,6 +29,7 @@ mod doctor;
 mod eval;
 mod export_gguf;
 mod limits;
+mod logs;
 mod plan;
 mod progress;
 mod replay;
@@ -54,6 +55,8 @@ use synth::{cmd_demo, cmd_synth, DemoArgs, SynthArgs};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    logs: logs::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -104,6 +107,14 @@ enum Cmd {
     Doctor(doctor::DoctorArgs),
     /// A one-screen summary of a model and this machine.
     Status(doctor::StatusArgs),
+    /// Print a shell completion script (e.g. `moestream completions bash >
+    /// /etc/bash_completion.d/moestream`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff: `moestream man > moestream.1`).
+    Man,
 }
 
 #[derive(Subcommand)]
@@ -128,46 +139,69 @@ enum BenchCmd {
     Sweep(sweep::SweepArgs),
 }
 
+/// Help headings: what a user types first comes first, the research
+/// knobs last.
+const H_MODEL: &str = "Model";
+const H_GEN: &str = "Generation";
+const H_MEM: &str = "Memory and I/O";
+const H_RESEARCH: &str = "Research";
+
 #[derive(Args, Clone)]
+#[command(next_help_heading = H_MODEL)]
 struct ModelArgs {
     /// Model directory (config.json, *.safetensors, tokenizer.json), or a
     /// Hugging Face id (`org/name`) found offline in the hub cache
-    /// ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub).
-    #[arg(long)]
+    /// ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub); also
+    /// accepted as the first positional argument.
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "DIR",
+        required_unless_present = "model_pos",
+        conflicts_with = "model_pos"
+    )]
+    model_flag: Option<PathBuf>,
+    /// The model (as --model).
+    #[arg(value_name = "MODEL")]
+    model_pos: Option<PathBuf>,
+    /// The model directory, resolved from --model or the positional
+    /// argument by [`resolve_model`] before any command reads it.
+    #[arg(skip)]
     model: PathBuf,
     /// With a hub id: the branch, tag or commit of the snapshot.
     #[arg(long, default_value = "main")]
     revision: String,
+    /// Worker threads for the kernels (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
     /// Routed experts kept in RAM per layer.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = H_MEM)]
     expert_cache: usize,
     /// How expert bytes are read: auto (what `moestream tune` measured
     /// fastest for this disk and model; without a profile, direct under
     /// --ram-gb and buffered otherwise),
     /// direct (O_DIRECT), buffered (page cache), drop (page cache, then
     /// dropped), mmap, pread (the same reads as buffered; kept as a name).
-    #[arg(long = "io", visible_alias = "read-mode", default_value = "auto", value_parser = parse_io)]
+    #[arg(long = "io", visible_alias = "read-mode", default_value = "auto", value_parser = parse_io,
+          help_heading = H_MEM)]
     io: IoChoice,
-    /// Worker threads for the kernels (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
     /// MLA attention: absorb (decode-style), explicit (K/V reconstruction),
     /// auto (the cheaper for the tokens in flight).
-    #[arg(long, value_enum, default_value_t = MlaArg::Auto)]
+    #[arg(long, value_enum, default_value_t = MlaArg::Auto, help_heading = H_RESEARCH)]
     mla: MlaArg,
     /// DSA indexer (GLM-5): on, off (dense attention), auto (select only
     /// when a query sees more than index_topk positions; same output as on).
-    #[arg(long, value_enum, default_value_t = DsaArg::Auto)]
+    #[arg(long, value_enum, default_value_t = DsaArg::Auto, help_heading = H_RESEARCH)]
     dsa: DsaArg,
     /// How a layer's expert misses are submitted: reactor (all in flight at
     /// once through io_uring, falling back to sync where unavailable) or
     /// sync (one after another on a reader thread).
-    #[arg(long, value_enum, default_value_t = Submit::Reactor)]
+    #[arg(long, value_enum, default_value_t = Submit::Reactor, help_heading = H_MEM)]
     submit: Submit,
     /// Pipelined MoE layers: compute cached experts while misses are read,
     /// then each miss as it lands (on), or wait for every read first (off);
     /// auto takes the tuned profile's choice (on without one).
-    #[arg(long, value_enum, default_value_t = Toggle::Auto)]
+    #[arg(long, value_enum, default_value_t = Toggle::Auto, help_heading = H_RESEARCH)]
     pipeline: Toggle,
     /// Router-lookahead prefetch: read the experts the next layers' routers
     /// pick from this layer's state, at lower priority than demand reads
@@ -176,29 +210,29 @@ struct ModelArgs {
     /// learned:FILE reads the next MoE layer's experts a predictor trained
     /// by `train-predictor` guesses (from this layer's choice, the next
     /// layer's choice for the previous token and the lookahead's guess).
-    #[arg(long, value_parser = parse_prefetch, default_value = "auto")]
+    #[arg(long, value_parser = parse_prefetch, default_value = "auto", help_heading = H_RESEARCH)]
     prefetch: PrefetchArg,
     /// The state the lookahead applies the next router to: attn (this
     /// layer's post-attention residual: more lead time) or output (this
     /// layer's output: better guesses).
-    #[arg(long, value_enum, default_value_t = PrefetchFrom::Attn)]
+    #[arg(long, value_enum, default_value_t = PrefetchFrom::Attn, help_heading = H_RESEARCH)]
     prefetch_from: PrefetchFrom,
     /// MoE layers ahead the lookahead prefetches.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = H_RESEARCH)]
     prefetch_depth: usize,
     /// Prefetch reads alive at once (default (depth + 1) x top-k).
-    #[arg(long)]
+    #[arg(long, help_heading = H_RESEARCH)]
     prefetch_experts: Option<usize>,
     /// Score the lookahead's guess of the next layer's experts from both
     /// states (attn and output) even without prefetch: recall per layer in
     /// the stats, at the cost of two extra router products per layer.
-    #[arg(long)]
+    #[arg(long, help_heading = H_RESEARCH)]
     recall: bool,
     /// Opt-in cache-aware routing (lossy: changes tokens): every expert a
     /// layer's cache holds has its routing score multiplied by 1 + λ when
     /// the router picks its top-k (the weights stay the experts' own). Off
     /// by default: routing is exactly the model's.
-    #[arg(long, value_name = "λ")]
+    #[arg(long, value_name = "λ", help_heading = H_RESEARCH)]
     cache_aware_routing: Option<f32>,
     /// Quantize a float or FP8 checkpoint while loading: routed experts at
     /// BITS, the rest by the converter's default policy (identical bytes to
@@ -207,27 +241,30 @@ struct ModelArgs {
     quantize_at_load: Option<u32>,
     /// Packed weights multiply in f32 (dequantized rows) instead of
     /// integer dot products against an int8-quantized activation.
-    #[arg(long)]
+    #[arg(long, help_heading = H_RESEARCH)]
     no_int_dot: bool,
     /// RAM budget in GB (10^9 bytes): expert cache slots per layer are
     /// planned so resident weights + caches + itemized slack fit (overrides
-    /// --expert-cache); the plan is printed at start.
-    #[arg(long, value_name = "GB")]
-    ram_gb: Option<f64>,
+    /// --expert-cache); the plan is printed at start. Without the flag: the
+    /// machine's budget (the memory cgroup limit or MemAvailable, the
+    /// smaller, less 10%) bounds the run: --expert-cache is kept when it
+    /// fits, else the run is planned under that budget. `none`: no bound.
+    #[arg(long, value_name = "GB|none", value_parser = parse_ram, help_heading = H_MEM)]
+    ram_gb: Option<RamArg>,
     /// Which cached expert a full cache evicts: least-stale (the expert
     /// chosen the most tokens ago), lru, lfru (frequency first, recency
     /// breaks ties), lfu or arc (see `moestream replay` to compare them on
     /// a recorded trace).
-    #[arg(long, value_enum, default_value_t = PolicyArg::LeastStale)]
+    #[arg(long, value_enum, default_value_t = PolicyArg::LeastStale, help_heading = H_MEM)]
     policy: PolicyArg,
     /// Context positions the --ram-gb plan reserves KV cache for (default:
     /// for `run` with one prompt, the prompt plus --max-tokens; otherwise
     /// 4096).
-    #[arg(long)]
+    #[arg(long, short = 'c', visible_alias = "ctx-size", help_heading = H_MEM)]
     context: Option<usize>,
     /// Do not pin experts from the usage history (kept per model under the
     /// cache directory, see README), and do not update it.
-    #[arg(long, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
+    #[arg(long, help_heading = H_MEM, env = "MOESTREAM_NO_HISTORY", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     no_history: bool,
     /// Record a routing trace into FILE (Parquet, docs/TRACE.md): per
@@ -235,8 +272,35 @@ struct ModelArgs {
     /// margin, both lookahead guesses, the cache tier, bytes and read
     /// latency. Appended when the command ends, so runs concatenate (a
     /// `run` column tells them apart). Tokens do not change.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = H_RESEARCH)]
     trace: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// The budget `--ram-gb` names, in GB (`None` without the flag and for
+    /// `--ram-gb none`).
+    fn budget_gb(&self) -> Option<f64> {
+        match self.ram_gb {
+            Some(RamArg::Gb(gb)) => Some(gb),
+            Some(RamArg::Unbounded) | None => None,
+        }
+    }
+}
+
+/// `--ram-gb`: a budget in GB, or `none` (no bound at all).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RamArg {
+    Gb(f64),
+    Unbounded,
+}
+
+fn parse_ram(s: &str) -> std::result::Result<RamArg, String> {
+    if s == "none" {
+        return Ok(RamArg::Unbounded);
+    }
+    s.parse()
+        .map(RamArg::Gb)
+        .map_err(|_| format!("`{s}`: expected a number of GB, or none"))
 }
 
 /// `--mla`: the library's [`MlaMode`] as a flag value (clap stays in cli/).
@@ -361,8 +425,9 @@ fn parse_io(s: &str) -> std::result::Result<IoChoice, String> {
         .map_err(|_| format!("`{s}`: expected auto, direct, buffered, drop, mmap or pread"))
 }
 
-/// What the flags of `m` ask for, `auto` left to the profile.
-fn requested(m: &ModelArgs) -> Requested {
+/// What the flags of `m` ask for, `auto` left to the profile; `budgeted`
+/// when the run is planned under a RAM budget.
+fn requested(m: &ModelArgs, budgeted: bool) -> Requested {
     let toggle = |t: Toggle| match t {
         Toggle::On => Choice::Set(true),
         Toggle::Off => Choice::Set(false),
@@ -390,15 +455,15 @@ fn requested(m: &ModelArgs) -> Requested {
             Choice::Set(false) => Choice::Set(None),
             Choice::Auto => Choice::Auto,
         },
-        budgeted: m.ram_gb.is_some(),
+        budgeted,
     }
 }
 
 /// The read mode, pipelining and prefetch `m` asks for, resolved once
 /// (`moestream::engine::runtime`): flags, then the tuned profile, then the
 /// defaults; and a note saying which profile was used.
-fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
-    let req = requested(m);
+fn schedule(m: &ModelArgs, budgeted: bool) -> (ReadMode, Schedule, Option<String>) {
+    let req = requested(m, budgeted);
     let mut note = None;
     let mut profile = None;
     if req.wants_profile() {
@@ -436,9 +501,10 @@ fn schedule(m: &ModelArgs) -> (ReadMode, Schedule, Option<String>) {
 }
 
 #[derive(Args)]
+#[command(next_help_heading = H_GEN)]
 struct GenArgs {
     /// Maximum new tokens.
-    #[arg(long, default_value_t = 64)]
+    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 64)]
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -466,6 +532,7 @@ struct GenArgs {
 
 /// Speculative decoding flags (run, serve, chat).
 #[derive(Args, Clone)]
+#[command(next_help_heading = H_GEN)]
 struct SpecArgs {
     /// Draft tokens and verify them in one forward, which reads each
     /// expert once for all of them: mtp (the model's MTP head, recursively:
@@ -509,12 +576,13 @@ impl SpecArgs {
 /// Sampling flags (run, serve, chat); a flag not given leaves the setting
 /// to generation_config.json.
 #[derive(Args, Clone)]
+#[command(next_help_heading = H_GEN)]
 struct SamplingArgs {
     /// Softmax temperature; 0 = greedy. Without the flag: the model's
     /// generation_config.json (greedy where it says `do_sample: false`, its
     /// `temperature` otherwise, 1 for `do_sample: true` alone), else
     /// greedy. The flag wins over the file.
-    #[arg(long)]
+    #[arg(long, visible_alias = "temp")]
     temperature: Option<f32>,
     /// Nucleus sampling: keep the most likely tokens until their mass
     /// reaches P, in (0, 1]. Without the flag: generation_config.json's
@@ -546,7 +614,7 @@ struct SamplingArgs {
     #[arg(long)]
     repetition_penalty: Option<f32>,
     /// Seed of the sampler's generator (default 0).
-    #[arg(long)]
+    #[arg(short = 's', long)]
     seed: Option<u64>,
 }
 
@@ -572,9 +640,13 @@ const CONTEXT_DEFAULT: usize = 4096;
 
 /// Entry point: runs the command, prints errors as one line, exit code 1.
 pub fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    let mut cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    logs::install(&cli.logs);
     if let Err(e) = resolve_model(&mut cli.cmd) {
-        eprintln!("error: {e:#}");
+        report(&e);
         return ExitCode::FAILURE;
     }
     let res = match cli.cmd {
@@ -599,26 +671,69 @@ pub fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Io(a)) => bench_io::cmd_bench_io(a),
         Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
         Cmd::Bench(BenchCmd::Verify(a)) => bench_verify::cmd_bench_verify(a),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut command(), "moestream", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man => clap_mangen::Man::new(command())
+            .render(&mut std::io::stdout())
+            .context("writing the man page"),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            report(&e);
             ExitCode::FAILURE
         }
     }
 }
 
+/// The command line as clap builds it, with the build's facts in
+/// `--version`.
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let long: &'static str = Box::leak(version_long().into_boxed_str());
+    Cli::command().long_version(long)
+}
+
+/// `--version`: the version, the commit and profile of the build
+/// (build.rs), and the SIMD level the kernels dispatch to on this CPU.
+fn version_long() -> String {
+    format!(
+        "{}\ncommit   {}\nprofile  {}\nkernels  {} (detected at start; MOESTREAM_ISA=scalar|avx2|avx512 caps it)",
+        env!("CARGO_PKG_VERSION"),
+        env!("MOESTREAM_COMMIT"),
+        env!("MOESTREAM_PROFILE"),
+        format!("{:?}", moestream::kernels::cpu::isa()).to_lowercase(),
+    )
+}
+
 /// A command that chooses its own exit status; errors print as `main`'s.
 fn exit(res: Result<ExitCode>) -> ExitCode {
     res.unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
+        report(&e);
         ExitCode::FAILURE
     })
 }
 
-/// The most kernel or reader threads accepted: 8 per core (more only
-/// costs start-up time and memory; 20,000 took minutes to start).
+/// Prints `e` as one line, `error: ` and its causes joined by `: `. The
+/// engine's request errors lose the server's `bad request: ` prefix: on
+/// the command line the request is the command itself.
+fn report(e: &anyhow::Error) {
+    eprintln!("error: {}", error_line(e));
+}
+
+fn error_line(e: &anyhow::Error) -> String {
+    let causes: Vec<String> = e
+        .chain()
+        .map(|c| match c.downcast_ref::<moestream::Error>() {
+            Some(moestream::Error::Request(msg)) => msg.clone(),
+            _ => c.to_string(),
+        })
+        .collect();
+    causes.join(": ")
+}
+
 /// Resolves a command's `--model` (a directory, or a hub id) once, before
 /// anything reads it.
 fn resolve_model(cmd: &mut Cmd) -> Result<()> {
@@ -635,14 +750,31 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Plan(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Sweep(a)) => {
             a.model = moestream::formats::hub::resolve(&a.model, Some(&a.revision))?;
-            return Ok(());
+            return check_model_path(&a.model);
         }
         _ => return Ok(()),
     };
-    m.model = moestream::formats::hub::resolve(&m.model, Some(&m.revision))?;
-    Ok(())
+    let given = m.model_flag.take().or(m.model_pos.take());
+    let given = given.context("give the model: --model DIR (or -m DIR, or DIR first)")?;
+    m.model = moestream::formats::hub::resolve(&given, Some(&m.revision))?;
+    check_model_path(&m.model)
 }
 
+/// A model path that is not there is said to be missing, not reported as
+/// the first file some command fails to read from it.
+fn check_model_path(p: &Path) -> Result<()> {
+    match std::fs::metadata(p) {
+        Err(e) => bail!("--model {}: {e}", p.display()),
+        Ok(md) if md.is_file() && !moestream::formats::gguf::is_gguf(p) => bail!(
+            "--model {}: a file, but neither a model directory nor a .gguf file",
+            p.display()
+        ),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// The most kernel or reader threads accepted: 8 per core (more only
+/// costs start-up time and memory; 20,000 took minutes to start).
 fn threads_max() -> usize {
     8 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -669,8 +801,14 @@ fn load(m: &ModelArgs) -> Result<Model> {
         moestream::fs::check_not_input(&[path], &[&m.model]).context("--trace")?;
     }
     let (opts, note) = load_options(m)?;
-    let mut model = Model::load(&m.model, &opts).map_err(with_flags)?;
+    let mut model = Model::load(&m.model, &opts).map_err(|e| plan::refusal(e, &m.model, &opts))?;
     limits::note_clamps(m, &model);
+    tracing::info!(
+        model = %m.model.display(),
+        family = model.cfg.family.model_type(),
+        slots_per_layer = model.plan.as_ref().map(|p| p.slots_per_layer),
+        "model loaded"
+    );
     if let Some(path) = &m.trace {
         replay::start_trace(&mut model, path)?;
     }
@@ -707,8 +845,9 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
             Some(p)
         }
     };
-    let (read_mode, schedule, note) = schedule(m);
-    let opts = LoadOptions {
+    let ram_budget = m.budget_gb().map(|gb| (gb * 1e9) as u64);
+    let (read_mode, schedule, note) = schedule(m, ram_budget.is_some());
+    let mut opts = LoadOptions {
         expert_cache: m.expert_cache,
         read_mode,
         schedule,
@@ -716,11 +855,7 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
         dsa: m.dsa.into(),
         io_reactor: m.submit == Submit::Reactor,
         quantize_at_load,
-        ram_budget: match m.ram_gb {
-            Some(gb) if !(gb > 0.0 && gb.is_finite()) => bail!("--ram-gb {gb}: must be positive"),
-            Some(gb) => Some((gb * 1e9) as u64),
-            None => None,
-        },
+        ram_budget,
         policy: m.policy.into(),
         pin_history: !m.no_history,
         context: m.context.unwrap_or(CONTEXT_DEFAULT),
@@ -733,7 +868,81 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
         },
         progress: progress::hook(),
     };
+    if m.ram_gb.is_none() {
+        match moestream::machine::memory::machine_budget() {
+            None => {
+                eprintln!("memory: no cgroup limit or MemAvailable known; the run is not bounded")
+            }
+            Some(machine) => {
+                if let Some(fit) = machine_fit(m, &opts, machine) {
+                    eprintln!("{}", fit.line());
+                    if !fit.fits() {
+                        opts = fit.budgeted;
+                    }
+                }
+            }
+        }
+    }
     Ok((opts, note))
+}
+
+/// The machine's budget, and what the `--expert-cache` slots need when
+/// planned as a budgeted run plans
+/// ([`moestream::inspect::plan::budget_for_slots`]).
+#[derive(serde::Serialize)]
+struct Fit {
+    machine: moestream::machine::memory::MachineBudget,
+    slots: usize,
+    need_bytes: u64,
+    /// The options of a run planned under the machine's budget.
+    #[serde(skip)]
+    budgeted: LoadOptions,
+}
+
+impl Fit {
+    pub(super) fn fits(&self) -> bool {
+        self.need_bytes <= self.machine.bytes
+    }
+
+    /// The line said at start (and by `plan`).
+    pub(super) fn line(&self) -> String {
+        let need = moestream::machine::gb(self.need_bytes);
+        match self.fits() {
+            true => format!(
+                "memory: budget {}; --expert-cache {} needs {need:.2} GB and fits (--ram-gb none: no bound)",
+                self.machine, self.slots
+            ),
+            false => format!(
+                "memory: budget {}; --expert-cache {} would need {need:.2} GB, so the run is planned under the budget (--ram-gb GB to choose one, none for no bound)",
+                self.machine, self.slots
+            ),
+        }
+    }
+}
+
+/// Without `--ram-gb`, how `opts` (asked for by `m`) fits `machine`;
+/// `None` when the model cannot be measured (loading then fails with its
+/// own error).
+fn machine_fit(
+    m: &ModelArgs,
+    opts: &LoadOptions,
+    machine: moestream::machine::memory::MachineBudget,
+) -> Option<Fit> {
+    let (read_mode, schedule, _) = schedule(m, true);
+    let budgeted = LoadOptions {
+        ram_budget: Some(machine.bytes),
+        read_mode,
+        schedule,
+        ..opts.clone()
+    };
+    let need_bytes =
+        moestream::inspect::plan::budget_for_slots(&m.model, &budgeted, m.expert_cache).ok()?;
+    Some(Fit {
+        machine,
+        slots: m.expert_cache,
+        need_bytes,
+        budgeted,
+    })
 }
 
 /// Names the flag behind a library error that names a setting.

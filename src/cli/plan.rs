@@ -33,6 +33,9 @@ struct Output<'a> {
     smallest_ram_gb: f64,
     all_experts_ram_gb: f64,
     prediction: Option<Prediction>,
+    /// Without --ram-gb: the machine's budget and whether --expert-cache
+    /// fits in it (else a run is planned under it).
+    machine: Option<super::Fit>,
     /// Why there is no prediction, when there is none.
     prediction_note: Option<String>,
 }
@@ -46,9 +49,9 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
     // A budget is always planned the way a budgeted run resolves `--io
     // auto` (direct without a profile), asked for or not.
     let mut budgeted = a.model.clone();
-    budgeted.ram_gb = Some(a.model.ram_gb.unwrap_or(1.0));
+    budgeted.ram_gb = Some(super::RamArg::Gb(a.model.budget_gb().unwrap_or(1.0)));
     let (mut opts, _) = load_options(&budgeted)?;
-    if a.model.ram_gb.is_none() {
+    if a.model.budget_gb().is_none() {
         opts.ram_budget = None;
     }
     let dir = &a.model.model;
@@ -66,7 +69,13 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
         Ok(r) => (Some(plan::predict(&plan, slots, &r)), None),
         Err(why) => (None, Some(why)),
     };
+    let machine = match a.model.ram_gb {
+        None => moestream::machine::memory::machine_budget()
+            .and_then(|b| super::machine_fit(&a.model, &opts, b)),
+        Some(_) => None,
+    };
     let out = Output {
+        machine,
         plan: &plan,
         smallest_ram_gb: gb_at_least(plan.smallest_budget_bytes),
         all_experts_ram_gb: gb_at_least(plan.all_experts_budget_bytes),
@@ -81,9 +90,14 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// The error `run` would give (same words, same flag names); for a budget
-/// that does not fit, a hint with the smallest one that does, first.
-fn refusal(e: moestream::Error, dir: &std::path::Path, opts: &LoadOptions) -> anyhow::Error {
+/// The error of loading (same words, same flag names: `plan` and `run`
+/// share it); for a budget that does not fit, a hint with the smallest one
+/// that does, first ([`plan::smallest_budget`], as `doctor` names it).
+pub(super) fn refusal(
+    e: moestream::Error,
+    dir: &std::path::Path,
+    opts: &LoadOptions,
+) -> anyhow::Error {
     if matches!(e, moestream::Error::Budget(_)) {
         let unbudgeted = LoadOptions {
             ram_budget: None,
@@ -183,6 +197,9 @@ fn print_text(o: &Output, a: &PlanArgs) {
         "smallest budget that runs: --ram-gb {:.2}; every expert in RAM from --ram-gb {:.2} (read mode {}, --context {})",
         o.smallest_ram_gb, o.all_experts_ram_gb, p.read_mode, p.context
     );
+    if let Some(fit) = &o.machine {
+        println!("without --ram-gb, {}", fit.line());
+    }
     match (&o.prediction, &o.prediction_note) {
         (Some(x), _) => println!(
             "prediction: {:.1} MB read per token (hit rate {:.2} with uniform routing), disk {:.2} GB/s, compute {:.1} ms/token -> ~{:.2} tok/s, bound by {}\n  from {}",
@@ -202,7 +219,7 @@ fn print_text(o: &Output, a: &PlanArgs) {
 fn print_placement(b: &moestream::inspect::plan::Placement, p: &Plan, a: &PlanArgs) {
     println!(
         "ram plan for --ram-gb {}:",
-        a.model.ram_gb.map_or(String::new(), |g| g.to_string())
+        a.model.budget_gb().map_or(String::new(), |g| g.to_string())
     );
     println!("  budget            {}", human(b.budget_bytes));
     println!("  resident weights  {}", human(p.resident_total_bytes));

@@ -5,32 +5,51 @@ use super::*;
 
 #[derive(Args)]
 pub(super) struct RunArgs {
-    #[command(flatten)]
-    pub(super) model: ModelArgs,
-    /// Prompt text (tokenized with tokenizer.json).
+    /// Prompt text (tokenized with tokenizer.json); `-` reads it from
+    /// standard input.
     #[arg(
+        short = 'p',
         long,
-        conflicts_with_all = ["prompt_ids", "prompts"],
-        required_unless_present_any = ["prompt_ids", "prompts"]
+        help_heading = H_GEN,
+        conflicts_with_all = ["prompt_ids", "prompts", "file"],
+        required_unless_present_any = ["prompt_ids", "prompts", "file"]
     )]
     prompt: Option<String>,
+    /// The prompt is this file's text (`-`: standard input); one trailing
+    /// newline is dropped, as llama.cpp does.
+    #[arg(short = 'f', long, value_name = "FILE", help_heading = H_GEN,
+          conflicts_with_all = ["prompt_ids", "prompts"])]
+    file: Option<PathBuf>,
     /// Prompt as comma-separated token ids.
-    #[arg(long, value_delimiter = ',', conflicts_with = "prompts")]
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompts", help_heading = H_GEN)]
     prompt_ids: Option<Vec<u32>>,
     /// A file of prompts, one per non-empty line, served one after another
     /// by the same loaded model; between requests the pinned hot set is
     /// re-picked from the experts' heats (with --json: one object per line).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = H_GEN)]
     prompts: Option<PathBuf>,
     /// With --prompts: serve up to N requests at once, stepped together in
     /// one batch (each MoE layer reads the union of their experts once);
     /// each request's result is printed when it finishes. 1 serves them one
     /// after another.
-    #[arg(long, default_value_t = 1, requires = "prompts",
+    #[arg(long, default_value_t = 1, requires = "prompts", help_heading = H_GEN,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     batch: u16,
+    /// The prompt is one user message: the model's chat template (or
+    /// --chat-template) renders it with the assistant's turn opened, as
+    /// the server's /v1/chat/completions does.
+    #[arg(long, help_heading = H_GEN, conflicts_with_all = ["prompt_ids", "prompts"])]
+    chat: bool,
+    /// With --chat: a system message before the prompt.
+    #[arg(long, requires = "chat", help_heading = H_GEN)]
+    system: Option<String>,
+    /// With --chat: a Jinja chat template to use instead of the model's.
+    #[arg(long, value_name = "FILE", requires = "chat", help_heading = H_GEN)]
+    chat_template: Option<PathBuf>,
     #[command(flatten)]
     gen: GenArgs,
+    #[command(flatten)]
+    pub(super) model: ModelArgs,
 }
 
 pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
@@ -41,13 +60,16 @@ pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
         let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
         return serve_prompts(&model, &tok, &path, &a);
     }
-    let prompt = match (&a.prompt, &a.prompt_ids) {
-        (Some(text), _) => tok
-            .as_ref()
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .encode(text)?,
+    let prompt = match (prompt_text(&a)?, &a.prompt_ids) {
+        (Some(text), _) => {
+            let tok = tok.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+            match a.chat {
+                true => chat_prompt(&a, tok, &dir, &text)?,
+                false => tok.encode(&text)?,
+            }
+        }
         (None, Some(ids)) => ids.clone(),
-        (None, None) => bail!("give --prompt or --prompt-ids"),
+        (None, None) => bail!("give --prompt, --file or --prompt-ids"),
     };
     // One request: the plan reserves KV for exactly what it can use, and
     // the rest of the budget goes to expert slots.
@@ -76,6 +98,53 @@ pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
     save_history(&model, &a.model);
     eprintln!("{}", g.stats.line());
     Ok(())
+}
+
+/// The prompt's text: `--prompt TEXT`, or `--file FILE` (one trailing
+/// newline dropped), either read from standard input when `-`.
+fn prompt_text(a: &RunArgs) -> Result<Option<String>> {
+    let cap = moestream::fs::read::PROMPTS;
+    let text = match (&a.prompt, &a.file) {
+        (Some(t), _) if t != "-" => return Ok(Some(t.clone())),
+        (Some(_), _) => read_stdin(cap).context("--prompt - (standard input)")?,
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            read_stdin(cap).context("--file - (standard input)")?
+        }
+        (None, Some(f)) => moestream::fs::read_to_string(f, cap)
+            .with_context(|| format!("--file {}", f.display()))?,
+        (None, None) => return Ok(None),
+    };
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(Some(text.strip_suffix('\r').unwrap_or(text).to_string()))
+}
+
+/// Standard input as text, at most `cap` bytes.
+fn read_stdin(cap: moestream::fs::read::Cap) -> Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(cap.bytes + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap.bytes {
+        bail!("more than {} bytes, the limit of a {}", cap.bytes, cap.what);
+    }
+    String::from_utf8(bytes).context("not UTF-8 text")
+}
+
+/// `run --chat`: `text` as one user message (after `--system`'s), rendered
+/// by the chat template with the assistant's turn opened and tokenized as
+/// the server tokenizes a chat request (the template writes the special
+/// tokens itself).
+fn chat_prompt(a: &RunArgs, tok: &Tokenizer, dir: &Path, text: &str) -> Result<Vec<u32>> {
+    use moestream::formats::chat::Message;
+    let template = super::serve::chat_template_required(a.chat_template.as_deref(), dir)?;
+    let mut messages = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(Message::new("system", s.clone()));
+    }
+    messages.push(Message::new("user", text));
+    Ok(tok.encode_raw(&template.render(&messages, true)?)?)
 }
 
 /// `run --prompts FILE`: each line a request, the pinned set re-picked

@@ -41,7 +41,7 @@ pub(super) struct ServeArgs {
     #[arg(long)]
     served_model_name: Option<String>,
     /// New tokens of a request that sets no max_tokens.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_tokens: u64,
     /// Seconds between keep-alive comments of a silent stream (at most an
     /// hour).
@@ -115,6 +115,16 @@ pub(super) fn chat_template(file: Option<&Path>, dir: &Path) -> Result<Option<Ch
     Ok(match file {
         Some(f) => Some(ChatTemplate::from_file(f, dir)?),
         None => ChatTemplate::from_model_dir(dir)?,
+    })
+}
+
+/// [`chat_template`], refused with the fix when the model has none.
+pub(super) fn chat_template_required(file: Option<&Path>, dir: &Path) -> Result<ChatTemplate> {
+    chat_template(file, dir)?.with_context(|| {
+        format!(
+            "{}: the model has no chat template (tokenizer_config.json chat_template); give --chat-template FILE",
+            dir.display()
+        )
     })
 }
 

@@ -119,7 +119,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
     let expert_disk = {
         let mut m = a.model.clone();
         m.io = IoChoice::Mode(ReadMode::Pread);
-        m.ram_gb = None;
+        m.ram_gb = Some(super::RamArg::Unbounded);
         m.expert_cache = 0;
         let model = load(&m)?;
         let (_, disk) = model
@@ -194,7 +194,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         "decode probes: {} tokens, cold, {}",
         a.tokens,
         a.model
-            .ram_gb
+            .budget_gb()
             .map_or("no --ram-gb".into(), |g| format!("--ram-gb {g}"))
     );
     println!("mode      pipeline prefetch  decode tok/s  MB/token  overlap");
@@ -273,7 +273,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         read_mode: best.read_mode.clone(),
         pipeline: best.pipeline,
         prefetch: best.prefetch.clone(),
-        ram_gb: a.model.ram_gb,
+        ram_gb: a.model.budget_gb(),
         disk,
         probes,
     };

@@ -236,12 +236,8 @@ fn model(dir: &Path, load: &LoadOptions) -> (Vec<Check>, Option<u64>) {
             c
         }
         Err(e) => {
-            out.push(Check::problem(
-                "config",
-                Status::Fail,
-                e.to_string(),
-                "fix or re-download config.json",
-            ));
+            let fix = config_fix(dir, &e);
+            out.push(Check::problem("config", Status::Fail, e.to_string(), fix));
             return (out, load.ram_budget);
         }
     };
@@ -336,6 +332,22 @@ fn shards(extents: &[ShardExtent]) -> Check {
             human(total)
         ),
     )
+}
+
+/// The fix for a model whose configuration cannot be read: an
+/// architecture moestream does not run is named with those it does; a
+/// GGUF file's metadata is its configuration.
+fn config_fix(dir: &Path, e: &crate::error::Error) -> String {
+    let supported = crate::formats::config::Family::supported();
+    match e {
+        crate::error::Error::UnknownArchitecture { model_type, .. } => format!(
+            "moestream runs {supported}; `{model_type}` is not one of them (no download fixes it)"
+        ),
+        _ if crate::formats::gguf::is_gguf(dir) => format!(
+            "the GGUF metadata (general.architecture and its keys) is the configuration: re-download or re-convert the file (architectures: {supported})"
+        ),
+        _ => "fix or re-download config.json".into(),
+    }
 }
 
 fn budget_check(fp: &Footprint, load: &LoadOptions) -> Check {

@@ -92,15 +92,7 @@ pub struct Placement {
 /// and options (config, headers, experts' shapes, the budget), except that
 /// shards need hold only their headers.
 pub fn plan(dir: &Path, opts: &LoadOptions) -> Result<Plan> {
-    let cfg = ModelConfig::load(dir)?;
-    let (mut index, extents) = WeightIndex::open_headers(dir)?;
-    index.set_at_load(opts.quantize_at_load.clone().map(|policy| {
-        crate::formats::weights::index::AtLoad {
-            policy,
-            layers: cfg.num_layers,
-        }
-    }));
-    let fp = Footprint::measure(&cfg, &index)?;
+    let (cfg, fp, extents) = measure(dir, opts)?;
     let budget = match opts.ram_budget {
         Some(b) => Some(placement(&fp, &check_budget(&fp, b, opts)?)),
         None => None,
@@ -130,6 +122,31 @@ pub fn plan(dir: &Path, opts: &LoadOptions) -> Result<Plan> {
             p.slots_per_layer >= p.experts_per_layer
         }),
     })
+}
+
+/// The model in `dir` measured from its headers as loading with `opts`
+/// measures it.
+fn measure(dir: &Path, opts: &LoadOptions) -> Result<(ModelConfig, Footprint, Vec<ShardExtent>)> {
+    let cfg = ModelConfig::load(dir)?;
+    let (mut index, extents) = WeightIndex::open_headers(dir)?;
+    index.set_at_load(opts.quantize_at_load.clone().map(|policy| {
+        crate::formats::weights::index::AtLoad {
+            policy,
+            layers: cfg.num_layers,
+        }
+    }));
+    let fp = Footprint::measure(&cfg, &index)?;
+    Ok((cfg, fp, extents))
+}
+
+/// The smallest budget (bytes) whose plan gives every MoE layer at least
+/// `slots` cache slots (at most its experts): what a run keeping
+/// `--expert-cache slots` needs, planned with `opts` ([`smallest_budget`]).
+pub fn budget_for_slots(dir: &Path, opts: &LoadOptions, slots: usize) -> Result<u64> {
+    let (_, fp, _) = measure(dir, opts)?;
+    Ok(smallest_budget(&fp, opts, |p| {
+        p.slots_per_layer >= slots.min(p.experts_per_layer)
+    }))
 }
 
 fn placement(fp: &Footprint, p: &BudgetPlan) -> Placement {

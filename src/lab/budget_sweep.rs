@@ -5,8 +5,8 @@
 //! read from the run's JSON ([`SweepRow::from_run`]), the CSV
 //! ([`write_csv`], columns [`CSV_COLUMNS`]) and the plot of decode tok/s
 //! and MB read per token against the budget, one line per read mode
-//! (plotters, [`write_plots`]: SVG and PNG; text in the system's
-//! sans-serif font, found through fontconfig).
+//! (plotters, [`write_plots`]: SVG with its text, and PNG without text:
+//! no font engine is linked, see `lab::png`).
 //!
 //! Rows of runs without a cgroup say so (`cgroup` = `none`): without the
 //! cap, the page cache the run leans on is not bounded by its budget.
@@ -189,7 +189,7 @@ pub fn write_plots(rows: &[SweepRow], title: &str, svg: &Path, png: &Path) -> Re
     })
     .map_err(|e| e.to_string())?;
     crate::fs::write::write_via(png, |inner| {
-        let root = BitMapBackend::new(inner, (PLOT_W, PLOT_H)).into_drawing_area();
+        let root = crate::lab::png::Textless::new(inner, (PLOT_W, PLOT_H)).into_drawing_area();
         draw(root, title, &panels)
     })
     .map_err(|e| e.to_string())

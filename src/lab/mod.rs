@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod budget_sweep;
+pub mod png;
 pub mod quality;
 pub mod replay;
 pub mod synth;

@@ -40,7 +40,7 @@ pub fn hit_rate(
     crate::fs::write::write_via(path, |inner| {
         if png {
             draw(
-                BitMapBackend::new(inner, (800, 500)).into_drawing_area(),
+                crate::lab::png::Textless::new(inner, (800, 500)).into_drawing_area(),
                 &points,
                 (lo, hi),
                 title,
