@@ -68,6 +68,8 @@ pub struct Session {
     spec_stats: SpecStats,
     /// The output constraint's state, if any.
     grammar: Option<GrammarState>,
+    /// Added to these logits before each choice.
+    logit_bias: Vec<(u32, f32)>,
 }
 
 impl Session {
@@ -113,11 +115,12 @@ impl Session {
             out: Vec::with_capacity(max_tokens),
             done: max_tokens == 0,
             logits: Vec::new(),
-            // A constrained session does not draft: its mask depends on
-            // every token before it.
-            drafter: match &opts.constraint {
-                Some(_) => None,
-                None => opts.speculation.source(model, positions)?,
+            // A constrained or biased session does not draft: its mask
+            // depends on every token before it, and a draft is verified
+            // against unbiased logits.
+            drafter: match (&opts.constraint, opts.logit_bias.is_empty()) {
+                (None, true) => opts.speculation.source(model, positions)?,
+                _ => None,
             },
             grammar: match &opts.constraint {
                 Some(c) => Some(c.grammars.start(&c.constraint)?),
@@ -126,6 +129,7 @@ impl Session {
             drafts: Vec::new(),
             feed: Vec::new(),
             spec_stats: SpecStats::default(),
+            logit_bias: opts.logit_bias.clone(),
         })
     }
 
@@ -187,6 +191,12 @@ impl Session {
         }
     }
 
+    /// Whether its output constraint is complete: nothing more may follow
+    /// (false without a constraint).
+    pub fn constraint_complete(&self) -> bool {
+        self.grammar.as_ref().is_some_and(GrammarState::is_stopped)
+    }
+
     /// Whether the session has produced all it will.
     pub fn is_done(&self) -> bool {
         self.done
@@ -223,6 +233,11 @@ impl Session {
             }
         }
         self.logits_of(model, last_row)?;
+        for &(id, bias) in &self.logit_bias {
+            if let Some(l) = self.logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         if let Some(g) = &mut self.grammar {
             g.mask(&mut self.logits)?;
         }

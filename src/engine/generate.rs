@@ -23,6 +23,9 @@ pub struct GenOptions {
     pub speculation: crate::engine::Speculation,
     /// Constrain the output to a grammar, a JSON schema or a regex.
     pub constraint: Option<crate::engine::Constrained>,
+    /// Added to these tokens' logits before each choice (OpenAI's
+    /// `logit_bias`; -100 bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// Figures of one run; the stats line and `--json` `stats` print these.
