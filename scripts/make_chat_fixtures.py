@@ -16,7 +16,9 @@ script refuses a template that does, rather than record a date.
 
 Output: tests/fixtures/chat_templates/expected.json, a list of
 {template, messages, add_generation_prompt, expected} or
-{template, messages, add_generation_prompt, error, error_type}.
+{template, messages, add_generation_prompt, error, error_type}; and
+tools/expected.json for the tool-calling templates of tools/: the same
+with `tools` and `chat_template_kwargs` passed to apply_chat_template.
 
 Run from the repository root (no torch needed):
 
@@ -142,7 +144,94 @@ def render_case(tok, name, messages, add_generation_prompt):
     return case
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "Ésta hora.", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def call(i, name, arguments):
+    # Arguments as an object: the server parses OpenAI's JSON string into
+    # one before rendering (as vLLM does), so GLM's `.items()` works.
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# (messages, tools, chat_template_kwargs): tools offered, a call made, its
+# result, two calls at once, a call with text before it, the thinking
+# switches. Rendered into tools/expected.json.
+TOOL_CONVERSATIONS = [
+    ([msg("user", "Weather in Paris?")], [WEATHER], {}),
+    ([msg("system", "Be brief."), msg("user", "Weather and time?")], [WEATHER, TIME], {}),
+    (
+        [
+            msg("user", "Weather in Paris?"),
+            {"role": "assistant", "content": None, "tool_calls": [call(0, "get_weather", {"city": "Paris", "days": 2})]},
+            {"role": "tool", "tool_call_id": "call_0", "content": '{"temp": 21}'},
+        ],
+        [WEATHER],
+        {},
+    ),
+    (
+        [
+            msg("user", "Paris and Oslo, and the time?"),
+            {
+                "role": "assistant",
+                "content": "Checking.",
+                "tool_calls": [call(0, "get_weather", {"city": "Paris"}), call(1, "get_weather", {"city": "Oslo"})],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+            msg("assistant", "Paris is sunny, Oslo rainy."),
+            msg("user", "Thanks."),
+        ],
+        [WEATHER, TIME],
+        {},
+    ),
+    ([msg("user", "Hi.")], None, {"enable_thinking": False}),
+    ([msg("user", "Hi.")], None, {"enable_thinking": True}),
+    ([msg("user", "Hi.")], [WEATHER], {"thinking": True}),
+]
+
+
+def tool_cases():
+    folder = FIXTURES / "tools"
+    cases = []
+    for name in sorted(p.stem for p in folder.glob("*.jinja")):
+        text = (folder / f"{name}.jinja").read_text(encoding="utf-8")
+        tokens = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+        tok = make_tokenizer(text, tokens)
+        for messages, tools, kwargs in TOOL_CONVERSATIONS:
+            for agp in (False, True):
+                case = {"template": name, "messages": messages, "tools": tools,
+                        "chat_template_kwargs": kwargs, "add_generation_prompt": agp}
+                try:
+                    case["expected"] = tok.apply_chat_template(
+                        messages, tools=tools, tokenize=False, add_generation_prompt=agp, **kwargs
+                    )
+                except Exception as e:
+                    case["error"] = str(e)
+                    case["error_type"] = type(e).__name__
+                cases.append(case)
+    out = folder / "expected.json"
+    out.write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"{len(cases)} tool cases ({sum('error' in c for c in cases)} errors) -> {out}")
+
+
 def main():
+    if (FIXTURES / "tools").is_dir():
+        tool_cases()
     names = sorted(p.stem for p in FIXTURES.glob("*.jinja"))
     cases = []
     for name in names:

@@ -144,6 +144,54 @@ fn every_fixture_template_is_checked() {
     }
 }
 
+/// One case of tools/expected.json: messages as the client sends them
+/// (tool calls, tool results, null content), the tools and the template's
+/// keyword arguments.
+#[derive(serde::Deserialize)]
+struct ToolCase {
+    template: String,
+    messages: Vec<serde_json::Value>,
+    tools: Option<serde_json::Value>,
+    chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    add_generation_prompt: bool,
+    expected: Option<String>,
+    error: Option<String>,
+}
+
+/// The tool-calling templates (tests/fixtures/chat_templates/tools, in the
+/// shape of Qwen3's, DeepSeek-V3.1's, GLM-4.5's and Mixtral-8x22B's)
+/// render tools, calls, results and the thinking switches as
+/// transformers' `apply_chat_template(messages, tools=..., **kwargs)` does.
+#[test]
+fn tool_calls_and_results_render_as_transformers() {
+    let dir = fixtures().join("tools");
+    let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+    let cases: Vec<ToolCase> = serde_json::from_str(&text).unwrap();
+    assert!(cases.len() >= 50, "{} tool cases", cases.len());
+    let mut failures = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let template = load(&dir, &case.template);
+        let opts = moestream::formats::chat::RenderOptions {
+            add_generation_prompt: case.add_generation_prompt,
+            tools: case.tools.as_ref(),
+            kwargs: Some(&case.chat_template_kwargs),
+        };
+        let got = template.render_json(&case.messages, &opts);
+        let why = match (&case.expected, got) {
+            (Some(want), Ok(got)) if *want == got => continue,
+            (Some(want), Ok(got)) => format!("rendered\n{got:?}\ntransformers\n{want:?}"),
+            (Some(_), Err(e)) => format!("failed ({e}); transformers rendered it"),
+            (None, Ok(got)) => format!("rendered {got:?}; transformers failed: {:?}", case.error),
+            (None, Err(e)) if e.to_string().contains(case.error.as_deref().unwrap_or("")) => {
+                continue
+            }
+            (None, Err(e)) => format!("error {e} lacks {:?}", case.error),
+        };
+        failures.push(format!("case {i} ({}): {why}", case.template));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 fn model_dir(tokenizer_config: &serde_json::Value) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let text = serde_json::to_string_pretty(tokenizer_config).unwrap();

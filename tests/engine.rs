@@ -33,6 +33,7 @@ fn opts(max_tokens: usize, seed: u64, temperature: f32) -> GenOptions {
         eos_ids: Vec::new(),
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     }
 }
 

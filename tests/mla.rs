@@ -39,6 +39,7 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
         eos_ids: vec![],
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     generate(model, prompt, &opts, |_| Ok(()))
         .unwrap()

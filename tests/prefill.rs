@@ -58,6 +58,7 @@ fn greedy(max_tokens: usize) -> GenOptions {
         eos_ids: Vec::new(),
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     }
 }
 

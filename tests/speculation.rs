@@ -29,6 +29,7 @@ fn opts(max_tokens: usize, sampling: SamplingParams, speculation: Speculation) -
         eos_ids: Vec::new(),
         speculation,
         constraint: None,
+        logit_bias: Vec::new(),
     }
 }
 

@@ -30,6 +30,7 @@ fn gen(model: &Model) -> moestream::Result<Vec<u32>> {
         eos_ids: vec![],
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     Ok(generate(model, &[5, 6, 7, 8], &opts, |_| Ok(()))?.token_ids)
 }

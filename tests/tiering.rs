@@ -21,6 +21,7 @@ fn gen(model: &Model, n: usize) -> Vec<u32> {
         eos_ids: vec![],
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     generate(model, &[5, 9, 2, 7], &opts, |_| Ok(()))
         .unwrap()

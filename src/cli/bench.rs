@@ -102,6 +102,7 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
         eos_ids: vec![],
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     if a.warmup {
         // Warm means every buffer the cache will hold is in place: a gated

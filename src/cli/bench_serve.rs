@@ -88,6 +88,8 @@ pub(super) fn cmd_bench_serve(a: BenchServeArgs) -> Result<()> {
         max_tokens_default: a.tokens,
         overrides: Default::default(),
         speculation: Default::default(),
+        reasoning_format: Default::default(),
+        cors_origin: None,
     };
     let tok = Tokenizer::load(&a.model.model)?;
     let model_args = a.model.clone();

@@ -74,6 +74,7 @@ pub(super) fn cmd_bench_verify(mut a: VerifyArgs) -> Result<()> {
         eos_ids: vec![],
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     let engine = Engine::new(&model);
     let mut session = Session::new(&model, &prompt, &opts).map_err(with_flags)?;

@@ -97,6 +97,7 @@ pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
         eos_ids: defaults.eos_ids.clone(),
         speculation: a.spec.speculation(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let model = load(&a.model)?;

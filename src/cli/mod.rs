@@ -981,6 +981,7 @@ fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
         eos_ids: defaults.eos_ids,
         speculation: g.spec.speculation(),
         constraint: None,
+        logit_bias: Vec::new(),
     })
 }
 

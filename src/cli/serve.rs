@@ -2,7 +2,7 @@
 
 use super::*;
 use moestream::formats::chat::ChatTemplate;
-use moestream::server::{serve, Limits, ServerConfig};
+use moestream::server::{serve, Limits, ReasoningFormat, ServerConfig};
 use moestream_scheduler::SchedulerConfig;
 use std::time::Duration;
 
@@ -40,9 +40,10 @@ pub(super) struct ServeArgs {
     /// or `org/name` for a hub snapshot).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// New tokens of a request that sets no max_tokens.
-    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
-    max_tokens: u64,
+    /// New tokens of a request that sets no max_tokens (default: the
+    /// rest of the context the KV plan holds).
+    #[arg(short = 'n', long, visible_alias = "n-predict", value_parser = clap::value_parser!(u64).range(1..))]
+    max_tokens: Option<u64>,
     /// Seconds between keep-alive comments of a silent stream (at most an
     /// hour).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -59,6 +60,14 @@ pub(super) struct ServeArgs {
     #[arg(long, default_value_t = moestream::server::listen::READ_TIMEOUT_S_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     read_timeout: u64,
+    /// A thinking model's reasoning: `deepseek` answers it apart in
+    /// `reasoning_content`; `none` leaves it inside `content`.
+    #[arg(long, default_value = "deepseek", value_parser = ["none", "deepseek"])]
+    reasoning_format: String,
+    /// Pages of this origin (`*`: any) may call the server from a browser;
+    /// pages on localhost may without it.
+    #[arg(long, value_name = "ORIGIN")]
+    cors_origin: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -101,9 +110,16 @@ pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
         model_dir: dir,
         keep_alive: Duration::from_secs(a.keep_alive),
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
-        max_tokens_default: usize::try_from(a.max_tokens).unwrap_or(usize::MAX),
+        max_tokens_default: a
+            .max_tokens
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         overrides: a.sampling.overrides(),
         speculation: a.spec.speculation(),
+        reasoning_format: match a.reasoning_format.as_str() {
+            "none" => ReasoningFormat::None,
+            _ => ReasoningFormat::Deepseek,
+        },
+        cors_origin: a.cors_origin.clone(),
     };
     let model_args = a.model.clone();
     let loader = Box::new(move || load(&model_args).map_err(|e| format!("{e:#}")));

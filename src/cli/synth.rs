@@ -131,6 +131,7 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
         eos_ids: eos_ids(&dir)?,
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     print!("{}", a.prompt);
     let g = stream_text(&model, &tok, &prompt, &opts)?;

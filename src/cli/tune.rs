@@ -324,6 +324,7 @@ fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, depth: usize) -> Result<P
         eos_ids: vec![],
         speculation: Default::default(),
         constraint: None,
+        logit_bias: Vec::new(),
     };
     let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
     let s = &g.stats;

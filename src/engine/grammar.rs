@@ -1,9 +1,11 @@
 //! Constrained output with llguidance: a grammar (Lark), a JSON schema,
 //! any JSON object, or a regex masks the logits before each choice, so
 //! every sampled token keeps the output inside the language; EOS is
-//! allowed only where the output is complete.
+//! allowed only where the output is complete. JSON output has fixed
+//! separators (`, ` and `: `) and no free whitespace.
 
 use crate::error::{Error, Result};
+use crate::formats::chat::tool_calls::bounded_whitespace;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use std::sync::Arc;
@@ -22,13 +24,17 @@ pub enum Constraint {
 }
 
 impl Constraint {
+    /// The llguidance grammar. JSON is held to fixed separators without
+    /// free whitespace unless the schema's own `x-guidance` says otherwise
+    /// ([`bounded_whitespace`]): free whitespace lets a model spend its
+    /// whole budget on blanks inside an object.
     fn grammar(&self) -> TopLevelGrammar {
         match self {
             Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
-            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
-            Constraint::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
-            }
+            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(bounded_whitespace(s)),
+            Constraint::JsonObject => TopLevelGrammar::from_json_schema(bounded_whitespace(
+                &serde_json::json!({"type": "object"}),
+            )),
             Constraint::Regex(r) => TopLevelGrammar::from_regex(r),
         }
     }

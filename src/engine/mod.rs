@@ -57,6 +57,9 @@ pub struct GenOptions {
     pub speculation: Speculation,
     /// Constrain the output to a grammar, a JSON schema or a regex.
     pub constraint: Option<Constrained>,
+    /// Added to these tokens' logits before each choice (OpenAI's
+    /// `logit_bias`; -100 bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// One sequence being generated.
@@ -85,6 +88,8 @@ pub struct Session {
     spec_stats: SpecStats,
     /// The output constraint's state, if any.
     grammar: Option<GrammarState>,
+    /// Added to these logits before each choice.
+    logit_bias: Vec<(u32, f32)>,
 }
 
 impl Session {
@@ -130,11 +135,12 @@ impl Session {
             out: Vec::with_capacity(max_tokens),
             done: max_tokens == 0,
             logits: Vec::new(),
-            // A constrained session does not draft: its mask depends on
-            // every token before it.
-            drafter: match &opts.constraint {
-                Some(_) => None,
-                None => opts.speculation.source(model, positions)?,
+            // A constrained or biased session does not draft: its mask
+            // depends on every token before it, and a draft is verified
+            // against unbiased logits.
+            drafter: match (&opts.constraint, opts.logit_bias.is_empty()) {
+                (None, true) => opts.speculation.source(model, positions)?,
+                _ => None,
             },
             grammar: match &opts.constraint {
                 Some(c) => Some(c.grammars.start(&c.constraint)?),
@@ -143,6 +149,7 @@ impl Session {
             drafts: Vec::new(),
             feed: Vec::new(),
             spec_stats: SpecStats::default(),
+            logit_bias: opts.logit_bias.clone(),
         })
     }
 
@@ -204,6 +211,12 @@ impl Session {
         }
     }
 
+    /// Whether its output constraint is complete: nothing more may follow
+    /// (false without a constraint).
+    pub fn constraint_complete(&self) -> bool {
+        self.grammar.as_ref().is_some_and(GrammarState::is_stopped)
+    }
+
     /// Whether the session has produced all it will.
     pub fn is_done(&self) -> bool {
         self.done
@@ -240,6 +253,11 @@ impl Session {
             }
         }
         self.logits_of(model, last_row)?;
+        for &(id, bias) in &self.logit_bias {
+            if let Some(l) = self.logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         if let Some(g) = &mut self.grammar {
             g.mask(&mut self.logits)?;
         }

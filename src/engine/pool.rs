@@ -35,6 +35,9 @@ pub struct Finished {
     pub prompt: Vec<u32>,
     pub tokens: Vec<u32>,
     pub reused: usize,
+    /// Its output constraint completed (it ended there, not at EOS or
+    /// the token limit).
+    pub constraint_complete: bool,
 }
 
 /// Sessions admitted, queued and batched by the scheduler crate's policy:
@@ -307,6 +310,7 @@ impl<'m> SessionPool<'m> {
             prompt: session.prompt.clone(),
             tokens: session.out.clone(),
             reused: session.reused,
+            constraint_complete: session.constraint_complete(),
         };
         self.finished.insert(id, finished);
         if self.prefixes_max > 0 {

@@ -32,6 +32,8 @@
 
 pub mod bound;
 mod python;
+pub mod reasoning;
+pub mod tool_calls;
 
 use crate::error::{Error, Result};
 use minijinja::value::{Kwargs, ValueKind};
@@ -67,6 +69,21 @@ impl Message {
             content: content.into(),
         }
     }
+}
+
+/// What a render takes besides the messages: transformers'
+/// `apply_chat_template` arguments.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenderOptions<'a> {
+    /// Open the assistant's turn at the end.
+    pub add_generation_prompt: bool,
+    /// The tools offered (a list of `{"type": "function", "function":
+    /// {...}}`), or None.
+    pub tools: Option<&'a serde_json::Value>,
+    /// Extra template variables (`chat_template_kwargs`): they may replace
+    /// the special tokens (as in transformers), never `messages`, `tools`,
+    /// `documents` or `add_generation_prompt`.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The special tokens a template may print; `None` where the model has none.
@@ -159,6 +176,26 @@ impl ChatTemplate {
     /// Errors (template syntax, raise_exception from the template, unknown
     /// filter) name the template's source and the reason.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let opts = RenderOptions {
+            add_generation_prompt,
+            ..RenderOptions::default()
+        };
+        self.render_json(&messages, &opts)
+    }
+
+    /// Renders messages as the client sent them (any fields: `tool_calls`,
+    /// `tool_call_id`, `name`, a null `content`, ...) with transformers'
+    /// other arguments: `tools`, and the extra keyword arguments it passes
+    /// into the template (`chat_template_kwargs`: `enable_thinking`, ...).
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        opts: &RenderOptions<'_>,
+    ) -> Result<String> {
         if messages.is_empty() {
             return Err(Error::ChatTemplate {
                 origin: self.origin.clone(),
@@ -171,18 +208,28 @@ impl ChatTemplate {
             .map_err(|e| template_error(&self.origin, &e))?;
         let input: usize = messages
             .iter()
-            .map(|m| m.role.len() + m.content.len())
+            .chain(opts.tools)
+            .map(|m| m.to_string().len())
             .sum();
         let bytes_max = bound::render_bytes_max(input).min(self.bytes_max.unwrap_or(usize::MAX));
         let _budget = bound::Budget::enter(bytes_max);
         let mut out = bound::CappedText::new(bytes_max);
         template
-            .render_captured_to(self.context(messages, add_generation_prompt), &mut out)
+            .render_captured_to(self.context(messages, opts), &mut out)
             .map_err(|e| template_error(&self.origin, &e))?;
         String::from_utf8(out.text).map_err(|_| Error::ChatTemplate {
             origin: self.origin.clone(),
             reason: "the rendered text is not UTF-8".into(),
         })
+    }
+
+    /// The variables the template reads from its context (`messages`,
+    /// `enable_thinking`, ...): what a request can switch.
+    pub fn variables(&self) -> std::collections::HashSet<String> {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .map(|t| t.undeclared_variables(false))
+            .unwrap_or_default()
     }
 
     /// The template's text.
@@ -200,20 +247,29 @@ impl ChatTemplate {
         &self.tokens
     }
 
-    /// transformers' render context: the conversation, the flag, `tools`
-    /// and `documents` as None, and the special tokens the model has.
-    fn context(&self, messages: &[Message], add_generation_prompt: bool) -> Value {
+    /// transformers' render context: the special tokens the model has
+    /// (an absent one stays undefined), the keyword arguments over them,
+    /// then the conversation, the flag, `tools` (None without any) and
+    /// `documents` (None), which no keyword argument replaces.
+    fn context(&self, messages: &[serde_json::Value], opts: &RenderOptions<'_>) -> Value {
         let mut ctx = BTreeMap::new();
-        ctx.insert("messages", Value::from_serialize(messages));
-        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
-        ctx.insert("tools", Value::from(()));
-        ctx.insert("documents", Value::from(()));
         if let Some(bos) = &self.tokens.bos_token {
             ctx.insert("bos_token", Value::from(bos.as_str()));
         }
         if let Some(eos) = &self.tokens.eos_token {
             ctx.insert("eos_token", Value::from(eos.as_str()));
         }
+        for (k, v) in opts.kwargs.into_iter().flatten() {
+            ctx.insert(k.as_str(), Value::from_serialize(v));
+        }
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert(
+            "add_generation_prompt",
+            Value::from(opts.add_generation_prompt),
+        );
+        let tools = opts.tools.map_or(Value::from(()), Value::from_serialize);
+        ctx.insert("tools", tools);
+        ctx.insert("documents", Value::from(()));
         Value::from(ctx)
     }
 }

@@ -93,6 +93,20 @@ impl ApiError {
         }
     }
 
+    /// 404: no such endpoint.
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+    }
+
+    /// 405: the endpoint does not take this method.
+    pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            message,
+        )
+    }
+
     /// 429 with Retry-After: every slot is busy and the queue is full.
     pub fn busy(message: impl Into<String>) -> ApiError {
         ApiError {
@@ -153,23 +167,6 @@ pub enum PromptField {
     Ids(Vec<u32>),
 }
 
-/// A chat message's content: text, or a list of parts of which the text
-/// ones are used.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<Value>),
-}
-
-/// A chat message as sent.
-#[derive(Deserialize, Debug, Clone)]
-pub struct WireMessage {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
 /// `stream_options`.
 #[derive(Deserialize, Debug, Clone, Default)]
 pub struct StreamOptions {
@@ -183,7 +180,8 @@ pub struct StreamOptions {
 #[derive(Deserialize, Debug, Default)]
 pub struct Request {
     pub model: Option<String>,
-    pub messages: Option<Vec<WireMessage>>,
+    /// Chat messages as sent (checked by [`super::tools::template_message`]).
+    pub messages: Option<Vec<Value>>,
     pub prompt: Option<PromptField>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
@@ -203,13 +201,37 @@ pub struct Request {
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<usize>,
     pub n: Option<u64>,
+    /// Completions: answered by refusal unless off (see
+    /// [`Request::refuse_unsupported`]).
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u64>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub functions: Option<Value>,
+    pub function_call: Option<Value>,
     pub response_format: Option<Value>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Token id (as a string) → bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Extra variables for the chat template (`enable_thinking`, ...).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// `none`, `minimal`, `low`, `medium`, `high`.
+    pub reasoning_effort: Option<String>,
 }
+
+/// Template variables a request may not set through
+/// `chat_template_kwargs`: the render's own.
+const RESERVED_TEMPLATE_VARIABLES: [&str; 4] =
+    ["messages", "tools", "documents", "add_generation_prompt"];
+
+/// The most entries a `logit_bias` may have.
+pub const LOGIT_BIAS_MAX: usize = 1024;
+
+/// The reasoning efforts OpenAI names.
+const REASONING_EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
 
 /// The most `properties` a `response_format` schema may declare, all
 /// objects together: the grammar compiler recurses once per property (a
@@ -246,16 +268,38 @@ impl Request {
 
     /// Refuses what is not built yet, with a 400 naming the field.
     pub fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
+        match self.n {
+            Some(0) => return Err(ApiError::bad_param("n", "n must be at least 1")),
+            Some(n) if n > 1 => {
+                return Err(ApiError::bad_param(
+                    "n",
+                    "n > 1 is not supported (one choice per request)",
+                ))
+            }
+            _ => {}
+        }
+        if self.echo == Some(true) {
             return Err(ApiError::bad_param(
-                "n",
-                "n > 1 is not supported (one choice per request)",
+                "echo",
+                "echo is not supported (the answer never repeats the prompt)",
             ));
         }
-        if self.tools.is_some() || self.tool_choice.is_some() || self.functions.is_some() {
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::bad_param(
-                "tools",
-                "tool calling is not supported yet",
+                "suffix",
+                "suffix (fill in the middle) is not supported",
+            ));
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(ApiError::bad_param(
+                "best_of",
+                "best_of other than 1 is not supported (one sequence per request)",
+            ));
+        }
+        if self.functions.is_some() || self.function_call.is_some() {
+            return Err(ApiError::bad_param(
+                "functions",
+                "the deprecated `functions`/`function_call` are not supported; send `tools` and `tool_choice`",
             ));
         }
         Ok(())
@@ -355,37 +399,90 @@ impl Request {
         Ok(Some(top))
     }
 
+    /// The template's keyword arguments: `reasoning_effort` mapped onto
+    /// the template's own control (a `reasoning_effort` variable takes it
+    /// as sent; `enable_thinking` or DeepSeek's `thinking` are switched
+    /// off by `none`/`minimal`, on otherwise), then `chat_template_kwargs`
+    /// over it. An effort the template has no control for, or a reserved
+    /// variable, is a 400 naming the field.
+    pub fn template_kwargs(
+        &self,
+        template: &crate::formats::chat::ChatTemplate,
+    ) -> Result<serde_json::Map<String, Value>, ApiError> {
+        let mut kwargs = serde_json::Map::new();
+        if let Some(effort) = &self.reasoning_effort {
+            if !REASONING_EFFORTS.contains(&effort.as_str()) {
+                return Err(ApiError::bad_param(
+                    "reasoning_effort",
+                    format!("reasoning_effort {effort:?}: expected one of {REASONING_EFFORTS:?}"),
+                ));
+            }
+            let vars = template.variables();
+            let on = !matches!(effort.as_str(), "none" | "minimal");
+            if vars.contains("reasoning_effort") {
+                kwargs.insert("reasoning_effort".into(), json!(effort));
+            } else if vars.contains("enable_thinking") {
+                kwargs.insert("enable_thinking".into(), json!(on));
+            } else if vars.contains("thinking") {
+                kwargs.insert("thinking".into(), json!(on));
+            } else {
+                return Err(ApiError::bad_param(
+                    "reasoning_effort",
+                    "this model's chat template has no reasoning control (reasoning_effort, enable_thinking or thinking)",
+                ));
+            }
+        }
+        for (k, v) in self.chat_template_kwargs.iter().flatten() {
+            if RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()) {
+                return Err(ApiError::bad_param(
+                    "chat_template_kwargs",
+                    format!("chat_template_kwargs may not set `{k}` (the request's own field)"),
+                ));
+            }
+            kwargs.insert(k.clone(), v.clone());
+        }
+        Ok(kwargs)
+    }
+
+    /// `logit_bias` as (token id, bias) pairs: ids below `vocab`, biases
+    /// within [-100, 100]; anything else is a 400 naming the field.
+    pub fn logit_bias(&self, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        let bad = |m: String| ApiError::bad_param("logit_bias", m);
+        if map.len() > LOGIT_BIAS_MAX {
+            return Err(bad(format!(
+                "{} entries; at most {LOGIT_BIAS_MAX}",
+                map.len()
+            )));
+        }
+        map.iter()
+            .map(|(k, v)| {
+                let id = k
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&id| (id as usize) < vocab)
+                    .ok_or_else(|| bad(format!("{k:?} is not a token id below {vocab}")))?;
+                let bias = v
+                    .as_f64()
+                    .filter(|b| (-100.0..=100.0).contains(b))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "token {k}: bias {v} is not a number in [-100, 100]"
+                        ))
+                    })?;
+                Ok((id, bias as f32))
+            })
+            .collect()
+    }
+
     /// Whether a usage chunk ends the stream.
     pub fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage)
     }
-}
-
-/// A wire message as the template's (role, text) message; the text parts
-/// of a list content are joined.
-pub fn to_message(m: &WireMessage) -> Result<crate::formats::chat::Message, ApiError> {
-    let content = match &m.content {
-        None => String::new(),
-        Some(Content::Text(t)) => t.clone(),
-        Some(Content::Parts(parts)) => {
-            let mut text = String::new();
-            for p in parts {
-                match (p["type"].as_str(), p["text"].as_str()) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    _ => {
-                        return Err(ApiError::bad_param(
-                            "messages",
-                            format!("content part {p}: only text parts are supported"),
-                        ))
-                    }
-                }
-            }
-            text
-        }
-    };
-    Ok(crate::formats::chat::Message::new(m.role.clone(), content))
 }
 
 #[cfg(test)]
@@ -397,7 +494,14 @@ mod tests {
         let cases = [
             (r#"{"n": 2}"#, Some("n")),
             (r#"{"n": 1}"#, None),
-            (r#"{"tools": []}"#, Some("tools")),
+            (r#"{"n": 0}"#, Some("n")),
+            (r#"{"echo": true}"#, Some("echo")),
+            (r#"{"echo": false}"#, None),
+            (r#"{"suffix": "x"}"#, Some("suffix")),
+            (r#"{"best_of": 2}"#, Some("best_of")),
+            (r#"{"best_of": 1}"#, None),
+            (r#"{"tools": []}"#, None),
+            (r#"{"functions": []}"#, Some("functions")),
             (r#"{"response_format": {"type": "json_object"}}"#, None),
             (r#"{"response_format": {"type": "text"}}"#, None),
         ];

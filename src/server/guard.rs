@@ -2,12 +2,14 @@
 //! of its body is read: the API key (compared in constant time), and,
 //! when no key is set, the `Host` and `Origin` a browser sends (so that a
 //! web page, or a DNS-rebinding one, cannot drive a local server), and
-//! the declared body size of each endpoint.
+//! the declared body size of each endpoint; and CORS: a browser's
+//! preflight is answered, and an admitted origin (`--cors-origin`, or a
+//! local page's) is told it may read the answer.
 
 use super::api::ApiError;
 use super::Shared;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -19,16 +21,80 @@ pub const OTHER_BODY_BYTES_MAX: usize = 16 * 1024;
 
 /// The middleware in front of every route.
 pub(super) async fn guard(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    match admit(&s, req.method(), req.uri().path(), req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+    let origin = allowed_origin(&s, req.headers());
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut response = if preflight {
+        match &origin {
+            Some(_) => preflight_answer(req.headers()),
+            None => ApiError::forbidden(
+                "CORS preflight from an origin this server does not admit (see --cors-origin)",
+            )
+            .into_response(),
+        }
+    } else {
+        match admit(&s, req.method(), req.uri().path(), req.headers()) {
+            Ok(()) => next.run(req).await,
+            Err(e) => e.into_response(),
+        }
+    };
+    if let Some(o) = origin {
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("x-moestream-seed, retry-after"),
+        );
     }
+    response
+}
+
+/// The `Access-Control-Allow-Origin` for a request's `Origin`: `*` or the
+/// origin itself under `--cors-origin * | ORIGIN`; without the flag, a
+/// local page's origin (one [`check_browser`] admits); None otherwise.
+fn allowed_origin(s: &Shared, headers: &HeaderMap) -> Option<HeaderValue> {
+    let sent = headers.get(header::ORIGIN)?;
+    let origin = sent.to_str().ok()?;
+    match s.config.cors_origin.as_deref() {
+        Some("*") => Some(HeaderValue::from_static("*")),
+        Some(allowed) if allowed.trim_end_matches('/') == origin => Some(sent.clone()),
+        _ => {
+            let authority = origin.split_once("://").map_or("", |(_, rest)| rest);
+            is_local(host_name(authority), &s.config.host).then(|| sent.clone())
+        }
+    }
+}
+
+/// The answer to an admitted preflight: the methods and the headers the
+/// API reads, cached for a day.
+fn preflight_answer(headers: &HeaderMap) -> Response {
+    let asked = headers
+        .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static(
+            "authorization, content-type, x-api-key, anthropic-version",
+        ));
+    let mut r = axum::http::StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
+    r
 }
 
 /// Whether a request may go on, from its head alone.
 fn admit(s: &Shared, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
     match &s.config.api_key {
-        None => check_browser(headers, &s.config.host)?,
+        None => check_browser(headers, &s.config.host, s.config.cors_origin.as_deref())?,
         Some(key) if path.starts_with("/v1/") => authorize(headers, key)?,
         Some(_) => {}
     }
@@ -45,7 +111,10 @@ fn admit(s: &Shared, method: &Method, path: &str, headers: &HeaderMap) -> Result
 
 /// The body bytes an endpoint accepts.
 pub fn body_bytes_max(method: &Method, path: &str) -> usize {
-    let completion = matches!(path, "/v1/chat/completions" | "/v1/completions");
+    let completion = matches!(
+        path,
+        "/v1/chat/completions" | "/v1/completions" | "/v1/messages" | "/v1/messages/count_tokens"
+    );
     if method == Method::POST && completion {
         COMPLETION_BODY_BYTES_MAX
     } else {
@@ -53,11 +122,13 @@ pub fn body_bytes_max(method: &Method, path: &str) -> usize {
     }
 }
 
-/// `Authorization: Bearer KEY` with the server's key.
+/// `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+/// (Anthropic's) with the server's key.
 fn authorize(headers: &HeaderMap, key: &str) -> Result<(), ApiError> {
     let sent = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()));
     match sent {
         Some(sent) if same_key(sent, key.as_bytes()) => Ok(()),
         _ => Err(ApiError::unauthorized()),
@@ -80,8 +151,9 @@ pub fn same_key(sent: &[u8], key: &[u8]) -> bool {
 }
 
 /// Without an API key: `Host` must name loopback or the bound host, and an
-/// `Origin`, when sent, too (a cross-origin browser request is refused).
-fn check_browser(headers: &HeaderMap, bound: &str) -> Result<(), ApiError> {
+/// `Origin`, when sent, too, unless `--cors-origin` admits it (any other
+/// cross-origin browser request is refused).
+fn check_browser(headers: &HeaderMap, bound: &str, cors: Option<&str>) -> Result<(), ApiError> {
     if let Some(h) = headers.get(header::HOST) {
         let host = h.to_str().unwrap_or("");
         if !is_local(host_name(host), bound) {
@@ -92,6 +164,9 @@ fn check_browser(headers: &HeaderMap, bound: &str) -> Result<(), ApiError> {
     }
     if let Some(o) = headers.get(header::ORIGIN) {
         let origin = o.to_str().unwrap_or("");
+        if cors.is_some_and(|c| c == "*" || c.trim_end_matches('/') == origin) {
+            return Ok(());
+        }
         let authority = origin.split_once("://").map_or("", |(_, rest)| rest);
         if !is_local(host_name(authority), bound) {
             return Err(ApiError::forbidden(format!(

@@ -22,13 +22,16 @@
 //! or SIGTERM the server stops admitting, lets running requests finish
 //! within the grace time, cancels the rest, saves the KV, and returns.
 
+pub mod anthropic;
 pub mod api;
 pub mod guard;
 pub mod kv_dir;
 pub mod listen;
 pub mod metrics;
 mod respond;
+mod split;
 pub mod stop;
+pub mod tools;
 pub mod worker;
 
 use crate::engine::gen_config::{GenerationDefaults, Overrides};
@@ -88,12 +91,29 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// How long running requests may take to finish at shutdown.
     pub shutdown_grace: Duration,
-    /// New tokens of a request that names no limit.
+    /// New tokens of a request that names no limit, at most (such a
+    /// request gets the rest of the context; `usize::MAX`: all of it).
     pub max_tokens_default: usize,
     /// Sampling settings given on the command line (a request's own win).
     pub overrides: Overrides,
     /// Drafting for every request (a request wanting logprobs does not).
     pub speculation: crate::engine::Speculation,
+    /// Whether a thinking model's reasoning is split out of `content`.
+    pub reasoning_format: ReasoningFormat,
+    /// `--cors-origin`: `*` or one origin whose pages may call the server
+    /// (local pages may without it).
+    pub cors_origin: Option<String>,
+}
+
+/// `--reasoning-format`, as llama-server names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// The reasoning stays inside `content`, tags and all.
+    None,
+    /// The `<think>` part goes into `reasoning_content` (whole and
+    /// streamed as `delta.reasoning_content`).
+    #[default]
+    Deepseek,
 }
 
 /// Loads the model on the engine thread.
@@ -118,6 +138,10 @@ struct Shared {
     grammars: OnceLock<Result<crate::engine::Grammars, String>>,
     /// The model's context in tokens, once it is loaded.
     context: OnceLock<usize>,
+    /// Positions (prompt and answer) the KV plan holds for one request,
+    /// and the logits' count, once the model is loaded.
+    kv_positions: OnceLock<usize>,
+    vocab: OnceLock<usize>,
     /// The longest token's text, in bytes (bounds the text a context holds).
     token_bytes_max: usize,
     /// Room on the blocking pool for preparing requests.
@@ -194,6 +218,8 @@ pub fn serve_until(
         next_id: AtomicU64::new(0),
         grammars: OnceLock::new(),
         context: OnceLock::new(),
+        kv_positions: OnceLock::new(),
+        vocab: OnceLock::new(),
         token_bytes_max: tok.token_bytes_max(),
         preparing: Arc::new(tokio::sync::Semaphore::new(preparing_max())),
         body_kib: Arc::new(tokio::sync::Semaphore::new(BODY_BYTES_IN_FLIGHT_MAX / 1024)),
@@ -244,7 +270,12 @@ fn spawn_engine(
                 }
             };
             let _ = shared.grammars.set(prepare_grammars(&shared, &model));
-            let _ = shared.context.set(model.cfg.rope.max_position_embeddings);
+            let context = model.cfg.rope.max_position_embeddings;
+            let _ = shared.context.set(context);
+            let _ = shared
+                .kv_positions
+                .set(model.context_budget.unwrap_or(context).min(context));
+            let _ = shared.vocab.set(model.cfg.vocab_size);
             if shared
                 .phase
                 .compare_exchange(LOADING, READY, Ordering::AcqRel, Ordering::Acquire)
@@ -322,11 +353,43 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             guard::guard,
         ))
+        .layer(axum::middleware::from_fn(log_request))
         .with_state(shared)
+}
+
+/// One log line per request (a completion that was answered logs its own,
+/// with its tokens, once its last token is out).
+async fn log_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    if response.extensions().get::<respond::Logged>().is_none() {
+        tracing::info!(
+            target: "moestream::request",
+            method = %method,
+            path = %path,
+            status = response.status().as_u16(),
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            "request"
+        );
+    }
+    response
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no endpoint {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(format!("{method} is not allowed on {}", uri.path()))
 }
 
 async fn health(State(s): State<Arc<Shared>>) -> Response {
@@ -357,4 +420,18 @@ async fn chat_completions(State(s): State<Arc<Shared>>, body: Body) -> Result<Re
 
 async fn completions(State(s): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
     respond::complete(s, body, false).await
+}
+
+async fn messages(
+    State(s): State<Arc<Shared>>,
+    body: Body,
+) -> Result<Response, anthropic::AnthropicError> {
+    anthropic::messages(s, body).await
+}
+
+async fn count_tokens(
+    State(s): State<Arc<Shared>>,
+    body: Body,
+) -> Result<Response, anthropic::AnthropicError> {
+    anthropic::count_tokens(s, body).await
 }

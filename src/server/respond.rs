@@ -5,7 +5,9 @@
 
 use super::api::{self, ApiError, Request};
 use super::guard::COMPLETION_BODY_BYTES_MAX;
+use super::split::Splitter;
 use super::stop::{scan, Scan};
+use super::tools::{self, ToolPlan};
 use super::worker::{Command, Event, Submit};
 use super::Shared;
 use crate::engine::generate::GenOptions;
@@ -20,27 +22,68 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 /// A checked request, ready for the engine.
-struct Prepared {
+pub(super) struct Prepared {
     chat: bool,
-    prompt: Vec<u32>,
+    pub prompt: Vec<u32>,
     opts: GenOptions,
     logprobs: Option<usize>,
     stops: Vec<String>,
-    stream: bool,
+    pub stream: bool,
     include_usage: bool,
     id: String,
     created: u64,
+    /// Tools offered (tool_choice not `none`): the answer is parsed for calls.
+    pub tools: Option<ToolPlan>,
+    /// Split a thinking model's reasoning out: Some(whether the output
+    /// starts inside it).
+    pub reasoning: Option<bool>,
+    /// When the request arrived (its log line's times count from here).
+    started: Instant,
+}
+
+/// Marks a response whose request [`log_request`] already logged (a
+/// completion logs itself once its last token is out).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Logged;
+
+/// A completion's log line: what it asked, what it got, how long the
+/// first token and the whole took.
+fn log_request(p: &Prepared, completion: usize, first: Option<Instant>, reason: &str) {
+    let ms = |t: Instant| t.duration_since(p.started).as_secs_f64() * 1e3;
+    let path = if p.chat {
+        "/v1/chat/completions"
+    } else {
+        "/v1/completions"
+    };
+    let (ttft_ms, total_ms) = (first.map_or(f64::NAN, ms), ms(Instant::now()));
+    tracing::info!(
+        target: "moestream::request",
+        method = "POST",
+        path,
+        status = 200,
+        id = %p.id,
+        stream = p.stream,
+        prompt_tokens = p.prompt.len(),
+        completion_tokens = completion,
+        ttft_ms,
+        total_ms,
+        finish_reason = reason,
+        "request"
+    );
 }
 
 /// Answers a chat (`chat`) or text completion request (its head has
 /// passed the [guard](super::guard)).
 pub(super) async fn complete(s: Arc<Shared>, body: Body, chat: bool) -> Result<Response, ApiError> {
+    let started = Instant::now();
     s.ready()?;
     let (body, room) = read_body(&s, body).await?;
-    let p = prepare_blocking(s.clone(), body, room, chat).await?;
+    let mut p = prepare_blocking(s.clone(), body, room, chat).await?;
+    p.started = started;
     let events = submit(&s, &p).await?;
     if p.stream {
         Ok(stream(s, p, events))
@@ -53,7 +96,10 @@ pub(super) async fn complete(s: Arc<Shared>, body: Body, chat: bool) -> Result<R
 /// the body read timeout, once the bodies in flight leave room for it
 /// (its declared length, else the cap; the room is held until the body
 /// is dropped with the returned permit).
-async fn read_body(s: &Shared, body: Body) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
+pub(super) async fn read_body(
+    s: &Shared,
+    body: Body,
+) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
     use axum::body::HttpBody;
     let timeout = s.config.limits.body_timeout;
     let declared = body.size_hint().exact().unwrap_or(u64::MAX);
@@ -96,7 +142,7 @@ fn is_length_limit(e: &axum::Error) -> bool {
 /// Parses, checks and prepares a request on the blocking pool (at most
 /// [`preparing_max`](super::preparing_max) at once): templates, tokenizers
 /// and grammar compilers are CPU work the async threads must not wait on.
-async fn prepare_blocking(
+pub(super) async fn prepare_blocking(
     s: Arc<Shared>,
     body: Bytes,
     room: OwnedSemaphorePermit,
@@ -120,16 +166,35 @@ async fn prepare_blocking(
 }
 
 fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> {
-    let prompt = if chat {
-        chat_prompt(s, req)?
+    let tools = match chat {
+        true => tools::plan(
+            req.tools.as_ref(),
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls,
+            s.template.as_ref().map(|t| t.source()),
+        )?,
+        false if req.tools.is_some() || req.tool_choice.is_some() => {
+            return Err(ApiError::bad_param(
+                "tools",
+                "tools are for /v1/chat/completions",
+            ))
+        }
+        false => None,
+    };
+    let (prompt, reasoning) = if chat {
+        let (ids, text) = chat_prompt(s, req, tools.as_ref())?;
+        (ids, reasoning_split(s, &text))
     } else {
-        text_prompt(s, req)?
+        (text_prompt(s, req)?, None)
     };
     let overrides = req.overrides().or(s.config.overrides);
     // OpenAI's default temperature is 1 where the model's
     // generation_config.json says nothing.
+    // Without a seed (the request's or the command line's), each request
+    // draws a fresh one, answered in `system_fingerprint` and a header.
     let base = SamplingParams {
         temperature: 1.0,
+        seed: fresh_seed(),
         ..SamplingParams::default()
     };
     let sampling = s.defaults.sampling(&base, &overrides);
@@ -142,7 +207,15 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
             ))
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        None => s.config.max_tokens_default,
+        // The rest of what the KV plan holds (at least one token: a
+        // prompt that fills it is refused with the numbers).
+        None => {
+            let room = s
+                .kv_positions
+                .get()
+                .map_or(usize::MAX, |&kv| kv.saturating_sub(prompt.len()).max(1));
+            s.config.max_tokens_default.min(room)
+        }
     };
     let n = s.next_id.fetch_add(1, Ordering::Relaxed);
     Ok(Prepared {
@@ -154,25 +227,76 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
             ignore_eos: req.ignore_eos,
             eos_ids: s.defaults.eos_ids.clone(),
             speculation: s.config.speculation,
-            constraint: constrained(s, req)?,
+            constraint: constrained(s, req, tools.as_ref())?,
+            logit_bias: req.logit_bias(s.vocab.get().copied().unwrap_or(0))?,
         },
         logprobs: req.logprobs(chat)?,
         stops: req.stops()?,
         stream: req.stream,
         include_usage: req.include_usage(),
-        id: format!("{}-{n}", if chat { "chatcmpl" } else { "cmpl" }),
+        // Random, and the counter: unique across restarts and within one.
+        id: format!(
+            "{}-{:016x}{n:x}",
+            if chat { "chatcmpl" } else { "cmpl" },
+            fresh_seed()
+        ),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        tools,
+        reasoning,
+        started: Instant::now(),
     })
 }
 
-/// The request's `response_format` constraint with the model's prepared
-/// tokenizer; one that does not compile is a 400 naming the reason.
-fn constrained(s: &Shared, req: &Request) -> Result<Option<crate::engine::Constrained>, ApiError> {
-    let Some(constraint) = req.constraint()? else {
-        return Ok(None);
-    };
+/// A random seed (the clock's nanoseconds where the OS gives none).
+fn fresh_seed() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
+}
+
+/// The seed a response reports it sampled with.
+fn fingerprint(p: &Prepared) -> String {
+    format!("moestream-seed-{}", p.opts.sampling.seed)
+}
+
+/// The header that carries the seed too (streamed or not).
+pub(super) const SEED_HEADER: &str = "x-moestream-seed";
+
+/// Whether (and from where) this answer's reasoning is split out: for a
+/// thinking template under `--reasoning-format deepseek`.
+fn reasoning_split(s: &Shared, prompt: &str) -> Option<bool> {
+    use crate::formats::chat::reasoning;
+    let thinking = s
+        .template
+        .as_ref()
+        .is_some_and(|t| reasoning::is_thinking_template(t.source()));
+    (thinking && s.config.reasoning_format == super::ReasoningFormat::Deepseek)
+        .then(|| reasoning::starts_in_reasoning(prompt))
+}
+
+/// The request's output constraint (`response_format`, or the tool calls
+/// `tool_choice` forces) with the model's prepared tokenizer; one that
+/// does not compile is a 400 naming the reason.
+fn constrained(
+    s: &Shared,
+    req: &Request,
+    tools: Option<&ToolPlan>,
+) -> Result<Option<crate::engine::Constrained>, ApiError> {
+    let forced = tools.and_then(|t| t.grammar.clone());
+    let (constraint, param) =
+        match (req.constraint()?, forced) {
+            (Some(_), Some(_)) => return Err(ApiError::bad_param(
+                "tool_choice",
+                "tool_choice forces a tool call; response_format cannot constrain the same answer",
+            )),
+            (Some(c), None) => (c, "response_format"),
+            (None, Some(g)) => (crate::engine::Constraint::Lark(g), "tools"),
+            (None, None) => return Ok(None),
+        };
     let grammars = match s.grammars.get() {
         Some(Ok(g)) => g.clone(),
         Some(Err(e)) => {
@@ -183,10 +307,10 @@ fn constrained(s: &Shared, req: &Request) -> Result<Option<crate::engine::Constr
     };
     let mut state = grammars
         .start(&constraint)
-        .map_err(|e| ApiError::bad_param("response_format", e.to_string()))?;
+        .map_err(|e| ApiError::bad_param(param, e.to_string()))?;
     if !state.can_start() {
         return Err(ApiError::bad_param(
-            "response_format",
+            param,
             "the schema matches no output at all (a $ref that only refers to itself, or a contradiction); nothing can be generated",
         ));
     }
@@ -196,7 +320,12 @@ fn constrained(s: &Shared, req: &Request) -> Result<Option<crate::engine::Constr
     }))
 }
 
-fn chat_prompt(s: &Shared, req: &Request) -> Result<Vec<u32>, ApiError> {
+/// The chat prompt's token ids and its text.
+fn chat_prompt(
+    s: &Shared,
+    req: &Request,
+    tools: Option<&ToolPlan>,
+) -> Result<(Vec<u32>, String), ApiError> {
     let Some(wire) = &req.messages else {
         return Err(ApiError::bad_param("messages", "`messages` is required"));
     };
@@ -210,15 +339,23 @@ fn chat_prompt(s: &Shared, req: &Request) -> Result<Vec<u32>, ApiError> {
     };
     let messages = wire
         .iter()
-        .map(api::to_message)
+        .map(tools::template_message)
         .collect::<Result<Vec<_>, _>>()?;
+    let kwargs = req.template_kwargs(template)?;
+    let opts = crate::formats::chat::RenderOptions {
+        add_generation_prompt: true,
+        tools: tools.map(|t| &t.shown),
+        kwargs: Some(&kwargs),
+    };
     let text = template
-        .render(&messages, true)
+        .render_json(&messages, &opts)
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
     check_text_bytes(s, "messages", &text)?;
-    s.tok
+    let ids = s
+        .tok
         .encode_raw(&text)
-        .map_err(|e| ApiError::internal(e.to_string()))
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok((ids, text))
 }
 
 fn text_prompt(s: &Shared, req: &Request) -> Result<Vec<u32>, ApiError> {
@@ -276,7 +413,10 @@ fn check_text_bytes(s: &Shared, param: &'static str, text: &str) -> Result<(), A
 /// Hands the request to the engine thread; its events come on the
 /// returned channel. A refusal is answered: 429 for a full queue, 400 for
 /// what the model cannot serve (naming the numbers), 503 at shutdown.
-async fn submit(s: &Shared, p: &Prepared) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+pub(super) async fn submit(
+    s: &Shared,
+    p: &Prepared,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let (events, rx) = mpsc::unbounded_channel();
     let (admitted, answer) = tokio::sync::oneshot::channel();
     let cmd = Command::Submit(Box::new(Submit {
@@ -314,6 +454,10 @@ struct Answer<'t> {
     stopped: bool,
     tokens: usize,
     last: Option<u32>,
+    /// The output constraint completed (the engine said so at the end).
+    complete: bool,
+    /// The stop sequence that ended the answer.
+    stop_sequence: Option<String>,
 }
 
 impl<'t> Answer<'t> {
@@ -326,6 +470,8 @@ impl<'t> Answer<'t> {
             stopped: false,
             tokens: 0,
             last: None,
+            complete: false,
+            stop_sequence: None,
         }
     }
 
@@ -341,6 +487,12 @@ impl<'t> Answer<'t> {
         let until = match scan(&self.full, &self.stops) {
             Scan::SendUpTo(n) => n,
             Scan::StopAt(n) => {
+                let rest = &self.full[n..];
+                self.stop_sequence = self
+                    .stops
+                    .iter()
+                    .find(|s| rest.starts_with(s.as_str()))
+                    .cloned();
                 self.full.truncate(n);
                 self.stopped = true;
                 n
@@ -362,7 +514,7 @@ impl<'t> Answer<'t> {
         let eos = self
             .last
             .is_some_and(|t| !ignore_eos && eos_ids.contains(&t));
-        if self.stopped || eos {
+        if self.stopped || eos || self.complete {
             "stop"
         } else {
             "length"
@@ -436,26 +588,44 @@ fn logprobs_field(p: &Prepared, entries: &[Value]) -> Value {
     }
 }
 
-/// A non-streamed answer: waits for every token.
-async fn whole(
-    s: Arc<Shared>,
-    p: Prepared,
+/// A finished answer: its text and what ended it.
+pub(super) struct Collected {
+    pub full: String,
+    pub tokens: usize,
+    pub reused: usize,
+    pub reason: &'static str,
+    /// The stop sequence that ended it, if one did.
+    pub stop_sequence: Option<String>,
+    first: Option<Instant>,
+    entries: Vec<Value>,
+}
+
+/// Waits for every token of an answer.
+pub(super) async fn collect(
+    s: &Shared,
+    p: &Prepared,
     mut events: mpsc::UnboundedReceiver<Event>,
-) -> Result<Response, ApiError> {
+) -> Result<Collected, ApiError> {
     let mut answer = Answer::new(&s.tok, p.stops.clone());
     let mut entries = Vec::new();
     let mut reused = 0;
+    let mut first = None;
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Token(t) => {
+                first = first.or(Some(Instant::now()));
                 answer.push(t)?;
                 if answer.stopped {
                     break;
                 }
             }
-            Event::Logprobs(lp) => entries.push(logprob_entry(&s, answer.last.unwrap_or(0), &lp)),
-            Event::Done { reused: r } => {
+            Event::Logprobs(lp) => entries.push(logprob_entry(s, answer.last.unwrap_or(0), &lp)),
+            Event::Done {
+                reused: r,
+                constraint_complete,
+            } => {
                 reused = r;
+                answer.complete = constraint_complete;
                 answer.flush();
                 break;
             }
@@ -465,110 +635,271 @@ async fn whole(
             }
         }
     }
-    let reason = answer.finish_reason(&p.opts.eos_ids, p.opts.ignore_eos);
+    Ok(Collected {
+        reason: answer.finish_reason(&p.opts.eos_ids, p.opts.ignore_eos),
+        stop_sequence: answer.stop_sequence.take(),
+        full: answer.full,
+        tokens: answer.tokens,
+        reused,
+        first,
+        entries,
+    })
+}
+
+/// A non-streamed answer: waits for every token.
+async fn whole(
+    s: Arc<Shared>,
+    p: Prepared,
+    events: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let c = collect(&s, &p, events).await?;
+    let mut reason = c.reason;
     let choice = if p.chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": answer.full},
-               "logprobs": logprobs_field(&p, &entries), "finish_reason": reason})
+        let end = Splitter::whole(p.reasoning, p.tools.as_ref(), &c.full);
+        let mut message = json!({"role": "assistant", "content": end.pieces.content});
+        if p.reasoning.is_some() {
+            message["reasoning_content"] = json!(end.pieces.reasoning);
+        }
+        if !end.calls.is_empty() {
+            reason = "tool_calls";
+            let content = Some(end.pieces.content).filter(|c| !c.is_empty());
+            message["content"] = json!(content);
+            message["tool_calls"] = tools::openai_calls(&end.calls, false);
+        }
+        json!({"index": 0, "message": message,
+               "logprobs": logprobs_field(&p, &c.entries), "finish_reason": reason})
     } else {
-        json!({"index": 0, "text": answer.full,
-               "logprobs": logprobs_field(&p, &entries), "finish_reason": reason})
+        json!({"index": 0, "text": c.full,
+               "logprobs": logprobs_field(&p, &c.entries), "finish_reason": reason})
     };
     let object = if p.chat {
         "chat.completion"
     } else {
         "text_completion"
     };
-    Ok(Json(json!({
+    let body = json!({
         "id": p.id, "object": object, "created": p.created, "model": s.config.model_name,
-        "choices": [choice], "usage": usage(&p, answer.tokens, reused),
-    }))
-    .into_response())
+        "system_fingerprint": fingerprint(&p),
+        "choices": [choice], "usage": usage(&p, c.tokens, c.reused),
+    });
+    log_request(&p, c.tokens, c.first, reason);
+    Ok(answered(&p, Json(body).into_response()))
+}
+
+/// A response with the seed header, marked as logged.
+pub(super) fn answered(p: &Prepared, mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(SEED_HEADER, p.opts.sampling.seed.into());
+    r.extensions_mut().insert(Logged);
+    r
 }
 
 /// A streamed answer: one SSE chunk per piece of text, keep-alive
 /// comments while nothing comes (a long prefill), a final chunk with the
 /// finish reason, a usage chunk if asked, then `[DONE]`.
 fn stream(s: Arc<Shared>, p: Prepared, events: mpsc::UnboundedReceiver<Event>) -> Response {
+    let p = Arc::new(p);
     let (tx, rx) = mpsc::channel::<Result<sse::Event, Infallible>>(64);
+    let out = OpenAiOut {
+        s: s.clone(),
+        p: p.clone(),
+        tx,
+    };
+    sse_response(&s, &p, rx, drive(s.clone(), p.clone(), events, out))
+}
+
+/// The SSE response reading `rx`, with `task` (which feeds it) spawned.
+pub(super) fn sse_response(
+    s: &Shared,
+    p: &Prepared,
+    rx: mpsc::Receiver<Result<sse::Event, Infallible>>,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Response {
     // An hour at most: the flag's range, for callers that build the config.
     let keep_alive = s
         .config
         .keep_alive
         .min(std::time::Duration::from_secs(3600));
-    tokio::spawn(stream_task(s, p, events, tx));
+    tokio::spawn(task);
     let body = tokio_stream::wrappers::ReceiverStream::new(rx);
-    Sse::new(body)
+    let r = Sse::new(body)
         .keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"))
-        .into_response()
+        .into_response();
+    answered(p, r)
 }
 
-type SseTx = mpsc::Sender<Result<sse::Event, Infallible>>;
+pub(super) type SseTx = mpsc::Sender<Result<sse::Event, Infallible>>;
 
-/// Sends the chunks of a streamed answer; ends (dropping the engine's
+/// The end of a streamed answer.
+pub(super) struct Finish {
+    pub end: super::split::Ending,
+    pub reason: &'static str,
+    pub tokens: usize,
+    pub reused: usize,
+    pub stop_sequence: Option<String>,
+}
+
+/// Where a streamed answer's parts go (OpenAI's chunks, Anthropic's
+/// events); each returns false once the client is gone.
+pub(super) trait StreamOut: Send {
+    /// Before any token.
+    fn start(&mut self) -> impl std::future::Future<Output = bool> + Send;
+    /// One token's logprobs entry.
+    fn logprobs(&mut self, entry: Value) -> impl std::future::Future<Output = bool> + Send;
+    /// Text of a completion (not a chat).
+    fn text(&mut self, text: String) -> impl std::future::Future<Output = bool> + Send;
+    /// A chat's reasoning and content pieces.
+    fn pieces(
+        &mut self,
+        pieces: super::split::Pieces,
+    ) -> impl std::future::Future<Output = bool> + Send;
+    /// The end: the last pieces, the calls, the reason and the usage.
+    fn finish(&mut self, finish: Finish) -> impl std::future::Future<Output = ()> + Send;
+    /// The answer failed midway.
+    fn error(&mut self, e: ApiError) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Runs a streamed answer into `out`; ends (dropping the engine's
 /// channel, which cancels the request) when the client goes away.
-async fn stream_task(
+pub(super) async fn drive<O: StreamOut>(
     s: Arc<Shared>,
-    p: Prepared,
+    p: Arc<Prepared>,
     mut events: mpsc::UnboundedReceiver<Event>,
-    tx: SseTx,
+    mut out: O,
 ) {
-    let chunks = Chunks { s: &s, p: &p };
-    if p.chat
-        && !send(
-            &tx,
-            chunks.delta(json!({"role": "assistant", "content": ""}), None),
-        )
-        .await
-    {
+    if !out.start().await {
         return;
     }
     let mut answer = Answer::new(&s.tok, p.stops.clone());
+    let mut split = Splitter::new(p.reasoning, p.tools.as_ref());
     let (mut reused, mut done) = (0, false);
+    let mut first = None;
     while let Some(ev) = events.recv().await {
         let piece = match ev {
-            Event::Token(t) => match answer.push(t) {
-                Ok(text) => text,
-                Err(e) => return send_error(&tx, e).await,
-            },
+            Event::Token(t) => {
+                first = first.or(Some(Instant::now()));
+                match answer.push(t) {
+                    Ok(text) => text,
+                    Err(e) => return out.error(e).await,
+                }
+            }
             Event::Logprobs(lp) => {
                 let entry = logprob_entry(&s, answer.last.unwrap_or(0), &lp);
-                if !send(&tx, chunks.text("", Some(entry))).await {
+                if !out.logprobs(entry).await {
                     return;
                 }
                 continue;
             }
-            Event::Done { reused: r } => {
+            Event::Done {
+                reused: r,
+                constraint_complete,
+            } => {
                 reused = r;
                 done = true;
+                answer.complete = constraint_complete;
                 answer.flush()
             }
-            Event::Failed(e) => return send_error(&tx, ApiError::internal(e)).await,
+            Event::Failed(e) => return out.error(ApiError::internal(e)).await,
             Event::Expired => {
-                return send_error(
-                    &tx,
-                    ApiError::busy("the request waited too long in the queue"),
-                )
-                .await
+                let e = ApiError::busy("the request waited too long in the queue");
+                return out.error(e).await;
             }
         };
-        if !piece.is_empty() && !send(&tx, chunks.text(&piece, None)).await {
+        let gone = if !p.chat {
+            !piece.is_empty() && !out.text(piece).await
+        } else if done {
+            false // the end is split below
+        } else {
+            !out.pieces(split.push(&answer.full[..answer.sent])).await
+        };
+        if gone {
             return;
         }
         if answer.stopped || done {
             break;
         }
     }
-    let reason = answer.finish_reason(&p.opts.eos_ids, p.opts.ignore_eos);
-    if !send(&tx, chunks.finish(reason)).await {
-        return;
+    let mut end = split.finish(&answer.full);
+    if !p.chat {
+        // A completion's text went out piece by piece above; nothing is
+        // split from it.
+        end.pieces.content.clear();
     }
-    if p.include_usage {
-        let u = usage(&p, answer.tokens, reused);
-        if !send(&tx, chunks.usage(u)).await {
-            return;
+    let reason = match end.calls.is_empty() {
+        true => answer.finish_reason(&p.opts.eos_ids, p.opts.ignore_eos),
+        false => "tool_calls",
+    };
+    log_request(&p, answer.tokens, first, reason);
+    let finish = Finish {
+        end,
+        reason,
+        tokens: answer.tokens,
+        reused,
+        stop_sequence: answer.stop_sequence.take(),
+    };
+    out.finish(finish).await;
+}
+
+/// OpenAI's chunks.
+struct OpenAiOut {
+    s: Arc<Shared>,
+    p: Arc<Prepared>,
+    tx: SseTx,
+}
+
+impl OpenAiOut {
+    fn chunks(&self) -> Chunks<'_> {
+        Chunks {
+            s: &self.s,
+            p: &self.p,
         }
     }
-    let _ = tx.send(Ok(sse::Event::default().data("[DONE]"))).await;
+}
+
+impl StreamOut for OpenAiOut {
+    async fn start(&mut self) -> bool {
+        let role = json!({"role": "assistant", "content": ""});
+        !self.p.chat || send(&self.tx, self.chunks().delta(role, None)).await
+    }
+
+    async fn logprobs(&mut self, entry: Value) -> bool {
+        send(&self.tx, self.chunks().text("", Some(entry))).await
+    }
+
+    async fn text(&mut self, text: String) -> bool {
+        send(&self.tx, self.chunks().text(&text, None)).await
+    }
+
+    async fn pieces(&mut self, pieces: super::split::Pieces) -> bool {
+        self.chunks().send_pieces(&self.tx, &pieces).await
+    }
+
+    async fn finish(&mut self, f: Finish) {
+        let chunks = self.chunks();
+        if !chunks.send_pieces(&self.tx, &f.end.pieces).await {
+            return;
+        }
+        if !f.end.calls.is_empty() {
+            let delta = json!({"tool_calls": tools::openai_calls(&f.end.calls, true)});
+            if !send(&self.tx, chunks.delta(delta, None)).await {
+                return;
+            }
+        }
+        if !send(&self.tx, chunks.finish(f.reason)).await {
+            return;
+        }
+        if self.p.include_usage {
+            let u = usage(&self.p, f.tokens, f.reused);
+            if !send(&self.tx, chunks.usage(u)).await {
+                return;
+            }
+        }
+        let _ = self.tx.send(Ok(sse::Event::default().data("[DONE]"))).await;
+    }
+
+    async fn error(&mut self, e: ApiError) {
+        send_error(&self.tx, e).await
+    }
 }
 
 /// Builds a streamed request's chunks.
@@ -585,7 +916,8 @@ impl Chunks<'_> {
             "text_completion"
         };
         let mut c = json!({"id": self.p.id, "object": object, "created": self.p.created,
-                           "model": self.s.config.model_name, "choices": choices});
+                           "model": self.s.config.model_name,
+                           "system_fingerprint": fingerprint(self.p), "choices": choices});
         if let Some(u) = usage {
             c["usage"] = u;
         }
@@ -610,6 +942,18 @@ impl Chunks<'_> {
             json!([{"index": 0, "text": text, "logprobs": lp, "finish_reason": null}]),
             None,
         )
+    }
+
+    /// Sends a chat's reasoning and content pieces (the empty ones not);
+    /// false once the client is gone.
+    async fn send_pieces(&self, tx: &SseTx, pieces: &super::split::Pieces) -> bool {
+        if !pieces.reasoning.is_empty() {
+            let delta = json!({"reasoning_content": pieces.reasoning});
+            if !send(tx, self.delta(delta, None)).await {
+                return false;
+            }
+        }
+        pieces.content.is_empty() || send(tx, self.text(&pieces.content, None)).await
     }
 
     fn finish(&self, reason: &str) -> Value {

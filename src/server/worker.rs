@@ -26,9 +26,11 @@ pub enum Event {
     Token(u32),
     /// The log-probabilities of the token just sent.
     Logprobs(TokenLogprobs),
-    /// It finished: the prompt tokens continued from kept KV.
+    /// It finished: the prompt tokens continued from kept KV, and whether
+    /// its output constraint completed (what ended it).
     Done {
         reused: usize,
+        constraint_complete: bool,
     },
     /// It failed (the message says why) or waited too long in the queue.
     Failed(String),
@@ -232,10 +234,16 @@ impl Worker<'_> {
                 }
                 PoolEvent::Logprobs(id, lp) => (id, Event::Logprobs(lp)),
                 PoolEvent::Finished(id) => {
-                    let reused = self.pool.take_finished(id).map_or(0, |f| f.reused);
+                    let finished = self.pool.take_finished(id);
+                    let reused = finished.as_ref().map_or(0, |f| f.reused);
+                    let constraint_complete = finished.is_some_and(|f| f.constraint_complete);
                     self.snap.requests_finished += 1;
                     self.snap.prompt_tokens_reused += reused as u64;
-                    (id, Event::Done { reused })
+                    let done = Event::Done {
+                        reused,
+                        constraint_complete,
+                    };
+                    (id, done)
                 }
                 PoolEvent::Failed(id, e) => {
                     self.snap.requests_failed += 1;

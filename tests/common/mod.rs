@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod server;
+
 use moestream::lab::synth::{self, SynthSpec};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
