@@ -9,7 +9,7 @@
 mod common;
 
 use common::fixture;
-use common::server::{chat, text_of, Server, CHATML};
+use common::server::{chat, run_client_script, text_of, Server, CHATML};
 use serde_json::{json, Value};
 
 fn template(name: &str) -> String {
@@ -674,27 +674,6 @@ fn the_messages_api_answers_whole_and_streamed_with_tools() {
         .contains("max_tokens"));
     let r = s.post_with("/v1/messages", &body, &[("x-api-key", "wrong")]);
     assert_eq!(r.status, 401);
-}
-
-/// Runs a client check script (scripts/, with MOESTREAM_PYTHON or python3)
-/// against `s` with `args`; fails on its first failed check.
-fn run_client_script(script: &str, args: &[String]) {
-    let python = std::env::var("MOESTREAM_PYTHON").unwrap_or_else(|_| "python3".into());
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts")
-        .join(script);
-    let out = std::process::Command::new(python)
-        .arg(path)
-        .args(args)
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
 /// `MOESTREAM_PYTHON=/path/to/venv/bin/python cargo test --test agents -- --ignored`

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{copy_fixture, fixture, moestream, moestream_env, read_shard, write_shard, Out};
+use common::{
+    copy_fixture, fixture, moestream, moestream_env, read_shard, write_shard, Out, FAMILIES,
+};
 use moestream::formats::config::ModelConfig;
 use moestream::formats::quant::policy::Policy;
 use moestream::formats::weights::index::AtLoad;
@@ -15,18 +17,6 @@ use moestream::model::{Footprint, LoadOptions, Model};
 use moestream_io::ReadMode;
 use serde_json::Value;
 use std::path::Path;
-
-const FAMILIES: [&str; 9] = [
-    "qwen3_moe",
-    "qwen2_moe",
-    "mixtral",
-    "mixtral_sliding_window",
-    "olmoe",
-    "deepseek_v3",
-    "deepseek_v3_fp8",
-    "glm4_moe",
-    "glm_moe_dsa",
-];
 
 /// The footprint from headers, with the runtime quantizer `policy` if any.
 fn footprint(dir: &Path, policy: Option<Policy>) -> Footprint {

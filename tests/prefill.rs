@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::copy_fixture;
+use common::{copy_fixture, FAMILIES};
 use moestream::engine::generate::{evaluate, evaluate_in_chunks, generate, GenOptions};
 use moestream::engine::sampler::SamplingParams;
 use moestream::engine::{Engine, Session};
@@ -17,18 +17,6 @@ use moestream::model::progress::{Progress, Work};
 use moestream::model::{LoadOptions, Model, PREFILL_CHUNK};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-const FAMILIES: [&str; 9] = [
-    "qwen3_moe",
-    "qwen2_moe",
-    "mixtral",
-    "mixtral_sliding_window",
-    "olmoe",
-    "deepseek_v3",
-    "deepseek_v3_fp8",
-    "glm4_moe",
-    "glm_moe_dsa",
-];
 
 /// A copy of `family`'s fixture whose context holds `positions` (the
 /// fixtures' own hold at most one chunk).

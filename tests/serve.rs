@@ -4,12 +4,11 @@
 
 mod common;
 
-use common::server::{chat, read_head, text_of, Reply, Server};
+use common::server::{chat, read_head, run_client_script, text_of, Reply, Server};
 use common::{fixture, tiny_model};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -380,21 +379,8 @@ fn bench_serve_reports_every_round_and_refuses_beyond_the_queue() {
 #[test]
 #[ignore = "needs Python with the openai package (MOESTREAM_PYTHON)"]
 fn openai_python_client_drives_the_server() {
-    let python = std::env::var("MOESTREAM_PYTHON").unwrap_or_else(|_| "python3".into());
     let s = Server::start(&fixture("qwen3_moe"), &[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/openai_client_check.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(format!("{}/v1", s.base))
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_client_script("openai_client_check.py", &[format!("{}/v1", s.base)]);
 }
 
 #[test]

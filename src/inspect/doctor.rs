@@ -93,15 +93,6 @@ pub fn run(opts: &Options) -> Vec<Check> {
     out
 }
 
-/// A value of /proc/meminfo, bytes.
-pub fn meminfo_bytes(key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
 fn io_uring() -> Check {
     let memlock_text = memlock_limit().unwrap_or_else(|| "unknown".into());
     let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
@@ -181,7 +172,7 @@ fn cpu() -> Check {
 /// that runs), and the budget against the memory available.
 fn memory(budget: Option<u64>, asked: bool) -> Check {
     let limit = crate::machine::cgroup::memory_limit();
-    let available = meminfo_bytes("MemAvailable");
+    let available = crate::machine::memory::meminfo_bytes("MemAvailable");
     let what = if asked {
         "the RAM budget"
     } else {
@@ -512,6 +503,6 @@ mod tests {
             assert!(!c.detail.is_empty(), "{c:?}");
             assert_eq!(c.status != Status::Ok, c.fix.is_some(), "{c:?}");
         }
-        assert!(meminfo_bytes("MemTotal").is_some_and(|b| b > 0));
+        assert!(crate::machine::memory::meminfo_bytes("MemTotal").is_some_and(|b| b > 0));
     }
 }

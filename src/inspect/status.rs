@@ -82,7 +82,7 @@ pub fn gather(model: Option<&Path>, probe_seconds: f64) -> Result<Summary> {
         machine: Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             ram_bytes: crate::model::profile::mem_total_bytes(),
-            available_bytes: crate::inspect::doctor::meminfo_bytes("MemAvailable"),
+            available_bytes: crate::machine::memory::meminfo_bytes("MemAvailable"),
             cgroup_limit_bytes: crate::machine::cgroup::memory_limit(),
             kernels: format!("{:?}", crate::kernels::cpu::isa()),
             disk,

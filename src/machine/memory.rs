@@ -73,13 +73,18 @@ pub fn budget_from(cgroup_limit: Option<u64>, available: Option<u64>) -> Option<
     })
 }
 
-/// `MemAvailable` of /proc/meminfo, in bytes.
-pub fn mem_available_bytes() -> Option<u64> {
+/// A value of /proc/meminfo (`MemTotal`, `MemAvailable`, …), in bytes.
+pub fn meminfo_bytes(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     s.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+        .and_then(|kb| kb.checked_mul(1024))
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes.
+pub fn mem_available_bytes() -> Option<u64> {
+    meminfo_bytes("MemAvailable")
 }
 
 /// This machine's default budget, read now.

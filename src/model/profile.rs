@@ -63,11 +63,7 @@ pub fn device_read_bytes() -> u64 {
 
 /// This machine's RAM in bytes (`MemTotal` of /proc/meminfo), if known.
 pub fn mem_total_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    crate::machine::memory::meminfo_bytes("MemTotal")
 }
 
 #[cfg(test)]

@@ -63,6 +63,20 @@ pub fn listing(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Every family's committed fixture, safetensors checkpoints (the GGUF
+/// and trained fixtures apart).
+pub const FAMILIES: [&str; 9] = [
+    "qwen3_moe",
+    "qwen2_moe",
+    "mixtral",
+    "mixtral_sliding_window",
+    "olmoe",
+    "deepseek_v3",
+    "deepseek_v3_fp8",
+    "glm4_moe",
+    "glm_moe_dsa",
+];
+
 /// The committed fixture directory of `family`.
 pub fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -258,3 +258,24 @@ pub fn text_of(r: &Reply) -> String {
         .unwrap()
         .to_string()
 }
+
+/// Runs a client check script (scripts/, with MOESTREAM_PYTHON or python3)
+/// against `s` with `args`; fails on its first failed check.
+pub fn run_client_script(script: &str, args: &[String]) {
+    let python = std::env::var("MOESTREAM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(script);
+    let out = std::process::Command::new(python)
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
