@@ -410,6 +410,30 @@ fn hostile_templates_hit_the_memory_bound_not_an_abort() {
 }
 
 #[test]
+fn unprinted_operator_growth_hits_the_memory_bound_not_an_abort() {
+    // Each doubles (or grows by a big message) per iteration without
+    // printing: 2^60 bytes unbounded, refused at the render's bound.
+    let cases = [
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s * 2 %}{% endfor %}{{ ns.s | length }}",
+        "{% set ns = namespace(s='ab', t='') %}{% for i in range(60) %}{% set ns.t = ns.s %}{% set ns.s = ns.t ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        "{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s | length }}{% endif %}{% endmacro %}{{ d('ab', 60) }}",
+        "{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s ~ messages[0].content %}{% endfor %}{{ ns.s | length }}",
+        "{{ ('x' * 10**7) ~ ('x' * 10**7) ~ ('x' * 10**7) }}",
+    ];
+    let big = [Message::new("user", "m".repeat(1 << 20))];
+    for source in cases {
+        let text = hostile(source, &big);
+        assert!(
+            text.contains("hostile.jinja") && text.contains("memory bound"),
+            "{source}: {text}"
+        );
+    }
+}
+
+#[test]
 fn double_loop_over_client_messages_hits_the_memory_bound() {
     // 4000 messages of 1 KiB: 4 MiB in, 16 GiB out through a double loop.
     let big: Vec<Message> = (0..4000)

@@ -210,3 +210,78 @@ fn a_huge_max_tokens_does_not_overflow_the_planned_context() {
     let out = moestream(&args);
     assert!(out.ok && !out.stderr.contains("panicked"), "{}", out.stderr);
 }
+
+#[test]
+fn eval_text_and_prompt_files_are_planned_as_the_inputs_item_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("qwen3_moe");
+    let model = model.to_str().unwrap();
+    // 2 MB of text: ~0.5 GB to tokenize, past a 0.3 GB budget; refused
+    // by the plan before a byte of it is tokenized.
+    let big = dir.path().join("big.txt");
+    std::fs::write(&big, "word ".repeat(400_000)).unwrap();
+    let out = moestream(&[
+        "eval",
+        "--model",
+        model,
+        "--text",
+        big.to_str().unwrap(),
+        "--ram-gb",
+        "0.3",
+    ]);
+    assert_clean_failure(&out, &["inputs"]);
+    // A small text is planned: the item appears in the printed plan.
+    let small = dir.path().join("small.txt");
+    std::fs::write(
+        &small,
+        "The following example shows how to use it. ".repeat(20),
+    )
+    .unwrap();
+    let out = moestream(&[
+        "eval",
+        "--model",
+        model,
+        "--text",
+        small.to_str().unwrap(),
+        "--ram-gb",
+        "0.5",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stderr.contains(", inputs 0.2 MiB"), "{}", out.stderr);
+    // --prompts: the file and its longest line's tokenizing.
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "hi\nthere\n").unwrap();
+    let out = moestream(&[
+        "run",
+        "--model",
+        model,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "-n",
+        "1",
+        "--ram-gb",
+        "0.5",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stderr.contains(", inputs "), "{}", out.stderr);
+}
+
+#[test]
+fn a_prompt_too_big_to_tokenize_within_the_budget_is_refused_before_tokenizing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.txt");
+    std::fs::write(&file, "word ".repeat(400_000)).unwrap();
+    let model = fixture("qwen3_moe");
+    let out = moestream(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "-f",
+        file.to_str().unwrap(),
+        "-n",
+        "1",
+        "--ram-gb",
+        "0.3",
+    ]);
+    assert_clean_failure(&out, &["tokenizing it takes about"]);
+}

@@ -639,6 +639,62 @@ fn a_connection_stalled_mid_header_is_closed_after_the_read_timeout() {
     assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
 }
 
+/// This machine's address on its first non-loopback interface, if any
+/// (a UDP connect sends nothing).
+fn own_remote_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("10.255.255.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn one_remote_address_past_its_connection_limit_is_answered_429() {
+    let Some(ip) = own_remote_ip() else {
+        eprintln!("skipped: no non-loopback address to connect from");
+        return;
+    };
+    let s = Server::start(
+        &fixture("qwen3_moe"),
+        &[
+            "--host",
+            "0.0.0.0",
+            "--api-key",
+            "k",
+            "--max-connections-per-client",
+            "2",
+            "--read-timeout",
+            "600",
+        ],
+    );
+    let port = s.base.rsplit(':').next().unwrap().to_string();
+    let remote = format!("{ip}:{port}");
+    let connect = || {
+        let c = std::net::TcpStream::connect(&remote).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c
+    };
+    let held = [connect(), connect()];
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = connect();
+    let mut reply = String::new();
+    third.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 429"), "{reply}");
+    assert!(reply.contains("too_many_connections"), "{reply}");
+    // Loopback clients are not counted against it.
+    let (status, _) = s.get("/health");
+    assert_eq!(status, 200);
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut again = connect();
+    again
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    again.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
+
 #[test]
 fn connections_past_the_limit_wait_until_one_closes() {
     let s = Server::start(

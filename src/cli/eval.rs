@@ -2,6 +2,7 @@
 //! perplexity of a text; `moestream score`: multiple-choice accuracy.
 
 use super::*;
+use moestream::formats::tokenizer::tokenize_bytes;
 
 #[derive(Args)]
 pub(super) struct EvalArgs {
@@ -59,7 +60,14 @@ pub(super) fn cmd_eval(a: EvalArgs) -> Result<()> {
             .collect();
         moestream::fs::check_not_input(&[out], &inputs).context("--save-logits")?;
     }
-    let model = load(&a.model)?;
+    // --text is tokenized whole and --ref-logits read whole while the
+    // model runs: both are planned (the `inputs` item).
+    let text = a.text.as_deref().map(file_len).unwrap_or(0);
+    let logits = a.ref_logits.as_deref().map(file_len).unwrap_or(0);
+    let inputs = tokenize_bytes(text)
+        .saturating_add(text)
+        .saturating_add(logits);
+    let model = super::load_with_inputs(&a.model, inputs)?;
     if let Some(path) = &a.text {
         return eval_text(&model, path, &a);
     }
@@ -161,10 +169,10 @@ struct Scored {
 /// them). Tokens of a choice are those of context + choice past the
 /// context's own tokens.
 pub(super) fn cmd_score(a: ScoreArgs) -> Result<()> {
-    let model = load(&a.model)?;
-    let tok = Tokenizer::load(&a.model.model)?;
     let text = moestream::fs::read_to_string(&a.tasks, moestream::fs::read::PROMPTS)
         .with_context(|| format!("reading {}", a.tasks.display()))?;
+    let model = super::load_with_inputs(&a.model, lines_input_bytes(&text))?;
+    let tok = Tokenizer::load(&a.model.model)?;
     let mut scored = Vec::new();
     for (n, line) in (1..).zip(text.lines()) {
         if line.trim().is_empty() {
@@ -223,4 +231,17 @@ fn score_task(model: &Model, tok: &Tokenizer, task: &Task) -> Result<Scored> {
         pred_norm,
         label: task.label,
     })
+}
+
+/// A file's length (0 when it cannot be read: reading it later names the
+/// error).
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// What a file of lines, each tokenized on its own, holds while it is
+/// served: the text and the longest line's tokenizing.
+pub(super) fn lines_input_bytes(text: &str) -> u64 {
+    let longest = text.lines().map(str::len).max().unwrap_or(0);
+    (text.len() as u64).saturating_add(tokenize_bytes(longest as u64))
 }

@@ -789,6 +789,12 @@ fn check_threads(t: usize) -> Result<usize> {
 }
 
 fn load(m: &ModelArgs) -> Result<Model> {
+    load_with_inputs(m, 0)
+}
+
+/// [`load`] for a command whose own inputs hold `input_bytes` while the
+/// model runs (the `inputs` item of the RAM plan).
+fn load_with_inputs(m: &ModelArgs, input_bytes: u64) -> Result<Model> {
     if let Some(t) = m.threads {
         check_threads(t)?;
         rayon::ThreadPoolBuilder::new()
@@ -800,7 +806,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
     if let Some(path) = &m.trace {
         moestream::fs::check_not_input(&[path], &[&m.model]).context("--trace")?;
     }
-    let (opts, note) = load_options(m)?;
+    let (opts, note) = load_options(m, input_bytes)?;
     let mut model = Model::load(&m.model, &opts).map_err(|e| plan::refusal(e, &m.model, &opts))?;
     limits::note_clamps(m, &model);
     tracing::info!(
@@ -834,7 +840,7 @@ fn load(m: &ModelArgs) -> Result<Model> {
 /// What `m` asks loading for (flags, then the tuned profile, then the
 /// defaults), and a note saying which profile was used; `plan` plans with
 /// the same options `run` loads with.
-fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
+fn load_options(m: &ModelArgs, input_bytes: u64) -> Result<(LoadOptions, Option<String>)> {
     limits::model_args(m)?;
     let quantize_at_load = match m.quantize_at_load {
         None => None,
@@ -867,6 +873,7 @@ fn load_options(m: &ModelArgs) -> Result<(LoadOptions, Option<String>)> {
             PrefetchArg::Lookahead(_) => None,
         },
         progress: progress::hook(),
+        input_bytes,
     };
     if m.ram_gb.is_none() {
         match moestream::machine::memory::machine_budget() {

@@ -50,7 +50,7 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
     // auto` (direct without a profile), asked for or not.
     let mut budgeted = a.model.clone();
     budgeted.ram_gb = Some(super::RamArg::Gb(a.model.budget_gb().unwrap_or(1.0)));
-    let (mut opts, _) = load_options(&budgeted)?;
+    let (mut opts, _) = load_options(&budgeted, 0)?;
     if a.model.budget_gb().is_none() {
         opts.ram_budget = None;
     }

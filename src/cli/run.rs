@@ -56,12 +56,16 @@ pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
     let dir = a.model.model.clone();
     let tok = Tokenizer::load(&dir);
     if let Some(path) = a.prompts.clone() {
-        let model = load(&a.model)?;
+        let text = moestream::fs::read_to_string(&path, moestream::fs::read::PROMPTS)
+            .with_context(|| format!("reading prompts from {}", path.display()))?;
+        let inputs = super::eval::lines_input_bytes(&text);
+        let model = super::load_with_inputs(&a.model, inputs)?;
         let tok = tok.map_err(|e| anyhow::anyhow!("{e}"))?;
-        return serve_prompts(&model, &tok, &path, &a);
+        return serve_prompts(&model, &tok, &path, &text, &a);
     }
     let prompt = match (prompt_text(&a)?, &a.prompt_ids) {
         (Some(text), _) => {
+            check_tokenizable(&a.model, &text)?;
             let tok = tok.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
             match a.chat {
                 true => chat_prompt(&a, tok, &dir, &text)?,
@@ -98,6 +102,27 @@ pub(super) fn cmd_run(mut a: RunArgs) -> Result<()> {
     save_history(&model, &a.model);
     eprintln!("{}", g.stats.line());
     Ok(())
+}
+
+/// Refuses a prompt whose tokenizing (before the model loads) would not
+/// fit the budget (`--ram-gb`, or the machine's without one).
+fn check_tokenizable(m: &ModelArgs, text: &str) -> Result<()> {
+    let budget = match (m.budget_gb(), m.ram_gb) {
+        (Some(gb), _) => Some((gb * 1e9) as u64),
+        (None, None) => moestream::machine::memory::machine_budget().map(|b| b.bytes),
+        (None, Some(_)) => None,
+    };
+    let need = moestream::formats::tokenizer::tokenize_bytes(text.len() as u64);
+    match budget {
+        Some(budget) if need > budget => bail!(
+            "the prompt has {} bytes of text; tokenizing it takes about {:.2} GB ({} bytes a byte), over the budget of {:.2} GB",
+            text.len(),
+            moestream::machine::gb(need),
+            moestream::formats::tokenizer::TOKENIZE_BYTES_PER_BYTE,
+            moestream::machine::gb(budget)
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The prompt's text: `--prompt TEXT`, or `--file FILE` (one trailing
@@ -156,10 +181,9 @@ pub(super) fn serve_prompts(
     model: &Model,
     tok: &Tokenizer,
     path: &Path,
+    text: &str,
     a: &RunArgs,
 ) -> Result<()> {
-    let text = moestream::fs::read_to_string(path, moestream::fs::read::PROMPTS)
-        .with_context(|| format!("reading prompts from {}", path.display()))?;
     let lines: Vec<(usize, &str)> = (1..)
         .zip(text.lines())
         .filter(|(_, l)| !l.trim().is_empty())

@@ -55,6 +55,11 @@ pub(super) struct ServeArgs {
     #[arg(long, default_value_t = moestream::server::listen::CONNECTIONS_MAX_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_connections: u64,
+    /// Connections one remote address may hold at once (loopback clients
+    /// are not counted); past it a connection is answered 429.
+    #[arg(long, default_value_t = moestream::server::listen::CONNECTIONS_PER_CLIENT_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections_per_client: u64,
     /// Seconds a client gets to send a request's headers (also the idle
     /// time of a keep-alive connection), and then its body.
     #[arg(long, default_value_t = moestream::server::listen::READ_TIMEOUT_S_DEFAULT,
@@ -97,6 +102,7 @@ pub(super) fn cmd_serve(a: ServeArgs) -> Result<()> {
         host: a.host.clone(),
         limits: Limits {
             connections_max: a.max_connections as usize,
+            connections_per_client_max: a.max_connections_per_client as usize,
             header_timeout: Duration::from_secs(a.read_timeout),
             body_timeout: Duration::from_secs(a.read_timeout),
         },

@@ -31,6 +31,7 @@
 //! loop over them) is an error naming the template's source, not an abort.
 
 pub mod bound;
+pub mod operators;
 mod python;
 pub mod reasoning;
 pub mod tool_calls;
@@ -152,7 +153,7 @@ impl ChatTemplate {
     /// Compiles `source` (errors name `origin`, where it came from).
     pub fn new(source: String, tokens: SpecialTokens, origin: String) -> Result<ChatTemplate> {
         let mut env = environment();
-        if let Err(e) = env.add_template_owned(TEMPLATE_NAME, source.clone()) {
+        if let Err(e) = env.add_template_owned(TEMPLATE_NAME, operators::bound_operators(&source)) {
             return Err(template_error(&origin, &e));
         }
         Ok(ChatTemplate {
@@ -213,6 +214,7 @@ impl ChatTemplate {
             .sum();
         let bytes_max = bound::render_bytes_max(input).min(self.bytes_max.unwrap_or(usize::MAX));
         let _budget = bound::Budget::enter(bytes_max);
+        let _grown = operators::Grown::enter();
         let mut out = bound::CappedText::new(bytes_max);
         template
             .render_captured_to(self.context(messages, opts), &mut out)
@@ -230,6 +232,9 @@ impl ChatTemplate {
             .get_template(TEMPLATE_NAME)
             .map(|t| t.undeclared_variables(false))
             .unwrap_or_default()
+            .into_iter()
+            .filter(|v| v != operators::GROW_FUNCTION)
+            .collect()
     }
 
     /// The template's text.
@@ -259,7 +264,9 @@ impl ChatTemplate {
         if let Some(eos) = &self.tokens.eos_token {
             ctx.insert("eos_token", Value::from(eos.as_str()));
         }
-        for (k, v) in opts.kwargs.into_iter().flatten() {
+        // The bounded operators' function cannot be shadowed by a kwarg.
+        let kwargs = opts.kwargs.into_iter().flatten();
+        for (k, v) in kwargs.filter(|(k, _)| k.as_str() != operators::GROW_FUNCTION) {
             ctx.insert(k.as_str(), Value::from_serialize(v));
         }
         ctx.insert("messages", Value::from_serialize(messages));
@@ -427,6 +434,7 @@ fn environment() -> Environment<'static> {
     env.set_formatter(python_format);
     bound::guard_filters(&mut env);
     env.add_function("raise_exception", raise_exception);
+    env.add_function(operators::GROW_FUNCTION, operators::grow);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
     env.add_filter("trim", trim);

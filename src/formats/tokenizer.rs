@@ -5,6 +5,16 @@
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
+/// Heap one `encode` takes per byte of text at its peak (pre-tokens,
+/// offsets, alignments and ids of the `tokenizers` crate; ~250 measured on
+/// byte-level BPE): the text a command tokenizes is planned at this rate.
+pub const TOKENIZE_BYTES_PER_BYTE: u64 = 256;
+
+/// The heap tokenizing `text_bytes` of text takes at its peak.
+pub fn tokenize_bytes(text_bytes: u64) -> u64 {
+    text_bytes.saturating_mul(TOKENIZE_BYTES_PER_BYTE)
+}
+
 /// A loaded tokenizer.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,

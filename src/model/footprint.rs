@@ -115,6 +115,7 @@ impl Footprint {
             context,
             page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
             prefetch_experts: opts.prefetch_experts_max(self.top_k),
+            inputs: opts.input_bytes,
         }
     }
 }

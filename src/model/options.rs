@@ -48,6 +48,11 @@ pub struct LoadOptions {
     /// Where loading reports the resident bytes read so far (and the model
     /// keeps it for prefill progress); off by default.
     pub progress: Progress,
+    /// Bytes the command's own inputs hold while the model runs (a text
+    /// being tokenized, a prompts file, reference logits: see
+    /// [`crate::formats::tokenizer::TOKENIZE_BYTES_PER_BYTE`]), planned as
+    /// the `inputs` item of the RAM plan.
+    pub input_bytes: u64,
 }
 
 impl LoadOptions {
@@ -81,6 +86,7 @@ impl Default for LoadOptions {
             prefetch_experts: None,
             predictor: None,
             progress: Progress::default(),
+            input_bytes: 0,
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct BudgetInput {
     /// until a layer asks for them (decoding one then replaces a demand
     /// miss, which the in-flight item already covers).
     pub prefetch_experts: usize,
+    /// What the command's own inputs hold while it runs (a text being
+    /// tokenized, a prompts file, reference logits): the `inputs` item.
+    pub inputs: u64,
 }
 
 /// The placement: slots per layer and what the budget was spent on.
@@ -167,6 +170,9 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
     if i.page_cache {
         reserves.push(("page-cache reserve", Some(page_cache_reserve(i.budget))));
     }
+    if i.inputs > 0 {
+        reserves.push(("inputs", Some(i.inputs)));
+    }
     let reserves = reserves
         .into_iter()
         .map(|(name, bytes)| {
@@ -181,11 +187,16 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         .try_fold(i.resident, |sum, r| sum.checked_add(r.1))
         .ok_or("the RAM plan's fixed items overflow 64 bits")?;
     if fixed > i.budget {
+        let items: Vec<String> = reserves
+            .iter()
+            .map(|(name, b)| format!("{name} {}", human(*b)))
+            .collect();
         return Err(format!(
-            "a RAM budget of {} GB is too small: resident weights {} + slack {} = {} before any expert is cached",
+            "a RAM budget of {} GB is too small: resident weights {} + slack {} ({}) = {} before any expert is cached",
             i.budget as f64 / 1e9,
             human(i.resident),
             human(fixed - i.resident),
+            items.join(", "),
             human(fixed)
         ));
     }
@@ -287,7 +298,21 @@ mod tests {
             context: 8192,
             page_cache: false,
             prefetch_experts: 0,
+            inputs: 0,
         }
+    }
+
+    #[test]
+    fn a_command_s_inputs_are_an_item_that_takes_slots() {
+        let without = plan(&input(500 * MIB)).unwrap();
+        let with = plan(&BudgetInput {
+            inputs: 32 * MIB,
+            ..input(500 * MIB)
+        })
+        .unwrap();
+        assert!(with.reserves.contains(&("inputs", 32 * MIB)));
+        assert!(!without.reserves.iter().any(|r| r.0 == "inputs"));
+        assert_eq!(without.slots_per_layer - with.slots_per_layer, 3);
     }
 
     #[test]

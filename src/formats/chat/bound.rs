@@ -23,10 +23,10 @@
 //!   and `batch` counts) at most [`WIDTH_MAX`], and the growth of `replace`
 //!   and `join` computed before they run.
 //!
-//! Not held to it: minijinja's own operators. `~` and `+` concatenate and
-//! `*` repeats a string (minijinja refuses a repeat over 100 MB) without a
-//! hook, so a chain of unprinted concatenations grows within the fuel bound
-//! only, as does raw template text emitted inside a `{% set %}` capture.
+//! minijinja's own operators (`~`, `+`, `*`) have no hook; the template is
+//! rewritten before it is compiled so that they call a bounded function
+//! (super::operators). Raw template text emitted inside a `{% set %}`
+//! capture is bounded by the template's size per capture.
 
 use minijinja::value::{Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
@@ -76,7 +76,7 @@ pub fn bytes_max() -> usize {
     BUDGET.with(|b| b.get().0)
 }
 
-fn too_big(what: &str, detail: impl std::fmt::Display) -> Error {
+pub fn too_big(what: &str, detail: impl std::fmt::Display) -> Error {
     Error::new(
         ErrorKind::InvalidOperation,
         format!(
