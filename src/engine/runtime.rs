@@ -401,6 +401,55 @@ mod tests {
         assert!(resolve(&set, Some(&p)).not_understood.is_empty());
     }
 
+    /// Every setting asked for reaches loading: none is ignored, none is
+    /// replaced by another.
+    #[test]
+    fn every_requested_setting_reaches_the_load_options() {
+        let mut req = auto();
+        req.model = ModelSettings {
+            mla: MlaMode::Explicit,
+            dsa: DsaMode::Off,
+            quantize_at_load: Some(Policy::default()),
+            context: 123,
+        };
+        let lookahead = parse_lookahead("output-3");
+        req.store = StoreRequest {
+            expert_cache: 7,
+            ram_budget: Some(5_000_000_000),
+            policy: EvictPolicy::Lru,
+            pin_history: false,
+            pipeline: Choice::Set(false),
+            prefetch: Choice::Set(lookahead),
+            prefetch_experts: Some(9),
+            recall: true,
+            cache_lean: Some(0.5),
+            predictor: None,
+        };
+        req.io = IoRequest {
+            read_mode: Choice::Set(ReadMode::Mmap),
+            reactor: false,
+        };
+        req.generation.max_tokens = 11;
+        let c = resolve(&req, None);
+        assert_eq!(c.generation.max_tokens, 11);
+        let o = c.load_options(Progress::default());
+        assert_eq!((o.mla, o.dsa, o.context), (MlaMode::Explicit, DsaMode::Off, 123));
+        assert!(o.quantize_at_load.is_some());
+        assert_eq!((o.expert_cache, o.ram_budget), (7, Some(5_000_000_000)));
+        assert_eq!((o.policy, o.pin_history), (EvictPolicy::Lru, false));
+        assert_eq!((o.read_mode, o.io_reactor), (ReadMode::Mmap, false));
+        let want = ScheduleOptions {
+            pipeline: false,
+            lookahead,
+            prefetch_experts: Some(9),
+            recall: true,
+            cache_lean: Some(0.5),
+        };
+        assert_eq!(o.schedule, want);
+        // The store's bound comes from the asked count, not a sentinel.
+        assert_eq!(o.schedule.schedule(8, false).prefetch_experts_max, 9);
+    }
+
     #[test]
     fn lookahead_names_round_trip() {
         for s in ["attn-1", "output-4"] {
