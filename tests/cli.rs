@@ -566,3 +566,25 @@ fn synth_defaults_fit_a_small_geometry_and_say_so() {
     let out = moestream(&args);
     common::assert_clean_failure(&out, &["lookahead recall", "out of reach"]);
 }
+
+/// `status` shows the settings that come from outside the command line.
+#[test]
+fn status_shows_the_environment_and_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("c.toml");
+    std::fs::write(&f, "ram-gb = 8\n[serve]\nport = 9000\n").unwrap();
+    let f = f.to_str().unwrap();
+    let out = common::moestream_env(
+        &["status", "--config", f],
+        &[("MOESTREAM_TEMPERATURE", "0.5")],
+    );
+    assert!(out.ok, "{}", out.stderr);
+    for needle in [
+        "MOESTREAM_TEMPERATURE=0.5",
+        "ram-gb = 8",
+        "serve.port = 9000",
+        f,
+    ] {
+        assert!(out.stdout.contains(needle), "`{needle}` in: {}", out.stdout);
+    }
+}

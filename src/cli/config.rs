@@ -215,6 +215,40 @@ fn normalized(arg: &Arg, values: Vec<String>, source: &str) -> Result<Vec<String
     }
 }
 
+/// The settings from outside the command line, for `status`: each
+/// `MOESTREAM_<FLAG>` variable set that names a flag of some command, and
+/// the `--config` file with its keys (sections as `run.port`).
+pub(super) fn summary(cmd: &Command, argv: &[OsString]) -> Result<Vec<String>> {
+    let mut longs = all_longs(cmd);
+    longs.sort();
+    longs.dedup();
+    let mut lines: Vec<String> = longs
+        .iter()
+        .filter_map(|l| {
+            let env = env_name(l);
+            let v = std::env::var_os(&env)?;
+            Some(format!("{env}={}", v.to_string_lossy()))
+        })
+        .collect();
+    if let Some(p) = config_path(argv) {
+        let f = File::read(&p, cmd)?;
+        let mut keys = Vec::new();
+        keys_of(&f.table, "", &mut keys);
+        lines.push(format!("{}: {}", p.display(), keys.join(", ")));
+    }
+    Ok(lines)
+}
+
+/// The dotted keys of `t` (`ram-gb`, `run.port`).
+fn keys_of(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in t {
+        match v {
+            toml::Value::Table(sub) => keys_of(sub, &format!("{prefix}{k}."), out),
+            v => out.push(format!("{prefix}{k} = {v}")),
+        }
+    }
+}
+
 /// The `--config` file named on the command line (`--config FILE` or
 /// `--config=FILE`, before any `--`), else by `MOESTREAM_CONFIG`.
 fn config_path(argv: &[OsString]) -> Option<PathBuf> {

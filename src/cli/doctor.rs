@@ -126,13 +126,21 @@ pub(super) fn cmd_doctor(a: DoctorArgs) -> Result<ExitCode> {
     })
 }
 
-pub(super) fn cmd_status(a: StatusArgs) -> Result<()> {
+/// `status`; `settings` are the ones from outside the command line
+/// (`MOESTREAM_<FLAG>` variables, the `--config` file's keys).
+pub(super) fn cmd_status(a: StatusArgs, settings: Vec<String>) -> Result<()> {
     let probe_seconds = seconds(a.probe_seconds)?;
     let dir = model_dir(&a.model, &a.revision)?;
     let s = moestream::inspect::status::gather(dir.as_deref(), probe_seconds)?;
     if a.json {
-        println!("{}", serde_json::to_string(&s)?);
+        let mut v = serde_json::to_value(&s)?;
+        v["settings"] = serde_json::json!(settings);
+        println!("{v}");
         return Ok(());
+    }
+    match settings.is_empty() {
+        true => println!("settings none from MOESTREAM_<FLAG> variables or a --config file"),
+        false => println!("settings {}", settings.join("; ")),
     }
     let opt = |b: Option<u64>| b.map_or("unknown".to_string(), human);
     if let Some(m) = &s.model {

@@ -689,7 +689,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let matches = match cmd.try_get_matches_from(argv) {
+    let matches = match cmd.try_get_matches_from(argv.clone()) {
         Ok(m) => m,
         Err(e) => match merged.explain(&e) {
             Some(why) => {
@@ -726,7 +726,7 @@ pub fn main() -> ExitCode {
         Cmd::Plan(a) => plan::cmd_plan(a),
         Cmd::Bench(BenchCmd::Sweep(a)) => sweep::cmd_bench_sweep(a),
         Cmd::Doctor(a) => return exit(doctor::cmd_doctor(a)),
-        Cmd::Status(a) => doctor::cmd_status(a),
+        Cmd::Status(a) => config::summary(&command(), &argv).and_then(|s| doctor::cmd_status(a, s)),
         Cmd::Bench(BenchCmd::Io(a)) => bench_io::cmd_bench_io(a),
         Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
         Cmd::Bench(BenchCmd::Verify(a)) => bench_verify::cmd_bench_verify(a),

@@ -433,7 +433,10 @@ mod tests {
         let c = resolve(&req, None);
         assert_eq!(c.generation.max_tokens, 11);
         let o = c.load_options(Progress::default());
-        assert_eq!((o.mla, o.dsa, o.context), (MlaMode::Explicit, DsaMode::Off, 123));
+        assert_eq!(
+            (o.mla, o.dsa, o.context),
+            (MlaMode::Explicit, DsaMode::Off, 123)
+        );
         assert!(o.quantize_at_load.is_some());
         assert_eq!((o.expert_cache, o.ram_budget), (7, Some(5_000_000_000)));
         assert_eq!((o.policy, o.pin_history), (EvictPolicy::Lru, false));
