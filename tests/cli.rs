@@ -406,6 +406,14 @@ fn tokens_with(args: &[&str], env: &[(&str, &str)], config: Option<&str>) -> Res
     Ok(v["token_ids"].as_array().unwrap().len())
 }
 
+/// (flags, environment, config file, tokens generated).
+type Row<'a> = (
+    &'a [&'a str],
+    &'a [(&'a str, &'a str)],
+    Option<&'a str>,
+    usize,
+);
+
 /// Flag > MOESTREAM_<FLAG> > --config file (its command's section over
 /// its top level) > default, the same table for every flag.
 #[test]
@@ -414,7 +422,7 @@ fn settings_come_from_the_flag_then_the_environment_then_the_file() {
     let file = "max-tokens = 5\n";
     let sectioned = "max_tokens = 5\n[run]\nmax-tokens = 6\n[serve]\nport = 1\n";
     // (flags, environment, file) -> tokens
-    let table: [(&[&str], &[(&str, &str)], Option<&str>, usize); 7] = [
+    let table: [Row; 7] = [
         (&[], &[], None, 64),
         (&[], &env, None, 3),
         (&["-n", "2"], &env, None, 2),
