@@ -382,3 +382,217 @@ fn the_binary_links_only_the_c_runtime() {
         );
     }
 }
+
+/// `run -m M -p hi --ignore-eos --json ARGS` with `env` and `config` (a
+/// TOML file passed as --config): the number of tokens generated.
+fn tokens_with(args: &[&str], env: &[(&str, &str)], config: Option<&str>) -> Result<usize, String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("moestream.toml");
+    let m = model();
+    let mut all = vec!["run", "-m", &m, "-p", "hi", "--ignore-eos", "--json"];
+    let file_s = file.to_str().unwrap().to_string();
+    if let Some(text) = config {
+        std::fs::write(&file, text).unwrap();
+        all.extend(["--config", &file_s]);
+    }
+    all.extend(args);
+    let mut env = env.to_vec();
+    env.push(("MOESTREAM_NO_HISTORY", "1"));
+    let out = common::moestream_env(&all, &env);
+    if !out.ok {
+        return Err(out.stderr);
+    }
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("one JSON object");
+    Ok(v["token_ids"].as_array().unwrap().len())
+}
+
+/// (flags, environment, config file, tokens generated).
+type Row<'a> = (
+    &'a [&'a str],
+    &'a [(&'a str, &'a str)],
+    Option<&'a str>,
+    usize,
+);
+
+/// Flag > MOESTREAM_<FLAG> > --config file (its command's section over
+/// its top level) > default, the same table for every flag.
+#[test]
+fn settings_come_from_the_flag_then_the_environment_then_the_file() {
+    let env = [("MOESTREAM_MAX_TOKENS", "3")];
+    let file = "max-tokens = 5\n";
+    let sectioned = "max_tokens = 5\n[run]\nmax-tokens = 6\n[serve]\nport = 1\n";
+    // (flags, environment, file) -> tokens
+    let table: [Row; 7] = [
+        (&[], &[], None, 64),
+        (&[], &env, None, 3),
+        (&["-n", "2"], &env, None, 2),
+        (&[], &[], Some(file), 5),
+        (&[], &[], Some(sectioned), 6),
+        (&[], &env, Some(file), 3),
+        (&["--max-tokens", "4"], &env, Some(file), 4),
+    ];
+    for (i, (args, env, config, want)) in table.into_iter().enumerate() {
+        assert_eq!(tokens_with(args, env, config), Ok(want), "row {i}");
+    }
+    // The file named by the environment, and a switch from it.
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("c.toml");
+    std::fs::write(&f, "max-tokens = 7\n").unwrap();
+    let via_env = [("MOESTREAM_CONFIG", f.to_str().unwrap())];
+    assert_eq!(tokens_with(&[], &via_env, None), Ok(7));
+}
+
+#[test]
+fn a_bad_setting_outside_the_command_line_is_refused_by_name() {
+    let err = |env: &[(&str, &str)], config: Option<&str>| {
+        tokens_with(&["-n", "1"], env, config).expect_err("refused")
+    };
+    let e = err(&[], Some("max-tokens = 2\nmax-tokenz = 3\n"));
+    assert!(
+        e.contains("moestream.toml") && e.contains("`max-tokenz`"),
+        "{e}"
+    );
+    let e = err(&[], Some("[run]\nport = 8\n"));
+    assert!(
+        e.contains("`run.port`") && e.contains("moestream.toml"),
+        "{e}"
+    );
+    let e = err(&[], Some("[runn]\nseed = 1\n"));
+    assert!(e.contains("[runn]"), "{e}");
+    let e = err(&[], Some("seed = \"many\"\n"));
+    assert!(e.contains("`seed`") && e.contains("many"), "{e}");
+    let e = err(&[("MOESTREAM_TEMPERATURE", "hot")], None);
+    assert!(
+        e.contains("MOESTREAM_TEMPERATURE") && e.contains("hot"),
+        "{e}"
+    );
+    let e = err(&[], Some("this is not toml ="));
+    assert!(
+        e.contains("moestream.toml") && e.starts_with("error: "),
+        "{e}"
+    );
+}
+
+/// With no --ram-gb inside a memory cgroup, the budget printed at start is
+/// the cgroup's limit less the margin, and the run succeeds inside it.
+#[test]
+fn the_automatic_budget_follows_the_memory_cgroup() {
+    let limit: u64 = 600_000_000;
+    let Some(g) = common::MemoryCgroup::create(limit) else {
+        eprintln!(
+            "skipped: no cgroup-v1 memory group could be created under /sys/fs/cgroup/memory"
+        );
+        return;
+    };
+    let m = model();
+    let out = g.run(&["run", "-m", &m, "-p", "hi", "-n", "4", "--json"]);
+    assert!(out.ok, "{}", out.stderr);
+    let want = moestream::machine::memory::budget_from(Some(limit), None).unwrap();
+    let line = format!("memory: budget {want}");
+    assert!(out.stderr.contains(&line), "`{line}` in: {}", out.stderr);
+    assert!(
+        out.stderr.contains("the memory cgroup limit 0.60 GB"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !g.read("memory.oom_control").contains("oom_kill 1"),
+        "OOM-killed"
+    );
+    let peak: u64 = g.read("memory.max_usage_in_bytes").trim().parse().unwrap();
+    assert!(peak <= limit, "cgroup peak {peak}");
+}
+
+/// `plan` and `doctor` plan a budget with the same call: the same smallest
+/// budget, with and without --ram-gb.
+#[test]
+fn plan_and_doctor_name_the_same_smallest_budget() {
+    let m = model();
+    let smallest_of = |text: &str, needle: &str| -> String {
+        let at = text
+            .find(needle)
+            .unwrap_or_else(|| panic!("`{needle}` in: {text}"));
+        text[at + needle.len()..]
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    for budget in [None, Some("2")] {
+        let mut plan = vec!["plan", "-m", &m, "--probe-seconds", "0"];
+        let mut doctor = vec!["doctor", "--model", &m, "--probe-seconds", "0"];
+        if let Some(b) = budget {
+            plan.extend(["--ram-gb", b]);
+            doctor.extend(["--ram-gb", b]);
+        }
+        let p = moestream(&plan);
+        assert!(p.ok, "{}", p.stderr);
+        let d = moestream(&doctor);
+        let from_plan = smallest_of(&p.stdout, "smallest budget that runs: --ram-gb ");
+        let from_doctor = smallest_of(&d.stdout, "the smallest budget that runs is --ram-gb ");
+        assert_eq!(from_plan, from_doctor, "{}\n{}", p.stdout, d.stdout);
+    }
+}
+
+/// `synth --geometry` with fewer experts than its default knobs reach
+/// moves them into reach and says so; a value given out of reach stays an
+/// error naming the flag's knob.
+#[test]
+fn synth_defaults_fit_a_small_geometry_and_say_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    let d = dir.to_str().unwrap();
+    let geometry = [
+        "synth",
+        "--geometry",
+        "qwen3-30b-a3b",
+        "--experts",
+        "16",
+        "--layers",
+        "2",
+    ];
+    let mut args = geometry.to_vec();
+    args.extend(["--vocab", "512", "--out", d]);
+    let out = moestream(&args);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("note:") && out.stderr.contains("--lookahead-recall"),
+        "{}",
+        out.stderr
+    );
+    assert!(dir.join("config.json").exists());
+    let dir2 = tmp.path().join("m2");
+    let mut args = geometry.to_vec();
+    args.extend([
+        "--vocab",
+        "512",
+        "--lookahead-recall",
+        "0.5",
+        "--out",
+        dir2.to_str().unwrap(),
+    ]);
+    let out = moestream(&args);
+    common::assert_clean_failure(&out, &["lookahead recall", "out of reach"]);
+}
+
+/// `status` shows the settings that come from outside the command line.
+#[test]
+fn status_shows_the_environment_and_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("c.toml");
+    std::fs::write(&f, "ram-gb = 8\n[serve]\nport = 9000\n").unwrap();
+    let f = f.to_str().unwrap();
+    let out = common::moestream_env(
+        &["status", "--config", f],
+        &[("MOESTREAM_TEMPERATURE", "0.5")],
+    );
+    assert!(out.ok, "{}", out.stderr);
+    for needle in [
+        "MOESTREAM_TEMPERATURE=0.5",
+        "ram-gb = 8",
+        "serve.port = 9000",
+        f,
+    ] {
+        assert!(out.stdout.contains(needle), "`{needle}` in: {}", out.stdout);
+    }
+}

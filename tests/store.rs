@@ -8,7 +8,7 @@ mod common;
 use moestream::engine::generate::{generate, GenOptions};
 use moestream::engine::sampler::SamplingParams;
 use moestream::model::{LoadOptions, Model};
-use moestream::store::{Lookahead, Schedule, Variant};
+use moestream::store::{Lookahead, ScheduleOptions, Variant};
 use moestream_io::ReadMode;
 use std::path::Path;
 
@@ -141,10 +141,10 @@ fn pipeline_and_prefetch_change_no_token_in_any_mode() {
                         expert_cache: 1,
                         read_mode: mode,
                         io_reactor: reactor,
-                        schedule: Schedule {
+                        schedule: ScheduleOptions {
                             pipeline,
                             lookahead,
-                            prefetch_experts_max: 0,
+                            prefetch_experts: None,
                             recall: pipeline,
                             cache_lean: None,
                         },

@@ -237,33 +237,6 @@ fn the_ram_budget_plans_slots_and_refuses_what_cannot_fit() {
     assert_clean_failure(&bad, &["--ram-gb"]);
 }
 
-/// A cgroup-v1 memory group capped at `limit` bytes, removed on drop;
-/// `None` where one cannot be created (no v1 memory controller, no rights).
-struct MemoryCgroup {
-    dir: std::path::PathBuf,
-}
-
-impl MemoryCgroup {
-    fn create(limit: u64) -> Option<MemoryCgroup> {
-        let root = Path::new("/sys/fs/cgroup/memory");
-        let dir = root.join(format!("moestream-test-{}", std::process::id()));
-        std::fs::create_dir(&dir).ok()?;
-        let g = MemoryCgroup { dir };
-        std::fs::write(g.dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
-        Some(g)
-    }
-
-    fn read(&self, file: &str) -> String {
-        std::fs::read_to_string(self.dir.join(file)).unwrap_or_default()
-    }
-}
-
-impl Drop for MemoryCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
 /// The streaming core's promise: a model whose experts are 4x the RAM
 /// budget decodes inside a memory cgroup of exactly that budget (page cache
 /// included) with no OOM kill, peak RSS under the budget, and the same
@@ -323,26 +296,9 @@ fn a_model_four_times_the_budget_decodes_inside_it() {
     );
     assert!(reference.ok, "{}", reference.stderr);
     let capped = args(&["--ram-gb", "0.45"]);
-    let cg = MemoryCgroup::create(budget);
+    let cg = common::MemoryCgroup::create(budget);
     let out = match &cg {
-        Some(g) => {
-            // Join the group before exec, so every byte the run touches counts.
-            let procs = g.dir.join("cgroup.procs");
-            let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display());
-            let o = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(script)
-                .arg(env!("CARGO_BIN_EXE_moestream"))
-                .args(&capped)
-                .env("MOESTREAM_NO_HISTORY", "1")
-                .output()
-                .unwrap();
-            common::Out {
-                ok: o.status.success(),
-                stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-            }
-        }
+        Some(g) => g.run(&capped.iter().map(String::as_str).collect::<Vec<_>>()),
         None => {
             eprintln!(
                 "no cgroup-v1 memory group could be created: checking measured peak RSS only"

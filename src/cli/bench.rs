@@ -97,12 +97,8 @@ pub(super) fn cmd_bench_decode(mut a: DecodeArgs) -> Result<()> {
     let prompt = tok.encode(&a.prompt)?;
     let opts = GenOptions {
         max_tokens: a.tokens,
-        sampling: SamplingParams::default(),
         ignore_eos: true,
-        eos_ids: vec![],
-        speculation: Default::default(),
-        constraint: None,
-        logit_bias: Vec::new(),
+        ..GenOptions::default()
     };
     if a.warmup {
         // Warm means every buffer the cache will hold is in place: a gated

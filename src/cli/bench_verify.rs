@@ -69,12 +69,8 @@ pub(super) fn cmd_bench_verify(mut a: VerifyArgs) -> Result<()> {
     let steps: usize = a.k.iter().map(|k| a.pairs * (2 + k)).sum();
     let opts = GenOptions {
         max_tokens: steps + 2,
-        sampling: SamplingParams::default(),
         ignore_eos: true,
-        eos_ids: vec![],
-        speculation: Default::default(),
-        constraint: None,
-        logit_bias: Vec::new(),
+        ..GenOptions::default()
     };
     let engine = Engine::new(&model);
     let mut session = Session::new(&model, &prompt, &opts).map_err(with_flags)?;

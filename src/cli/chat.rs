@@ -93,11 +93,9 @@ pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
     let opts = GenOptions {
         max_tokens: a.max_tokens,
         sampling: defaults.sampling(&SamplingParams::default(), &a.sampling.overrides()),
-        ignore_eos: false,
         eos_ids: defaults.eos_ids.clone(),
         speculation: a.spec.speculation(),
-        constraint: None,
-        logit_bias: Vec::new(),
+        ..GenOptions::default()
     };
     opts.sampling.validate().map_err(anyhow::Error::msg)?;
     let model = load(&a.model)?;

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use moestream::engine::runtime::{self, Choice, Requested};
+use moestream::engine::runtime::Requested;
 use moestream::inspect::doctor::{self, Status};
 use moestream::model::LoadOptions;
 use moestream::store::budget::human;
@@ -25,7 +25,7 @@ pub(super) struct DoctorArgs {
     #[arg(long, value_name = "GB")]
     ram_gb: Option<f64>,
     /// Context positions the budget reserves KV cache for.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = super::CONTEXT_DEFAULT)]
     context: usize,
     /// Seconds of the cold disk probe over the model's shards (0 skips it).
     #[arg(long, default_value_t = 3.0, value_name = "SECONDS")]
@@ -77,28 +77,10 @@ fn load_options(a: &DoctorArgs, dir: Option<&std::path::Path>) -> Result<LoadOpt
         Some(gb) => Some((gb * 1e9) as u64),
         None => None,
     };
-    // A budget is checked the way a budgeted run resolves `--io auto`
-    // (as `plan` does), asked for or not: the smallest budget doctor names
-    // is then plan's and run's.
-    let req = Requested {
-        read_mode: Choice::Auto,
-        pipeline: Choice::Auto,
-        prefetch: Choice::Auto,
-        budgeted: true,
-    };
-    let profile = dir.and_then(|d| moestream::fs::tuned::load(d).ok().flatten());
-    let r = runtime::resolve(&req, profile.as_ref().map(|(_, p)| p));
-    Ok(LoadOptions {
-        read_mode: r.read_mode,
-        schedule: moestream::store::Schedule {
-            pipeline: r.pipeline,
-            lookahead: r.prefetch,
-            ..Default::default()
-        },
-        ram_budget,
-        context: a.context,
-        ..LoadOptions::default()
-    })
+    let mut req = Requested::default();
+    req.store.ram_budget = ram_budget;
+    req.model.context = a.context;
+    Ok(super::planning_options(dir, &req))
 }
 
 pub(super) fn cmd_doctor(a: DoctorArgs) -> Result<ExitCode> {
@@ -144,13 +126,21 @@ pub(super) fn cmd_doctor(a: DoctorArgs) -> Result<ExitCode> {
     })
 }
 
-pub(super) fn cmd_status(a: StatusArgs) -> Result<()> {
+/// `status`; `settings` are the ones from outside the command line
+/// (`MOESTREAM_<FLAG>` variables, the `--config` file's keys).
+pub(super) fn cmd_status(a: StatusArgs, settings: Vec<String>) -> Result<()> {
     let probe_seconds = seconds(a.probe_seconds)?;
     let dir = model_dir(&a.model, &a.revision)?;
     let s = moestream::inspect::status::gather(dir.as_deref(), probe_seconds)?;
     if a.json {
-        println!("{}", serde_json::to_string(&s)?);
+        let mut v = serde_json::to_value(&s)?;
+        v["settings"] = serde_json::json!(settings);
+        println!("{v}");
         return Ok(());
+    }
+    match settings.is_empty() {
+        true => println!("settings none from MOESTREAM_<FLAG> variables or a --config file"),
+        false => println!("settings {}", settings.join("; ")),
     }
     let opt = |b: Option<u64>| b.map_or("unknown".to_string(), human);
     if let Some(m) = &s.model {

@@ -13,7 +13,7 @@ use moestream::lab::quality;
 use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::{LoadOptions, Model};
 use moestream::store::policy::EvictPolicy;
-use moestream::store::{Lookahead, Schedule, Variant};
+use moestream::store::{Lookahead, Variant};
 use moestream_io::ReadMode;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,7 @@ mod bench_io;
 mod bench_serve;
 mod bench_verify;
 mod chat;
+mod config;
 mod convert;
 mod doctor;
 mod eval;
@@ -57,11 +58,28 @@ struct Cli {
     cmd: Cmd,
     #[command(flatten)]
     logs: logs::LogArgs,
+    /// Settings file (TOML): keys named like the long flags (`ram-gb =
+    /// 8`), for every command or under a command's section (`[run]`,
+    /// `[bench.decode]`); flags and MOESTREAM_<FLAG> variables win over it.
+    #[arg(long = config::CONFIG_FLAG, global = true, value_name = "FILE", env = "MOESTREAM_CONFIG")]
+    config: Option<PathBuf>,
 }
+
+/// Where a setting comes from, first source first (`run`, `chat`, `serve`
+/// and `bench` show it under --help).
+const PRECEDENCE: &str = "\
+Where a setting comes from (the first source that has it wins):
+  1. the flag                            --ram-gb 8
+  2. the environment: MOESTREAM_<FLAG>   MOESTREAM_RAM_GB=8
+  3. the --config FILE (TOML)            ram-gb = 8 at the top level, or under [run]
+  4. the tuned profile (moestream tune)  --io, --pipeline, --prefetch left at auto
+  5. the default shown above
+";
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text from a prompt.
+    #[command(after_help = PRECEDENCE)]
     Run(RunArgs),
     /// Teacher-force token ids and print per-position argmax, NLL and the last logits.
     Eval(EvalArgs),
@@ -69,9 +87,11 @@ enum Cmd {
     Score(ScoreArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions,
     /// streaming, continuous batching, KV kept between turns).
+    #[command(after_help = PRECEDENCE)]
     Serve(serve::ServeArgs),
     /// Chat in the terminal with the model's chat template; the
     /// conversation's KV stays between turns.
+    #[command(after_help = PRECEDENCE)]
     Chat(chat::ChatArgs),
     /// Generate from the embedded synthetic model (created on first use).
     Demo(DemoArgs),
@@ -91,7 +111,7 @@ enum Cmd {
     /// file llama.cpp runs: the same weights for both engines.
     ExportGguf(export_gguf::ExportArgs),
     /// Measurements of this machine.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = PRECEDENCE)]
     Bench(BenchCmd),
     /// Measure this disk and a few decodes per configuration, and save the
     /// fastest read mode, pipelining and prefetch as the model's profile
@@ -157,7 +177,6 @@ struct ModelArgs {
         short = 'm',
         long = "model",
         value_name = "DIR",
-        required_unless_present = "model_pos",
         conflicts_with = "model_pos"
     )]
     model_flag: Option<PathBuf>,
@@ -425,9 +444,15 @@ fn parse_io(s: &str) -> std::result::Result<IoChoice, String> {
         .map_err(|_| format!("`{s}`: expected auto, direct, buffered, drop, mmap or pread"))
 }
 
-/// What the flags of `m` ask for, `auto` left to the profile; `budgeted`
-/// when the run is planned under a RAM budget.
-fn requested(m: &ModelArgs, budgeted: bool) -> Requested {
+/// What the flags of `m` ask for (the environment and the `--config`
+/// file already merged into them, cli/config.rs), `auto` left to the
+/// profile, planned under `ram_budget`.
+fn requested(
+    m: &ModelArgs,
+    ram_budget: Option<u64>,
+    quantize_at_load: Option<Policy>,
+    predictor: Option<std::sync::Arc<moestream::store::predictor::Predictor>>,
+) -> Requested {
     let toggle = |t: Toggle| match t {
         Toggle::On => Choice::Set(true),
         Toggle::Off => Choice::Set(false),
@@ -440,39 +465,59 @@ fn requested(m: &ModelArgs, budgeted: bool) -> Requested {
         },
         depth: m.prefetch_depth.max(1),
     };
+    let prefetch = match toggle(match &m.prefetch {
+        PrefetchArg::Lookahead(t) => *t,
+        // The predictor replaces the router lookahead's reads.
+        PrefetchArg::Learned(_) => Toggle::Off,
+    }) {
+        Choice::Set(true) => Choice::Set(Some(asked)),
+        Choice::Set(false) => Choice::Set(None),
+        Choice::Auto => Choice::Auto,
+    };
     Requested {
-        read_mode: match m.io {
-            IoChoice::Auto => Choice::Auto,
-            IoChoice::Mode(mode) => Choice::Set(mode),
+        model: runtime::ModelSettings {
+            mla: m.mla.into(),
+            dsa: m.dsa.into(),
+            quantize_at_load,
+            context: m.context.unwrap_or(CONTEXT_DEFAULT),
         },
-        pipeline: toggle(m.pipeline),
-        prefetch: match toggle(match &m.prefetch {
-            PrefetchArg::Lookahead(t) => *t,
-            // The predictor replaces the router lookahead's reads.
-            PrefetchArg::Learned(_) => Toggle::Off,
-        }) {
-            Choice::Set(true) => Choice::Set(Some(asked)),
-            Choice::Set(false) => Choice::Set(None),
-            Choice::Auto => Choice::Auto,
+        store: runtime::StoreRequest {
+            expert_cache: m.expert_cache,
+            ram_budget,
+            policy: m.policy.into(),
+            pin_history: !m.no_history,
+            pipeline: toggle(m.pipeline),
+            prefetch,
+            prefetch_experts: m.prefetch_experts,
+            recall: m.recall,
+            cache_lean: m.cache_aware_routing,
+            predictor,
+            input_bytes: 0,
         },
-        budgeted,
+        io: runtime::IoRequest {
+            read_mode: match m.io {
+                IoChoice::Auto => Choice::Auto,
+                IoChoice::Mode(mode) => Choice::Set(mode),
+            },
+            reactor: m.submit == Submit::Reactor,
+        },
+        generation: GenOptions::default(),
     }
 }
 
-/// The read mode, pipelining and prefetch `m` asks for, resolved once
-/// (`moestream::engine::runtime`): flags, then the tuned profile, then the
-/// defaults; and a note saying which profile was used.
-fn schedule(m: &ModelArgs, budgeted: bool) -> (ReadMode, Schedule, Option<String>) {
-    let req = requested(m, budgeted);
+/// `req` resolved once (`moestream::engine::runtime`): what was asked,
+/// then the tuned profile, then the defaults; and a note saying which
+/// profile was used.
+fn configure(dir: Option<&Path>, req: &Requested) -> (runtime::RuntimeConfig, Option<String>) {
     let mut note = None;
     let mut profile = None;
-    if req.wants_profile() {
-        match moestream::fs::tuned::load(&m.model) {
+    if let Some(dir) = dir.filter(|_| req.wants_profile()) {
+        match moestream::fs::tuned::load(dir) {
             Ok(found) => profile = found,
             Err(e) => note = Some(format!("warning: {e}; using the defaults")),
         }
     }
-    let r = runtime::resolve(&req, profile.as_ref().map(|(_, p)| p));
+    let r = runtime::resolve(req, profile.as_ref().map(|(_, p)| p));
     if let Some((path, _)) = &profile {
         let replaced = if r.not_understood.is_empty() {
             String::new()
@@ -484,20 +529,17 @@ fn schedule(m: &ModelArgs, budgeted: bool) -> (ReadMode, Schedule, Option<String
         };
         note = Some(format!(
             "tuned profile: --io {} --pipeline {} --prefetch {} ({}{replaced})",
-            r.read_mode,
-            if r.pipeline { "on" } else { "off" },
-            lookahead_name(r.prefetch),
+            r.io.read_mode,
+            if r.store.schedule.pipeline {
+                "on"
+            } else {
+                "off"
+            },
+            lookahead_name(r.store.schedule.lookahead),
             path.display()
         ));
     }
-    let schedule = Schedule {
-        pipeline: r.pipeline,
-        lookahead: r.prefetch,
-        prefetch_experts_max: 0, // resolved at load from prefetch_experts
-        recall: m.recall,
-        cache_lean: m.cache_aware_routing,
-    };
-    (r.read_mode, schedule, note)
+    (r, note)
 }
 
 #[derive(Args)]
@@ -640,7 +682,25 @@ const CONTEXT_DEFAULT: usize = 4096;
 
 /// Entry point: runs the command, prints errors as one line, exit code 1.
 pub fn main() -> ExitCode {
-    let mut cli = match Cli::from_arg_matches(&command().get_matches()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (cmd, merged) = match config::merge(command(), &argv) {
+        Ok(found) => found,
+        Err(e) => {
+            report(&e);
+            return ExitCode::FAILURE;
+        }
+    };
+    let matches = match cmd.try_get_matches_from(argv.clone()) {
+        Ok(m) => m,
+        Err(e) => match merged.explain(&e) {
+            Some(why) => {
+                report(&why);
+                return ExitCode::from(2);
+            }
+            None => e.exit(),
+        },
+    };
+    let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
@@ -667,7 +727,7 @@ pub fn main() -> ExitCode {
         Cmd::Plan(a) => plan::cmd_plan(a),
         Cmd::Bench(BenchCmd::Sweep(a)) => sweep::cmd_bench_sweep(a),
         Cmd::Doctor(a) => return exit(doctor::cmd_doctor(a)),
-        Cmd::Status(a) => doctor::cmd_status(a),
+        Cmd::Status(a) => config::summary(&command(), &argv).and_then(|s| doctor::cmd_status(a, s)),
         Cmd::Bench(BenchCmd::Io(a)) => bench_io::cmd_bench_io(a),
         Cmd::Bench(BenchCmd::Serve(a)) => bench_serve::cmd_bench_serve(a),
         Cmd::Bench(BenchCmd::Verify(a)) => bench_verify::cmd_bench_verify(a),
@@ -754,7 +814,9 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         }
         _ => return Ok(()),
     };
-    let given = m.model_flag.take().or(m.model_pos.take());
+    // Both given on the command line is refused by clap; a positional
+    // model wins over a --model from the environment or the file.
+    let given = m.model_pos.take().or(m.model_flag.take());
     let given = given.context("give the model: --model DIR (or -m DIR, or DIR first)")?;
     m.model = moestream::formats::hub::resolve(&given, Some(&m.revision))?;
     check_model_path(&m.model)
@@ -837,10 +899,47 @@ fn load_with_inputs(m: &ModelArgs, input_bytes: u64) -> Result<Model> {
     Ok(model)
 }
 
-/// What `m` asks loading for (flags, then the tuned profile, then the
-/// defaults), and a note saying which profile was used; `plan` plans with
-/// the same options `run` loads with.
+/// What `m` asks loading for (flags, environment and file, then the
+/// tuned profile, then the defaults), and a note saying which profile was
+/// used; `plan` plans with the same options `run` loads with.
 fn load_options(m: &ModelArgs, input_bytes: u64) -> Result<(LoadOptions, Option<String>)> {
+    let mut req = request(m)?;
+    req.store.input_bytes = input_bytes;
+    let (config, note) = configure(Some(&m.model), &req);
+    let mut opts = config.load_options(progress::hook());
+    if m.ram_gb.is_none() {
+        match moestream::machine::memory::machine_budget() {
+            None => {
+                eprintln!("memory: no cgroup limit or MemAvailable known; the run is not bounded")
+            }
+            Some(machine) => {
+                if let Some(fit) = machine_fit(m, &req, machine) {
+                    eprintln!("{}", fit.line());
+                    if !fit.fits() {
+                        opts = fit.budgeted;
+                    }
+                }
+            }
+        }
+    }
+    Ok((opts, note))
+}
+
+/// The options a budget is planned with, asked for or not: `req` as a
+/// budgeted run resolves it (without a profile: direct reads and the
+/// lookahead's prefetch reads), its budget then `req`'s own. `plan` and
+/// `doctor` both plan through this, so they name the same smallest budget
+/// (the one `run` needs).
+fn planning_options(dir: Option<&Path>, req: &Requested) -> LoadOptions {
+    let mut budgeted = req.clone();
+    budgeted.store.ram_budget.get_or_insert(1_000_000_000);
+    let mut opts = configure(dir, &budgeted).0.load_options(progress::hook());
+    opts.ram_budget = req.store.ram_budget;
+    opts
+}
+
+/// What `m` asks for, checked, before any profile; `--ram-gb` as given.
+fn request(m: &ModelArgs) -> Result<Requested> {
     limits::model_args(m)?;
     let quantize_at_load = match m.quantize_at_load {
         None => None,
@@ -851,46 +950,14 @@ fn load_options(m: &ModelArgs, input_bytes: u64) -> Result<(LoadOptions, Option<
             Some(p)
         }
     };
-    let ram_budget = m.budget_gb().map(|gb| (gb * 1e9) as u64);
-    let (read_mode, schedule, note) = schedule(m, ram_budget.is_some());
-    let mut opts = LoadOptions {
-        expert_cache: m.expert_cache,
-        read_mode,
-        schedule,
-        mla: m.mla.into(),
-        dsa: m.dsa.into(),
-        io_reactor: m.submit == Submit::Reactor,
-        quantize_at_load,
-        ram_budget,
-        policy: m.policy.into(),
-        pin_history: !m.no_history,
-        context: m.context.unwrap_or(CONTEXT_DEFAULT),
-        prefetch_experts: m.prefetch_experts,
-        predictor: match &m.prefetch {
-            PrefetchArg::Learned(path) => Some(std::sync::Arc::new(
-                moestream::store::predictor::Predictor::load(path)?,
-            )),
-            PrefetchArg::Lookahead(_) => None,
-        },
-        progress: progress::hook(),
-        input_bytes,
+    let predictor = match &m.prefetch {
+        PrefetchArg::Learned(path) => Some(std::sync::Arc::new(
+            moestream::store::predictor::Predictor::load(path)?,
+        )),
+        PrefetchArg::Lookahead(_) => None,
     };
-    if m.ram_gb.is_none() {
-        match moestream::machine::memory::machine_budget() {
-            None => {
-                eprintln!("memory: no cgroup limit or MemAvailable known; the run is not bounded")
-            }
-            Some(machine) => {
-                if let Some(fit) = machine_fit(m, &opts, machine) {
-                    eprintln!("{}", fit.line());
-                    if !fit.fits() {
-                        opts = fit.budgeted;
-                    }
-                }
-            }
-        }
-    }
-    Ok((opts, note))
+    let ram_budget = m.budget_gb().map(|gb| (gb * 1e9) as u64);
+    Ok(requested(m, ram_budget, quantize_at_load, predictor))
 }
 
 /// The machine's budget, and what the `--expert-cache` slots need when
@@ -927,21 +994,19 @@ impl Fit {
     }
 }
 
-/// Without `--ram-gb`, how `opts` (asked for by `m`) fits `machine`;
+/// Without `--ram-gb`, how `req` (asked for by `m`) fits `machine`;
 /// `None` when the model cannot be measured (loading then fails with its
 /// own error).
 fn machine_fit(
     m: &ModelArgs,
-    opts: &LoadOptions,
+    req: &Requested,
     machine: moestream::machine::memory::MachineBudget,
 ) -> Option<Fit> {
-    let (read_mode, schedule, _) = schedule(m, true);
-    let budgeted = LoadOptions {
-        ram_budget: Some(machine.bytes),
-        read_mode,
-        schedule,
-        ..opts.clone()
-    };
+    let mut under = req.clone();
+    under.store.ram_budget = Some(machine.bytes);
+    let budgeted = configure(Some(&m.model), &under)
+        .0
+        .load_options(progress::hook());
     let need_bytes =
         moestream::inspect::plan::budget_for_slots(&m.model, &budgeted, m.expert_cache).ok()?;
     Some(Fit {
@@ -987,8 +1052,7 @@ fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
         ignore_eos: g.ignore_eos,
         eos_ids: defaults.eos_ids,
         speculation: g.spec.speculation(),
-        constraint: None,
-        logit_bias: Vec::new(),
+        ..GenOptions::default()
     })
 }
 

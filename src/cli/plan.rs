@@ -2,7 +2,7 @@
 //! only (works on a partial download), with the smallest budget that runs
 //! and a prediction of MB read per token and tok/s (`moestream::inspect::plan`).
 
-use super::{load_options, with_flags, ModelArgs};
+use super::{with_flags, ModelArgs};
 use anyhow::Result;
 use clap::Args;
 use moestream::inspect::plan::{self, gb_at_least, Plan, Prediction, Rates};
@@ -46,15 +46,9 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
         a.probe_seconds,
         super::limits::SECONDS_MAX,
     )?;
-    // A budget is always planned the way a budgeted run resolves `--io
-    // auto` (direct without a profile), asked for or not.
-    let mut budgeted = a.model.clone();
-    budgeted.ram_gb = Some(super::RamArg::Gb(a.model.budget_gb().unwrap_or(1.0)));
-    let (mut opts, _) = load_options(&budgeted, 0)?;
-    if a.model.budget_gb().is_none() {
-        opts.ram_budget = None;
-    }
+    let req = super::request(&a.model)?;
     let dir = &a.model.model;
+    let opts = super::planning_options(Some(dir), &req);
     let plan = match plan::plan(dir, &opts) {
         Ok(p) => p,
         Err(e) => return Err(refusal(e, dir, &opts)),
@@ -71,7 +65,7 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
     };
     let machine = match a.model.ram_gb {
         None => moestream::machine::memory::machine_budget()
-            .and_then(|b| super::machine_fit(&a.model, &opts, b)),
+            .and_then(|b| super::machine_fit(&a.model, &req, b)),
         Some(_) => None,
     };
     let out = Output {

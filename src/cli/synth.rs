@@ -3,7 +3,7 @@
 
 use super::run::stream_text;
 use super::*;
-use moestream::lab::synth::realistic::Knobs;
+use moestream::lab::synth::realistic::{Clamp, Knobs};
 use moestream::lab::synth::SynthSpec;
 
 #[derive(Args)]
@@ -43,19 +43,22 @@ pub(super) struct SynthArgs {
     #[arg(long, default_value_t = 1.0)]
     zipf_s: f64,
     /// --routing realistic: share of selections the top 10% of each layer's
-    /// experts take (real models: 0.2-0.3).
-    #[arg(long, default_value_t = Knobs::DEFAULT.top10_share)]
-    top10_share: f64,
+    /// experts take (real models: 0.2-0.3; default 0.22). Each of these
+    /// three knobs, left to its default, moves to the nearest value a small
+    /// geometry reaches (said on stderr); a value given out of reach is an
+    /// error.
+    #[arg(long)]
+    top10_share: Option<f64>,
     /// --routing realistic: share of a token's experts the next token
     /// chooses again in the same layer (chance is about top-k/experts; the
-    /// default puts LRU's hit rate with twice top-k slots at 40-60%).
-    #[arg(long, default_value_t = Knobs::DEFAULT.reuse)]
-    reuse: f64,
+    /// default 0.30 puts LRU's hit rate with twice top-k slots at 40-60%).
+    #[arg(long)]
+    reuse: Option<f64>,
     /// --routing realistic: share of a layer's experts the router
     /// lookahead (the layer's router on the previous layer's state) guesses
-    /// (real models: ~0.7).
-    #[arg(long, default_value_t = Knobs::DEFAULT.recall)]
-    lookahead_recall: f64,
+    /// (real models: ~0.7; default 0.70).
+    #[arg(long)]
+    lookahead_recall: Option<f64>,
     /// Vocabulary rows of a geometry (default: the real model's).
     #[arg(long)]
     vocab: Option<usize>,
@@ -129,9 +132,7 @@ pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
         },
         ignore_eos: true,
         eos_ids: eos_ids(&dir)?,
-        speculation: Default::default(),
-        constraint: None,
-        logit_bias: Vec::new(),
+        ..GenOptions::default()
     };
     print!("{}", a.prompt);
     let g = stream_text(&model, &tok, &prompt, &opts)?;
@@ -163,11 +164,17 @@ pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {
 /// `synth --geometry NAME`: a quantized container in a real model's shapes.
 fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
     use moestream::lab::synth::geometry::{self, GeometrySpec, Routing};
+    let d = Knobs::DEFAULT;
     let realistic = Routing::Realistic(Knobs {
-        top10_share: a.top10_share,
-        reuse: a.reuse,
-        recall: a.lookahead_recall,
+        top10_share: a.top10_share.unwrap_or(d.top10_share),
+        reuse: a.reuse.unwrap_or(d.reuse),
+        recall: a.lookahead_recall.unwrap_or(d.recall),
     });
+    let clamp = Clamp {
+        top10_share: a.top10_share.is_none(),
+        reuse: a.reuse.is_none(),
+        recall: a.lookahead_recall.is_none(),
+    };
     let routing = match a.routing {
         Some(RoutingArg::Realistic) => realistic,
         // DeepSeek-V3 routes within expert groups, which realistic routing
@@ -188,7 +195,14 @@ fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
         routing,
         seed: a.seed,
     };
-    geometry::write(&a.out, &spec, true)?;
+    let flag = |n: &str| match n {
+        n if n.contains("top10 share") => "--top10-share",
+        n if n.contains("recall") => "--lookahead-recall",
+        _ => "--reuse",
+    };
+    geometry::write_clamped(&a.out, &spec, true, clamp, &mut |n| {
+        eprintln!("note: {} ({}: give a value in reach to choose)", n, flag(n))
+    })?;
     eprintln!(
         "wrote a synthetic {name} container to {} ({} routing)",
         a.out.display(),

@@ -9,7 +9,6 @@ use super::{drop_page_cache, load, lookahead_name, read_mode_of, IoChoice, Model
 use anyhow::{Context, Result};
 use clap::Args;
 use moestream::engine::generate::{generate, GenOptions};
-use moestream::engine::sampler::SamplingParams;
 use moestream::formats::tokenizer::Tokenizer;
 use moestream::fs::tuned::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
 use moestream_io::{sweep, ReadMode, SweepConfig};
@@ -319,12 +318,8 @@ fn probe(a: &TuneArgs, mode: ReadMode, pipeline: bool, depth: usize) -> Result<P
     };
     let opts = GenOptions {
         max_tokens: a.tokens,
-        sampling: SamplingParams::default(),
         ignore_eos: true,
-        eos_ids: vec![],
-        speculation: Default::default(),
-        constraint: None,
-        logit_bias: Vec::new(),
+        ..GenOptions::default()
     };
     let g = generate(&model, &prompt, &opts, |_| Ok(()))?;
     let s = &g.stats;

@@ -49,8 +49,11 @@ pub struct GenerationDefaults {
 }
 
 /// Explicit sampling values (command-line flags or a request's fields);
-/// `None` leaves the setting to the model's defaults.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// `None` leaves the setting to the model's defaults. The one declaration
+/// of the sampling fields: the HTTP API flattens it into its requests
+/// (`#[serde(flatten)]`, the same names), the command line maps its
+/// `SamplingArgs` onto it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Deserialize)]
 pub struct Overrides {
     /// Temperature; 0 is greedy, whatever the file's `do_sample`.
     pub temperature: Option<f32>,

@@ -62,6 +62,27 @@ pub struct GenOptions {
     pub logit_bias: Vec<(u32, f32)>,
 }
 
+/// New tokens when nothing says how many (the command line's `-n`).
+pub const MAX_TOKENS_DEFAULT: usize = 64;
+
+impl Default for GenOptions {
+    /// [`MAX_TOKENS_DEFAULT`] greedy tokens ([`SamplingParams`]'s
+    /// defaults), stopping at no id, unconstrained, without speculation.
+    ///
+    /// [`SamplingParams`]: crate::engine::sampler::SamplingParams
+    fn default() -> Self {
+        GenOptions {
+            max_tokens: MAX_TOKENS_DEFAULT,
+            sampling: Default::default(),
+            ignore_eos: false,
+            eos_ids: Vec::new(),
+            speculation: Speculation::Off,
+            constraint: None,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
 /// One sequence being generated.
 pub struct Session {
     prompt: Vec<u32>,

@@ -1,13 +1,25 @@
-//! How a run reads and schedules experts, resolved once: what was asked
-//! for explicitly wins, then the tuned profile of this disk and model
-//! (`moestream tune`), then the defaults. A setting left to the profile is
-//! [`Choice::Auto`], never a sentinel value. Pure: the profile is passed
-//! in, so the rules are table-tested here; the command line only maps its
-//! flags onto [`Requested`].
+//! The one configuration of a run, resolved once: [`resolve`] turns what
+//! was asked for ([`Requested`]) into a [`RuntimeConfig`] `{ model, store,
+//! io, generation }`. The command line fills [`Requested`] from its
+//! sources in order of precedence (flags, then `MOESTREAM_<FLAG>`
+//! environment variables, then the `--config` file; cli/config.rs), then
+//! the tuned profile of this disk and model (`moestream tune`) decides
+//! what is still [`Choice::Auto`], then the defaults here. A setting left
+//! to the profile is [`Choice::Auto`], never a sentinel value, and every
+//! field of [`RuntimeConfig`] is read by loading or generating. Pure: the
+//! profile is passed in, so the rules are table-tested here.
 
+use crate::engine::GenOptions;
+use crate::formats::quant::policy::Policy;
 use crate::fs::tuned::Profile;
-use crate::store::{Lookahead, Variant};
+use crate::model::mla::{DsaMode, MlaMode};
+use crate::model::progress::Progress;
+use crate::model::LoadOptions;
+use crate::store::policy::EvictPolicy;
+use crate::store::predictor::Predictor;
+use crate::store::{Lookahead, ScheduleOptions, Variant};
 use moestream_io::ReadMode;
+use std::sync::Arc;
 
 /// A setting asked for explicitly, or left to the profile and defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,35 +28,163 @@ pub enum Choice<T> {
     Set(T),
 }
 
-/// What a run asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Requested {
-    pub read_mode: Choice<ReadMode>,
+/// The model's own settings: attention paths, load-time quantization,
+/// the context the KV cache is planned for.
+#[derive(Clone, Debug)]
+pub struct ModelSettings {
+    pub mla: MlaMode,
+    pub dsa: DsaMode,
+    /// Quantize float and FP8 tensors by this policy as they load.
+    pub quantize_at_load: Option<Policy>,
+    /// Context positions the KV cache is planned for.
+    pub context: usize,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        let d = LoadOptions::default();
+        ModelSettings {
+            mla: d.mla,
+            dsa: d.dsa,
+            quantize_at_load: d.quantize_at_load,
+            context: d.context,
+        }
+    }
+}
+
+/// The expert store as asked for: size, budget, eviction, pins, and the
+/// pipelining and prefetch still open to the profile.
+#[derive(Clone, Debug)]
+pub struct StoreRequest {
+    /// Routed experts cached per layer when there is no budget.
+    pub expert_cache: usize,
+    /// RAM budget in bytes; slots are then planned to fit it, and the
+    /// default read mode is O_DIRECT.
+    pub ram_budget: Option<u64>,
+    pub policy: EvictPolicy,
+    pub pin_history: bool,
     pub pipeline: Choice<bool>,
     /// Router-lookahead prefetch: `Set(None)` is off.
     pub prefetch: Choice<Option<Lookahead>>,
-    /// A RAM budget was given (the default read mode is then O_DIRECT).
-    pub budgeted: bool,
+    /// See [`ScheduleOptions::prefetch_experts`].
+    pub prefetch_experts: Option<usize>,
+    pub recall: bool,
+    pub cache_lean: Option<f32>,
+    /// A learned lookahead predictor (in place of the router lookahead).
+    pub predictor: Option<Arc<Predictor>>,
+    /// See [`LoadOptions::input_bytes`].
+    pub input_bytes: u64,
+}
+
+impl Default for StoreRequest {
+    fn default() -> Self {
+        let d = LoadOptions::default();
+        StoreRequest {
+            expert_cache: d.expert_cache,
+            ram_budget: None,
+            policy: d.policy,
+            pin_history: d.pin_history,
+            pipeline: Choice::Auto,
+            prefetch: Choice::Auto,
+            prefetch_experts: None,
+            recall: false,
+            cache_lean: None,
+            predictor: None,
+            input_bytes: 0,
+        }
+    }
+}
+
+/// How expert bytes are read, as asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoRequest {
+    pub read_mode: Choice<ReadMode>,
+    /// Submit a layer's misses through the io_uring reactor (else one by
+    /// one on a reader thread).
+    pub reactor: bool,
+}
+
+impl Default for IoRequest {
+    fn default() -> Self {
+        IoRequest {
+            read_mode: Choice::Auto,
+            reactor: true,
+        }
+    }
+}
+
+/// What a run asks for, every source merged (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct Requested {
+    pub model: ModelSettings,
+    pub store: StoreRequest,
+    pub io: IoRequest,
+    pub generation: GenOptions,
 }
 
 impl Requested {
     /// Whether some setting is left to the profile.
     pub fn wants_profile(&self) -> bool {
-        self.read_mode == Choice::Auto
-            || self.pipeline == Choice::Auto
-            || self.prefetch == Choice::Auto
+        self.io.read_mode == Choice::Auto
+            || self.store.pipeline == Choice::Auto
+            || self.store.prefetch == Choice::Auto
     }
 }
 
-/// The settings a run uses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolved {
+/// The store's settings a run uses.
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    pub expert_cache: usize,
+    pub ram_budget: Option<u64>,
+    pub policy: EvictPolicy,
+    pub pin_history: bool,
+    pub schedule: ScheduleOptions,
+    pub predictor: Option<Arc<Predictor>>,
+    /// See [`LoadOptions::input_bytes`].
+    pub input_bytes: u64,
+}
+
+/// How a run reads expert bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoSettings {
     pub read_mode: ReadMode,
-    pub pipeline: bool,
-    pub prefetch: Option<Lookahead>,
+    pub reactor: bool,
+}
+
+/// The settings a run uses: [`Self::load_options`] for loading,
+/// `generation` for generating.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    pub model: ModelSettings,
+    pub store: StoreSettings,
+    pub io: IoSettings,
+    pub generation: GenOptions,
     /// Profile values that were not understood and gave way to the
     /// defaults, as `name `value``.
     pub not_understood: Vec<String>,
+}
+
+impl RuntimeConfig {
+    /// What loading is asked to do, every field from this configuration
+    /// (`progress` is where loading reports, not a setting).
+    pub fn load_options(&self, progress: Progress) -> LoadOptions {
+        LoadOptions {
+            expert_cache: self.store.expert_cache,
+            read_mode: self.io.read_mode,
+            mla: self.model.mla,
+            dsa: self.model.dsa,
+            io_reactor: self.io.reactor,
+            quantize_at_load: self.model.quantize_at_load.clone(),
+            ram_budget: self.store.ram_budget,
+            policy: self.store.policy,
+            pin_history: self.store.pin_history,
+            context: self.model.context,
+            schedule: self.store.schedule,
+            predictor: self.store.predictor.clone(),
+            progress,
+            input_bytes: self.store.input_bytes,
+        }
+    }
 }
 
 /// The read mode without a profile: O_DIRECT under a RAM budget (the page
@@ -76,13 +216,53 @@ pub fn default_prefetch(budgeted: bool) -> Option<Lookahead> {
     })
 }
 
+/// The three settings a profile may decide.
+struct Tunable {
+    read_mode: ReadMode,
+    pipeline: bool,
+    prefetch: Option<Lookahead>,
+    not_understood: Vec<String>,
+}
+
 /// Resolves `req` against `profile` (when some setting is `Auto`) and the
 /// defaults.
-pub fn resolve(req: &Requested, profile: Option<&Profile>) -> Resolved {
-    let mut r = Resolved {
-        read_mode: default_read_mode(req.budgeted),
+pub fn resolve(req: &Requested, profile: Option<&Profile>) -> RuntimeConfig {
+    let t = tunable(req, profile);
+    let s = &req.store;
+    RuntimeConfig {
+        model: req.model.clone(),
+        store: StoreSettings {
+            expert_cache: s.expert_cache,
+            ram_budget: s.ram_budget,
+            policy: s.policy,
+            pin_history: s.pin_history,
+            schedule: ScheduleOptions {
+                pipeline: t.pipeline,
+                lookahead: t.prefetch,
+                prefetch_experts: s.prefetch_experts,
+                recall: s.recall,
+                cache_lean: s.cache_lean,
+            },
+            predictor: s.predictor.clone(),
+            input_bytes: s.input_bytes,
+        },
+        io: IoSettings {
+            read_mode: t.read_mode,
+            reactor: req.io.reactor,
+        },
+        generation: req.generation.clone(),
+        not_understood: t.not_understood,
+    }
+}
+
+/// Read mode, pipelining and prefetch: asked, else the profile's, else
+/// the defaults.
+fn tunable(req: &Requested, profile: Option<&Profile>) -> Tunable {
+    let budgeted = req.store.ram_budget.is_some();
+    let mut r = Tunable {
+        read_mode: default_read_mode(budgeted),
         pipeline: DEFAULT_PIPELINE,
-        prefetch: default_prefetch(req.budgeted),
+        prefetch: default_prefetch(budgeted),
         not_understood: Vec::new(),
     };
     if let Some(p) = profile.filter(|_| req.wants_profile()) {
@@ -99,13 +279,13 @@ pub fn resolve(req: &Requested, profile: Option<&Profile>) -> Resolved {
             (bad, None) => r.not_understood.push(format!("prefetch `{bad}`")),
         }
     }
-    if let Choice::Set(m) = req.read_mode {
+    if let Choice::Set(m) = req.io.read_mode {
         r.read_mode = m;
     }
-    if let Choice::Set(p) = req.pipeline {
+    if let Choice::Set(p) = req.store.pipeline {
         r.pipeline = p;
     }
-    if let Choice::Set(l) = req.prefetch {
+    if let Choice::Set(l) = req.store.prefetch {
         r.prefetch = l;
     }
     r
@@ -149,44 +329,59 @@ mod tests {
         }
     }
 
-    const AUTO: Requested = Requested {
-        read_mode: Choice::Auto,
-        pipeline: Choice::Auto,
-        prefetch: Choice::Auto,
-        budgeted: false,
-    };
+    /// A request of these three settings, budgeted or not.
+    fn asked(
+        read_mode: Choice<ReadMode>,
+        pipeline: Choice<bool>,
+        prefetch: Choice<Option<Lookahead>>,
+        budgeted: bool,
+    ) -> Requested {
+        let mut r = Requested::default();
+        r.io.read_mode = read_mode;
+        r.store.pipeline = pipeline;
+        r.store.prefetch = prefetch;
+        r.store.ram_budget = budgeted.then_some(1 << 30);
+        r
+    }
+
+    fn auto() -> Requested {
+        asked(Choice::Auto, Choice::Auto, Choice::Auto, false)
+    }
+
+    /// (read mode, pipeline, prefetch) of a resolved configuration.
+    fn tuned(r: &RuntimeConfig) -> (ReadMode, bool, Option<Lookahead>) {
+        (
+            r.io.read_mode,
+            r.store.schedule.pipeline,
+            r.store.schedule.lookahead,
+        )
+    }
 
     #[test]
     fn asked_beats_profile_beats_defaults() {
         let attn2 = parse_lookahead("attn-2");
         let attn1 = parse_lookahead("attn-1");
         let p = profile("mmap", false, "attn-2");
-        let set = Requested {
-            read_mode: Choice::Set(ReadMode::Pread),
-            pipeline: Choice::Set(true),
-            prefetch: Choice::Set(None),
-            budgeted: true,
-        };
-        let budgeted = Requested {
-            budgeted: true,
-            ..AUTO
-        };
+        let set = asked(
+            Choice::Set(ReadMode::Pread),
+            Choice::Set(true),
+            Choice::Set(None),
+            true,
+        );
+        let budgeted = asked(Choice::Auto, Choice::Auto, Choice::Auto, true);
+        let auto = auto();
         // (asked, profile) -> (mode, pipeline, prefetch)
         let table = [
-            (AUTO, None, (ReadMode::Buffered, true, None)),
-            (budgeted, None, (ReadMode::Direct, true, attn1)),
-            (AUTO, Some(&p), (ReadMode::Mmap, false, attn2)),
-            (budgeted, Some(&p), (ReadMode::Mmap, false, attn2)),
-            (set, Some(&p), (ReadMode::Pread, true, None)),
-            (set, None, (ReadMode::Pread, true, None)),
+            (&auto, None, (ReadMode::Buffered, true, None)),
+            (&budgeted, None, (ReadMode::Direct, true, attn1)),
+            (&auto, Some(&p), (ReadMode::Mmap, false, attn2)),
+            (&budgeted, Some(&p), (ReadMode::Mmap, false, attn2)),
+            (&set, Some(&p), (ReadMode::Pread, true, None)),
+            (&set, None, (ReadMode::Pread, true, None)),
         ];
         for (i, (req, prof, (mode, pipeline, prefetch))) in table.into_iter().enumerate() {
-            let r = resolve(&req, prof);
-            assert_eq!(
-                (r.read_mode, r.pipeline, r.prefetch),
-                (mode, pipeline, prefetch),
-                "row {i}"
-            );
+            let r = resolve(req, prof);
+            assert_eq!(tuned(&r), (mode, pipeline, prefetch), "row {i}");
             assert!(r.not_understood.is_empty());
         }
     }
@@ -194,20 +389,77 @@ mod tests {
     #[test]
     fn profile_values_not_understood_give_way_to_the_defaults_by_name() {
         let p = profile("bogus", true, "sideways-9");
-        let r = resolve(&AUTO, Some(&p));
-        assert_eq!((r.read_mode, r.prefetch), (ReadMode::Buffered, None));
+        let r = resolve(&auto(), Some(&p));
+        assert_eq!(
+            (r.io.read_mode, r.store.schedule.lookahead),
+            (ReadMode::Buffered, None)
+        );
         assert_eq!(
             r.not_understood,
             ["read_mode `bogus`", "prefetch `sideways-9`"]
         );
         // A profile is not consulted when nothing is left to it.
-        let set = Requested {
-            read_mode: Choice::Set(ReadMode::Direct),
-            pipeline: Choice::Set(false),
-            prefetch: Choice::Set(None),
-            budgeted: false,
-        };
+        let set = asked(
+            Choice::Set(ReadMode::Direct),
+            Choice::Set(false),
+            Choice::Set(None),
+            false,
+        );
         assert!(resolve(&set, Some(&p)).not_understood.is_empty());
+    }
+
+    /// Every setting asked for reaches loading: none is ignored, none is
+    /// replaced by another.
+    #[test]
+    fn every_requested_setting_reaches_the_load_options() {
+        let mut req = auto();
+        req.model = ModelSettings {
+            mla: MlaMode::Explicit,
+            dsa: DsaMode::Off,
+            quantize_at_load: Some(Policy::default()),
+            context: 123,
+        };
+        let lookahead = parse_lookahead("output-3");
+        req.store = StoreRequest {
+            expert_cache: 7,
+            ram_budget: Some(5_000_000_000),
+            policy: EvictPolicy::Lru,
+            pin_history: false,
+            pipeline: Choice::Set(false),
+            prefetch: Choice::Set(lookahead),
+            prefetch_experts: Some(9),
+            recall: true,
+            cache_lean: Some(0.5),
+            predictor: None,
+            input_bytes: 77,
+        };
+        req.io = IoRequest {
+            read_mode: Choice::Set(ReadMode::Mmap),
+            reactor: false,
+        };
+        req.generation.max_tokens = 11;
+        let c = resolve(&req, None);
+        assert_eq!(c.generation.max_tokens, 11);
+        let o = c.load_options(Progress::default());
+        assert_eq!(
+            (o.mla, o.dsa, o.context),
+            (MlaMode::Explicit, DsaMode::Off, 123)
+        );
+        assert!(o.quantize_at_load.is_some());
+        assert_eq!((o.expert_cache, o.ram_budget), (7, Some(5_000_000_000)));
+        assert_eq!((o.policy, o.pin_history), (EvictPolicy::Lru, false));
+        assert_eq!(o.input_bytes, 77);
+        assert_eq!((o.read_mode, o.io_reactor), (ReadMode::Mmap, false));
+        let want = ScheduleOptions {
+            pipeline: false,
+            lookahead,
+            prefetch_experts: Some(9),
+            recall: true,
+            cache_lean: Some(0.5),
+        };
+        assert_eq!(o.schedule, want);
+        // The store's bound comes from the asked count, not a sentinel.
+        assert_eq!(o.schedule.schedule(8, false).prefetch_experts_max, 9);
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub const JSON_SIDE_FILE: Cap = Cap {
     what: "JSON side file",
     bytes: 256 << 20,
 };
+/// A `--config` file (TOML): a few hundred settings at most.
+pub const CONFIG: Cap = Cap {
+    what: "configuration file",
+    bytes: 1 << 20,
+};
 /// `--grammar` (Lark or GBNF).
 pub const GRAMMAR: Cap = Cap {
     what: "grammar",

@@ -353,7 +353,7 @@ fn budget_check(fp: &Footprint, load: &LoadOptions) -> Check {
         Ok(p) => Check::ok(
             "ram budget",
             format!(
-                "{} slots per layer of {}; projected peak {}",
+                "{} slots per layer of {}; projected peak {} (the smallest budget that runs is --ram-gb {smallest:.2})",
                 p.slots_per_layer,
                 p.experts_per_layer,
                 human(p.projected_peak)

@@ -19,7 +19,7 @@ use crate::formats::config::{ModelConfig, QkNorm, RouterKind, SharedExperts};
 use crate::formats::weights::index::AtLoad;
 use crate::formats::weights::WeightIndex;
 use crate::model::progress::Work;
-use crate::store::{ExpertLocation, ExpertStore, Schedule};
+use crate::store::{ExpertLocation, ExpertStore};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -101,12 +101,7 @@ impl Model {
             (opts.policy, cfg.top_k),
         )?;
         let mut store = store;
-        store.schedule = Schedule {
-            prefetch_experts_max: opts.prefetch_experts_max(cfg.top_k),
-            // The predictor reads the lookahead's guess among its inputs.
-            recall: opts.schedule.recall || opts.predictor.is_some(),
-            ..opts.schedule
-        };
+        store.schedule = opts.schedule.schedule(cfg.top_k, opts.predictor.is_some());
         store.set_predictor(opts.predictor.clone())?;
         let shapes = shapes(&cfg, opts);
         let prefill_pass = super::footprint::unbudgeted_pass(&cfg, opts.context);
@@ -407,7 +402,7 @@ mod tests {
                 from: Variant::Attn,
                 depth,
             });
-            o.prefetch_experts = explicit;
+            o.schedule.prefetch_experts = explicit;
             o
         };
         for (opts, top_k, want) in [

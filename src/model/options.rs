@@ -5,7 +5,7 @@ use super::mla::{DsaMode, MlaMode};
 use super::progress::Progress;
 use crate::formats::quant::policy::Policy;
 use crate::store::policy::EvictPolicy;
-use crate::store::Schedule;
+use crate::store::ScheduleOptions;
 
 /// Options for loading.
 #[derive(Clone, Debug)]
@@ -32,15 +32,10 @@ pub struct LoadOptions {
     pub pin_history: bool,
     /// Context the KV pool is budgeted for (clamped to the model's maximum).
     pub context: usize,
-    /// Pipelining and router-lookahead prefetch (its
-    /// `prefetch_experts_max` is resolved at load from `prefetch_experts`;
-    /// what is passed in there is not read).
-    pub schedule: Schedule,
-    /// Prefetch reads alive at once while a lookahead prefetches; `None`
-    /// gives `(depth + 1) × top_k`: a layer issues the next `depth` layers'
-    /// reads while its own prefetched reads are still alive (they end when
-    /// it takes them).
-    pub prefetch_experts: Option<usize>,
+    /// Pipelining, prefetch and the router's scoring, as asked; loading
+    /// resolves them against the model's top-k into the store's
+    /// [`crate::store::Schedule`].
+    pub schedule: ScheduleOptions,
     /// A learned lookahead predictor: after each MoE layer routes a decode
     /// token, the next MoE layer's guessed experts are read ahead (in
     /// place of the router lookahead's reads).
@@ -57,15 +52,10 @@ pub struct LoadOptions {
 
 impl LoadOptions {
     /// Prefetch reads alive at once for a model routing `top_k` experts
-    /// per token: 0 without lookahead prefetch.
+    /// per token: 0 without prefetch.
     pub fn prefetch_experts_max(&self, top_k: usize) -> usize {
-        match (self.schedule.lookahead, &self.predictor) {
-            (Some(a), _) => self
-                .prefetch_experts
-                .unwrap_or(a.depth.max(1).saturating_add(1).saturating_mul(top_k)),
-            (None, Some(_)) => self.prefetch_experts.unwrap_or(top_k),
-            (None, None) => 0,
-        }
+        self.schedule
+            .prefetch_experts_max(top_k, self.predictor.is_some())
     }
 }
 
@@ -82,8 +72,7 @@ impl Default for LoadOptions {
             policy: EvictPolicy::default(),
             pin_history: true,
             context: 4096,
-            schedule: Schedule::default(),
-            prefetch_experts: None,
+            schedule: ScheduleOptions::default(),
             predictor: None,
             progress: Progress::default(),
             input_bytes: 0,

@@ -185,14 +185,11 @@ pub struct Request {
     pub prompt: Option<PromptField>,
     pub max_tokens: Option<u64>,
     pub max_completion_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub seed: Option<u64>,
+    /// `temperature`, `top_p`, `top_k`, `min_p`, `presence_penalty`,
+    /// `frequency_penalty`, `repetition_penalty`, `seed`: the sampling
+    /// fields as the engine declares them.
+    #[serde(flatten)]
+    pub sampling: Overrides,
     pub stop: Option<Stop>,
     #[serde(default)]
     pub stream: bool,
@@ -338,16 +335,7 @@ impl Request {
 
     /// The sampling fields set in the request.
     pub fn overrides(&self) -> Overrides {
-        Overrides {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-        }
+        self.sampling
     }
 
     /// The token limit asked for (`max_completion_tokens` wins).

@@ -119,9 +119,9 @@ pub struct Schedule {
     pub pipeline: bool,
     /// Router-lookahead prefetch, if on.
     pub lookahead: Option<Lookahead>,
-    /// Prefetch reads alive at once: resolved at load (`LoadOptions::
-    /// prefetch_experts`, by default (lookahead depth + 1) × top-k), and 0
-    /// exactly when no lookahead prefetches.
+    /// Prefetch reads alive at once (see
+    /// [`ScheduleOptions::prefetch_experts`]), 0 exactly when nothing
+    /// prefetches.
     pub prefetch_experts_max: usize,
     /// Score the next layer's guess from both states (`attn` and
     /// `output`) at every single-token layer, prefetching or not: two
@@ -137,12 +137,65 @@ pub struct Schedule {
 
 impl Default for Schedule {
     fn default() -> Self {
-        Schedule {
+        ScheduleOptions::default().schedule(0, false)
+    }
+}
+
+/// The schedule a run asks for: [`Schedule`] before the model is known.
+/// Loading resolves it against the model's top-k ([`Self::schedule`]);
+/// every field is read there.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScheduleOptions {
+    /// See [`Schedule::pipeline`].
+    pub pipeline: bool,
+    /// See [`Schedule::lookahead`].
+    pub lookahead: Option<Lookahead>,
+    /// Prefetch reads alive at once while prefetching; `None` gives
+    /// `(depth + 1) × top_k` for the lookahead (a layer issues the next
+    /// `depth` layers' reads while its own prefetched reads are still
+    /// alive) and `top_k` for a learned predictor alone.
+    pub prefetch_experts: Option<usize>,
+    /// See [`Schedule::recall`]; a learned predictor scores the guesses
+    /// whatever this says (they are among its inputs).
+    pub recall: bool,
+    /// See [`Schedule::cache_lean`].
+    pub cache_lean: Option<f32>,
+}
+
+impl Default for ScheduleOptions {
+    fn default() -> Self {
+        ScheduleOptions {
             pipeline: true,
             lookahead: None,
-            prefetch_experts_max: 0,
+            prefetch_experts: None,
             recall: false,
             cache_lean: None,
+        }
+    }
+}
+
+impl ScheduleOptions {
+    /// Prefetch reads alive at once for a model routing `top_k` experts
+    /// per token, with or without a learned `predictor`: 0 without
+    /// prefetch.
+    pub fn prefetch_experts_max(&self, top_k: usize, predictor: bool) -> usize {
+        match (self.lookahead, predictor) {
+            (Some(a), _) => self
+                .prefetch_experts
+                .unwrap_or(a.depth.max(1).saturating_add(1).saturating_mul(top_k)),
+            (None, true) => self.prefetch_experts.unwrap_or(top_k),
+            (None, false) => 0,
+        }
+    }
+
+    /// The store's schedule for a model routing `top_k` experts per token.
+    pub fn schedule(&self, top_k: usize, predictor: bool) -> Schedule {
+        Schedule {
+            pipeline: self.pipeline,
+            lookahead: self.lookahead,
+            prefetch_experts_max: self.prefetch_experts_max(top_k, predictor),
+            recall: self.recall || predictor,
+            cache_lean: self.cache_lean,
         }
     }
 }

@@ -308,3 +308,52 @@ pub fn moestream_bounded(args: &[&str], limit_blocks: Option<u64>) -> Out {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// A cgroup-v1 memory group capped at `limit` bytes, removed on drop;
+/// `None` where one cannot be created (no v1 memory controller, no rights).
+pub struct MemoryCgroup {
+    pub dir: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    pub fn create(limit: u64) -> Option<MemoryCgroup> {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = root.join(format!("moestream-test-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let g = MemoryCgroup { dir };
+        std::fs::write(g.dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(g)
+    }
+
+    /// Runs `moestream args` inside the group (joined before exec, so
+    /// every byte the run touches counts), the usage history off.
+    pub fn run(&self, args: &[&str]) -> Out {
+        let procs = self.dir.join("cgroup.procs");
+        let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display());
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(env!("CARGO_BIN_EXE_moestream"))
+            .args(args)
+            .env("MOESTREAM_NO_HISTORY", "1")
+            .output()
+            .unwrap();
+        Out {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    pub fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.join(file)).unwrap_or_default()
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

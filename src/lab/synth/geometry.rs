@@ -745,6 +745,25 @@ fn rms_of_embedding(h: usize) -> f32 {
 /// Writes the model into `dir` (created; must not hold a model). Shows a
 /// progress bar when `progress`.
 pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
+    write_clamped(
+        dir,
+        spec,
+        progress,
+        realistic::Clamp::default(),
+        &mut |_| {},
+    )
+}
+
+/// [`write`], realistic routing's knobs that `clamp` names moved into the
+/// geometry's reach when out of it, each move told to `note` before the
+/// model is written.
+pub fn write_clamped(
+    dir: &Path,
+    spec: &GeometrySpec,
+    progress: bool,
+    clamp: realistic::Clamp,
+    note: &mut dyn FnMut(&str),
+) -> Result<()> {
     let s = shape(spec)?;
     if dir.join("config.json").exists() {
         return Err(Error::Request(format!(
@@ -753,7 +772,11 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
         )));
     }
     let real = match spec.routing {
-        Routing::Realistic(knobs) => Some(Plan::new(&realistic_dims(&s), knobs, spec.seed)?),
+        Routing::Realistic(knobs) => {
+            let (plan, notes) = Plan::clamped(&realistic_dims(&s), knobs, clamp, spec.seed)?;
+            notes.iter().for_each(|n| note(n));
+            Some(plan)
+        }
         _ => None,
     };
     std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;

@@ -128,6 +128,16 @@ impl Default for Knobs {
     }
 }
 
+/// Which knobs give way to the nearest value the geometry reaches when
+/// theirs is out of reach (knobs left at their defaults, which no
+/// geometry was promised); the others are refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clamp {
+    pub top10_share: bool,
+    pub reuse: bool,
+    pub recall: bool,
+}
+
 /// The shapes realistic routing is built into.
 #[derive(Clone, Debug)]
 pub struct Dims {
@@ -446,6 +456,18 @@ impl Plan {
     /// Lays out and calibrates realistic routing for `dims`; refuses a
     /// geometry too small for it and knobs no parameters reach.
     pub fn new(dims: &Dims, knobs: Knobs, seed: u64) -> Result<Plan> {
+        Ok(Self::clamped(dims, knobs, Clamp::default(), seed)?.0)
+    }
+
+    /// [`Plan::new`], the knobs `clamp` names moved to the nearest value
+    /// in reach when theirs is not; with a note per moved knob (its name,
+    /// the value asked, the span and the value used).
+    pub fn clamped(
+        dims: &Dims,
+        knobs: Knobs,
+        clamp: Clamp,
+        seed: u64,
+    ) -> Result<(Plan, Vec<String>)> {
         Self::check_attention(dims)?;
         for (name, v) in [
             ("top10 share", knobs.top10_share),
@@ -496,8 +518,9 @@ impl Plan {
             },
             seed,
         };
-        plan.calibration = Sim::new(&plan).calibrate(knobs)?;
-        Ok(plan)
+        let (calibration, notes) = Sim::new(&plan).calibrate(knobs, clamp)?;
+        plan.calibration = calibration;
+        Ok((plan, notes))
     }
 
     /// Refuses attention realistic routing cannot be built into: GQA needs
@@ -1036,26 +1059,37 @@ impl Sim {
         }
     }
 
-    /// `(s, f, q)` that reproduce `knobs`, or why none do.
-    fn calibrate(&self, knobs: Knobs) -> Result<Calibration> {
+    /// `(s, f, q)` that reproduce `knobs` (those `clamp` names moved into
+    /// reach, with the last round's note each), or why none do.
+    fn calibrate(&self, knobs: Knobs, clamp: Clamp) -> Result<(Calibration, Vec<String>)> {
         const S_MAX: f64 = 8.0;
         let has_recall = self.layers.iter().any(|l| l.visible);
         let (mut s, mut f, mut q) = (1.0, 0.3, 0.5);
+        let mut notes: [Option<String>; 3] = Default::default();
         for _ in 0..ROUNDS {
-            s = solve("top10 share", knobs.top10_share, (0.0, S_MAX), |s| {
-                self.measure(s, f, q).top10
-            })?;
+            let top10 = |s| self.measure(s, f, q).top10;
+            (s, notes[0]) = solve(
+                "top10 share",
+                knobs.top10_share,
+                clamp.top10_share,
+                (0.0, S_MAX),
+                top10,
+            )?;
             if has_recall {
-                f = solve("lookahead recall", knobs.recall, (0.0, 1.0), |f| {
-                    self.measure(s, f, q).recall
-                })?;
+                let recall = |f| self.measure(s, f, q).recall;
+                (f, notes[1]) = solve(
+                    "lookahead recall",
+                    knobs.recall,
+                    clamp.recall,
+                    (0.0, 1.0),
+                    recall,
+                )?;
             }
-            q = solve("reuse", knobs.reuse, (0.0, 1.0), |q| {
-                self.measure(s, f, q).reuse
-            })?;
+            let reuse = |q| self.measure(s, f, q).reuse;
+            (q, notes[2]) = solve("reuse", knobs.reuse, clamp.reuse, (0.0, 1.0), reuse)?;
         }
         let m = self.measure(s, f, q);
-        Ok(Calibration {
+        let calibration = Calibration {
             pop_scale: s,
             fresh: f,
             persist: q,
@@ -1064,21 +1098,40 @@ impl Sim {
                 reuse: m.reuse,
                 recall: m.recall,
             },
-        })
+        };
+        Ok((calibration, notes.into_iter().flatten().collect()))
     }
 }
 
-/// The `x` in `range` where the monotone `stat(x)` meets `target`; an
-/// error naming the reachable span when it does not.
-fn solve(name: &str, target: f64, range: (f64, f64), stat: impl Fn(f64) -> f64) -> Result<f64> {
+/// The `x` in `range` where the monotone `stat(x)` meets `target`. Out
+/// of reach: with `clamp`, the `x` of the nearest reachable value and a
+/// note saying so; else an error naming the reachable span.
+fn solve(
+    name: &str,
+    target: f64,
+    clamp: bool,
+    range: (f64, f64),
+    stat: impl Fn(f64) -> f64,
+) -> Result<(f64, Option<String>)> {
     let (mut lo, mut hi) = range;
     let (at_lo, at_hi) = (stat(lo), stat(hi));
     let rising = at_hi >= at_lo;
     let (min, max) = (at_lo.min(at_hi), at_lo.max(at_hi));
     if !(min - 1e-9..=max + 1e-9).contains(&target) {
-        return Err(Error::Request(format!(
-            "realistic routing: a {name} of {target} is out of reach for this geometry (reachable: {min:.3}..{max:.3})"
-        )));
+        let span = format!("reachable: {min:.3}..{max:.3}");
+        if !clamp {
+            return Err(Error::Request(format!(
+                "realistic routing: a {name} of {target} is out of reach for this geometry ({span})"
+            )));
+        }
+        let (x, used) = match (target < min) == rising {
+            true => (lo, at_lo),
+            false => (hi, at_hi),
+        };
+        let note = format!(
+            "the default {name} of {target} is out of reach for this geometry ({span}); {used:.3} used"
+        );
+        return Ok((x, Some(note)));
     }
     for _ in 0..BISECT_STEPS {
         let mid = 0.5 * (lo + hi);
@@ -1088,7 +1141,7 @@ fn solve(name: &str, target: f64, range: (f64, f64), stat: impl Fn(f64) -> f64) 
             hi = mid;
         }
     }
-    Ok(0.5 * (lo + hi))
+    Ok((0.5 * (lo + hi), None))
 }
 
 /// The indices of the `k` largest of `z` into `out` (ties: lower index).
@@ -1282,6 +1335,16 @@ mod tests {
         };
         let e = Plan::new(&dims(64, 8), far, 1).unwrap_err().to_string();
         assert!(e.contains("top10 share") && e.contains("reachable"), "{e}");
+        // Left to its default, the same knob gives way to the nearest
+        // value in reach, and says so.
+        let clamp = Clamp {
+            top10_share: true,
+            ..Clamp::default()
+        };
+        let (p, notes) = Plan::clamped(&dims(64, 8), far, clamp, 1).unwrap();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("top10 share") && notes[0].contains("used"));
+        assert!(p.calibration.predicted.top10_share > 0.05);
         let small = Dims {
             hidden: 40,
             ..dims(8, 2)
