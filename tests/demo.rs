@@ -1,16 +1,59 @@
-//! The README's main job: `moestream demo` creates the synthetic default
-//! model on first use, streams experts from disk and ends with the stats line.
+//! The README's main job: `moestream demo` writes the embedded trained
+//! model on first use (or creates the synthetic one with `--synthetic`),
+//! streams experts from disk and ends with the stats line.
 
 mod common;
 
 use std::process::Command;
 
 #[test]
+fn demo_prints_language_from_the_trained_model_with_experts_streamed() {
+    let cache = tempfile::tempdir().unwrap();
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_moestream"))
+            .args(["demo", "--max-tokens", "40"])
+            .env("MOESTREAM_CACHE", cache.path())
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{err}");
+    assert!(
+        err.contains("first use") && err.contains("TRAINED"),
+        "{err}"
+    );
+    assert!(err.contains("[stats] 40 tokens"), "{err}");
+    // 8 of 32 experts cached: some are read from disk.
+    assert!(err.contains("expert hit rate"), "{err}");
+    assert!(!err.contains("expert hit rate 100"), "{err}");
+    let text = String::from_utf8_lossy(&first.stdout).to_lowercase();
+    // Language: the commonest English words, as a random-weight model
+    // (its text is token salad) never strings them together.
+    let words: Vec<&str> = text.split(|c: char| !c.is_alphabetic()).collect();
+    let common = [
+        "the", "of", "to", "and", "a", "is", "in", "for", "be", "it", "that",
+    ];
+    let hits = words.iter().filter(|w| common.contains(w)).count();
+    assert!(hits >= 5, "{hits} common words in: {text}");
+    assert!(cache
+        .path()
+        .join("trained-qwen3moe-v1/config.json")
+        .exists());
+    let second = run();
+    assert!(second.status.success());
+    assert_eq!(
+        first.stdout, second.stdout,
+        "seeded demo output is reproducible"
+    );
+}
+
+#[test]
 fn demo_creates_the_model_then_reuses_it() {
     let cache = tempfile::tempdir().unwrap();
     let run = || {
         Command::new(env!("CARGO_BIN_EXE_moestream"))
-            .args(["demo", "--max-tokens", "4"])
+            .args(["demo", "--synthetic", "--max-tokens", "4"])
             .env("MOESTREAM_CACHE", cache.path())
             .output()
             .unwrap()

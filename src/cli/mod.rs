@@ -26,6 +26,7 @@ mod bench_verify;
 mod chat;
 mod config;
 mod convert;
+mod demo;
 mod doctor;
 mod eval;
 mod export_gguf;
@@ -43,9 +44,10 @@ mod tune;
 
 use bench::{cmd_bench_decode, cmd_bench_mem, DecodeArgs, MemArgs};
 use convert::{cmd_convert, width, ConvertArgs};
+use demo::{cmd_demo, DemoArgs};
 use eval::{cmd_eval, cmd_score, EvalArgs, ScoreArgs};
 use run::{cmd_run, RunArgs};
-use synth::{cmd_demo, cmd_synth, DemoArgs, SynthArgs};
+use synth::{cmd_synth, SynthArgs};
 
 #[derive(Parser)]
 #[command(

@@ -1,25 +1,8 @@
-//! `moestream demo` and `moestream synth`: the embedded default model and
-//! synthetic checkpoints.
+//! `moestream synth`: synthetic checkpoints.
 
-use super::run::stream_text;
 use super::*;
 use moestream::lab::synth::realistic::{Clamp, Knobs};
 use moestream::lab::synth::SynthSpec;
-
-#[derive(Args)]
-pub(super) struct DemoArgs {
-    /// Prompt text.
-    #[arg(long, default_value = "The engine reads the expert from the disk")]
-    prompt: String,
-    #[arg(long, default_value_t = 48)]
-    max_tokens: usize,
-    /// Routed experts kept in RAM per layer (the model has 32 per layer).
-    #[arg(long, default_value_t = 8)]
-    expert_cache: usize,
-    /// Where the synthetic model lives (default: the moestream cache dir).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-}
 
 #[derive(Args)]
 pub(super) struct SynthArgs {
@@ -91,53 +74,6 @@ pub(super) enum RoutingArg {
     Realistic,
     Zipf,
     Uniform,
-}
-
-pub(super) fn cmd_demo(a: DemoArgs) -> Result<()> {
-    let dir = a
-        .dir
-        .clone()
-        .unwrap_or_else(|| moestream::fs::state::cache_dir().join("synthetic-qwen3moe-v2"));
-    let spec = SynthSpec::default();
-    if !dir.join("config.json").exists() {
-        eprintln!(
-            "moestream demo: creating the synthetic model in {} (first use)...",
-            dir.display()
-        );
-    }
-    moestream::lab::synth::ensure(&dir, &spec)
-        .with_context(|| format!("creating {}", dir.display()))?;
-    eprintln!(
-        "moestream demo: a synthetic {}-layer, {}-expert MoE (top-{}) with RANDOM weights — the text below is meaningless; \
-         the point is the expert streaming: {} of {} experts per layer fit in the cache, the rest are read from disk.",
-        spec.layers, spec.experts, spec.top_k, a.expert_cache, spec.experts
-    );
-    let model = Model::load(
-        &dir,
-        &LoadOptions {
-            expert_cache: a.expert_cache,
-            ..LoadOptions::default()
-        },
-    )?;
-    let tok = Tokenizer::load(&dir)?;
-    let prompt = tok.encode(&a.prompt)?;
-    let opts = GenOptions {
-        max_tokens: a.max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.8,
-            top_p: 0.95,
-            top_k: 0,
-            seed: 7,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        eos_ids: eos_ids(&dir)?,
-        ..GenOptions::default()
-    };
-    print!("{}", a.prompt);
-    let g = stream_text(&model, &tok, &prompt, &opts)?;
-    eprintln!("{}", g.stats.line());
-    Ok(())
 }
 
 pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {

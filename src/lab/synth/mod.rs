@@ -104,14 +104,24 @@ pub fn ensure(dir: &Path, spec: &SynthSpec) -> Result<bool> {
         return Ok(false);
     }
     spec.validate()?;
+    ensure_with(dir, |tmp| write(tmp, spec))
+}
+
+/// Makes the model directory `dir` by `write` into a fresh temporary
+/// directory beside it, renamed into place (so concurrent first uses all
+/// succeed, and none sees a partial model); `false` when it was there.
+pub fn ensure_with(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<bool> {
+    if dir.join("config.json").exists() {
+        return Ok(false);
+    }
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
     let prefix = format!(".{}.tmp-", file_name(dir));
     crate::fs::remove_stale(parent, &prefix);
     let tmp = parent.join(format!("{prefix}{}", crate::fs::write::unique_suffix()));
     std::fs::create_dir(&tmp).map_err(|e| Error::file(&tmp, e))?;
-    let built = write(&tmp, spec)
-        .and_then(|()| std::fs::rename(&tmp, dir).map_err(|e| Error::file(dir, e)));
+    let built =
+        write(&tmp).and_then(|()| std::fs::rename(&tmp, dir).map_err(|e| Error::file(dir, e)));
     match built {
         Ok(()) => Ok(true),
         Err(e) => {
