@@ -42,7 +42,7 @@ pub mod sampler;
 mod speculate;
 pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};
-pub use pool::{Finished, PoolError, PoolEvent, SessionPool};
+pub use pool::{Finished, PoolError, PoolEvent, SessionPool, SlotState};
 pub use speculate::{ngram_propose, DraftSource, MtpDraft, NgramDraft, SpecStats, Speculation};
 
 /// What to generate.

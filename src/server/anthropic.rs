@@ -48,12 +48,13 @@ impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
         let e = self.0;
         let kind = match e.status {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_client_error() => "invalid_request_error",
             _ => "api_error",
         };
         let message = match e.param {
@@ -380,7 +381,7 @@ async fn start(
     let (bytes, room) = respond::read_body(s, body).await?;
     let chat = translate(&bytes, counting)?;
     let p = respond::prepare_blocking(s.clone(), chat, room, true).await?;
-    let events = respond::submit(s, &p).await?;
+    let events = respond::submit(s, &p, 0).await?;
     Ok((p, events))
 }
 

@@ -52,7 +52,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "missing or incorrect API key (send `Authorization: Bearer KEY`)",
+                "missing or incorrect API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)",
             )
         }
     }
@@ -266,17 +266,11 @@ impl Request {
             .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
     }
 
-    /// Refuses what is not built yet, with a 400 naming the field.
+    /// Refuses what is not built yet, with a 400 naming the field (`n`
+    /// beyond the slots is refused once the prompt is known).
     pub fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        match self.n {
-            Some(0) => return Err(ApiError::bad_param("n", "n must be at least 1")),
-            Some(n) if n > 1 => {
-                return Err(ApiError::bad_param(
-                    "n",
-                    "n > 1 is not supported (one choice per request)",
-                ))
-            }
-            _ => {}
+        if self.n == Some(0) {
+            return Err(ApiError::bad_param("n", "n must be at least 1"));
         }
         if self.echo == Some(true) {
             return Err(ApiError::bad_param(
@@ -492,7 +486,7 @@ mod tests {
     #[test]
     fn unsupported_fields_are_refused_by_name() {
         let cases = [
-            (r#"{"n": 2}"#, Some("n")),
+            (r#"{"n": 2}"#, None),
             (r#"{"n": 1}"#, None),
             (r#"{"n": 0}"#, Some("n")),
             (r#"{"echo": true}"#, Some("echo")),
