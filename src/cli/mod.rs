@@ -1023,6 +1023,7 @@ fn constrained(
     Ok(Some(Constrained {
         grammars,
         constraint,
+        after: Vec::new(),
     }))
 }
 

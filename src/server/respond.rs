@@ -347,18 +347,28 @@ fn constrained(
     tools: Option<&ToolPlan>,
 ) -> Result<Option<crate::engine::Constrained>, ApiError> {
     let forced = tools.and_then(|t| t.grammar.clone());
-    let (constraint, param) =
-        match (req.constraint()?, forced) {
-            (Some(_), Some(_)) => return Err(ApiError::bad_param(
+    // With `auto`, a call the model opens is held to the tools' schemas
+    // from its opening marker on (a response_format, if any, wins).
+    let lazy = tools.and_then(|t| {
+        let marker = t.format.start_marker().as_bytes().to_vec();
+        Some((t.after_marker.clone()?, marker))
+    });
+    let (constraint, param, after) = match (req.constraint()?, forced, lazy) {
+        (Some(_), Some(_), _) => {
+            return Err(ApiError::bad_param(
                 "tool_choice",
                 "tool_choice forces a tool call; response_format cannot constrain the same answer",
-            )),
-            (Some(c), None) => (c, "response_format"),
-            (None, Some(g)) => (crate::engine::Constraint::Lark(g), "tools"),
-            (None, None) => return Ok(None),
-        };
+            ))
+        }
+        (Some(c), None, _) => (c, "response_format", Vec::new()),
+        (None, Some(g), _) => (crate::engine::Constraint::Lark(g), "tools", Vec::new()),
+        (None, None, Some((g, marker))) => (crate::engine::Constraint::Lark(g), "tools", marker),
+        (None, None, None) => return Ok(None),
+    };
     let grammars = match s.grammars.get() {
         Some(Ok(g)) => g.clone(),
+        // Without a prepared tokenizer an `auto` call stays unconstrained.
+        Some(Err(_)) if !after.is_empty() => return Ok(None),
         Some(Err(e)) => {
             let msg = format!("constrained output is unavailable for this model: {e}");
             return Err(ApiError::bad(msg));
@@ -368,7 +378,7 @@ fn constrained(
     let mut state = grammars
         .start(&constraint)
         .map_err(|e| ApiError::bad_param(param, e.to_string()))?;
-    if !state.can_start() {
+    if after.is_empty() && !state.can_start() {
         return Err(ApiError::bad_param(
             param,
             "the schema matches no output at all (a $ref that only refers to itself, or a contradiction); nothing can be generated",
@@ -377,6 +387,7 @@ fn constrained(
     Ok(Some(crate::engine::Constrained {
         grammars,
         constraint,
+        after,
     }))
 }
 
