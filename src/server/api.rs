@@ -140,6 +140,39 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// This error in Anthropic's shape `{"type": "error", "error": {"type",
+    /// "message"}}` (the field at fault leads the message), with its
+    /// status and Retry-After.
+    pub fn into_anthropic_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "api_error",
+        };
+        let message = match self.param {
+            Some(p) => format!("{p}: {}", self.message),
+            None => self.message.clone(),
+        };
+        let body = anthropic_error_body(kind, &message);
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// Anthropic's `{"type": "error", "error": {"type": kind, "message"}}`.
+pub fn anthropic_error_body(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();

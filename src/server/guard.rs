@@ -59,7 +59,7 @@ pub(super) async fn guard(State(s): State<Arc<Shared>>, req: Request, next: Next
 /// otherwise.
 pub(super) fn refusal(path: &str, e: ApiError) -> Response {
     if is_anthropic(path) {
-        super::anthropic::AnthropicError(e).into_response()
+        e.into_anthropic_response()
     } else {
         e.into_response()
     }
