@@ -699,3 +699,108 @@ fn anthropic_python_client_runs_a_tool_loop() {
     );
     run_client_script("anthropic_client_check.py", &[s.base.clone(), "k".into()]);
 }
+
+/// The trained fixture's tokenizer prepared for constraints.
+fn trained_grammars() -> moestream::engine::Grammars {
+    let dir = fixture("trained/qwen3_moe");
+    let bytes = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    moestream::engine::Grammars::new(&bytes, vocab, &[]).unwrap()
+}
+
+#[test]
+fn the_rest_of_an_opened_call_is_held_to_the_tool_grammar_in_every_format() {
+    use moestream::engine::Constraint;
+    use moestream::formats::chat::tool_calls::{Tool, ToolFormat};
+    let grammars = trained_grammars();
+    let tools = [Tool {
+        name: "get_weather".into(),
+        parameters: weather()["function"]["parameters"].clone(),
+    }];
+    let args = r#"{"city": "Paris", "unit": "c"}"#;
+    let cases = [
+        (ToolFormat::Hermes, format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>")),
+        (ToolFormat::DeepSeek, format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>")),
+        (ToolFormat::Glm, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>".to_string()),
+        (ToolFormat::Mistral, format!("[TOOL_CALLS] [{{\"name\": \"get_weather\", \"arguments\": {args}}}]")),
+    ];
+    for (format, text) in cases {
+        let marker = format.start_marker();
+        let rest = text.strip_prefix(marker).unwrap();
+        for parallel in [false, true] {
+            let g = Constraint::Lark(format.grammar_after_marker(&tools, parallel));
+            let state = grammars.start_with(&g, rest.as_bytes());
+            assert!(state.is_ok(), "{format:?}: {rest:?}: {:?}", state.err());
+            // The whole call under the forced grammar is the marker and this.
+            let full = Constraint::Lark(format.grammar(&tools, parallel));
+            assert!(
+                grammars.start_with(&full, text.as_bytes()).is_ok(),
+                "{format:?}"
+            );
+            // A call to a tool not offered, or arguments off the schema, is
+            // not in the language.
+            let wrong = rest.replace("get_weather", "get_wrong");
+            assert!(
+                grammars.start_with(&g, wrong.as_bytes()).is_err(),
+                "{format:?}"
+            );
+            let off = rest.replace("\"c\"", "\"k\"").replace(">c<", ">k<");
+            assert!(
+                grammars.start_with(&g, off.as_bytes()).is_err(),
+                "{format:?}: {off:?}"
+            );
+        }
+        let done = grammars
+            .start_with(
+                &Constraint::Lark(format.grammar_after_marker(&tools, false)),
+                rest.as_bytes(),
+            )
+            .unwrap();
+        assert!(done.is_stopped(), "{format:?}: one call ends the output");
+    }
+}
+
+#[test]
+fn a_lazy_constraint_holds_from_its_trigger_and_leaves_the_output_before_alone() {
+    use moestream::engine::generate::{generate, GenOptions};
+    use moestream::engine::{Constrained, Constraint};
+    let dir = fixture("trained/qwen3_moe");
+    let opts = moestream::model::LoadOptions::default();
+    let model = moestream::model::Model::load(&dir, &opts).unwrap();
+    let tok = moestream::formats::tokenizer::Tokenizer::load(&dir).unwrap();
+    let prompt = tok.encode_raw("The experts of a layer are").unwrap();
+    let free = GenOptions {
+        max_tokens: 24,
+        sampling: Default::default(),
+        ignore_eos: true,
+        eos_ids: Vec::new(),
+        speculation: Default::default(),
+        constraint: None,
+        logit_bias: Vec::new(),
+    };
+    let run = |o: &GenOptions| generate(&model, &prompt, o, |_| Ok(())).unwrap().token_ids;
+    let greedy = run(&free);
+    let text = tok.decode(&greedy).unwrap();
+    // The trigger: the text of the first three tokens (mid-output, so
+    // the constraint starts inside the answer).
+    let head = tok.decode(&greedy[..3]).unwrap();
+    let lazy = |after: &str| GenOptions {
+        constraint: Some(Constrained {
+            grammars: trained_grammars(),
+            constraint: Constraint::Regex("[0-9]{4}".into()),
+            after: after.as_bytes().to_vec(),
+        }),
+        ..free.clone()
+    };
+    let out = tok.decode(&run(&lazy(&head))).unwrap();
+    assert!(out.starts_with(&head), "{out:?} vs {text:?}");
+    let tail = &out[head.len()..];
+    assert!(
+        tail.len() == 4 && tail.bytes().all(|b| b.is_ascii_digit()),
+        "after {head:?} the output is held to the regex and ends with it: {out:?}"
+    );
+    // A trigger the output never has changes nothing.
+    assert_eq!(run(&lazy("\u{1}never\u{1}")), greedy);
+}

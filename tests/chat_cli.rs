@@ -12,22 +12,26 @@ use std::process::{Command, Stdio};
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 fn chat(model: &std::path::Path, template: &std::path::Path, max_tokens: &str) -> Command {
+    chat_with(
+        model,
+        template,
+        &["--temperature", "0", "--max-tokens", max_tokens],
+    )
+}
+
+/// `chat` on `model` with `template`, `flags`, and piped standard streams.
+fn chat_with(model: &std::path::Path, template: &std::path::Path, flags: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_moestream"));
-    cmd.args([
-        "chat",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        max_tokens,
-        "--model",
-    ])
-    .arg(model)
-    .arg("--chat-template")
-    .arg(template)
-    .env("MOESTREAM_NO_HISTORY", "1")
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.arg("chat")
+        .args(flags)
+        .arg("--model")
+        .arg(model)
+        .arg("--chat-template")
+        .arg(template)
+        .env("MOESTREAM_NO_HISTORY", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     cmd
 }
 
@@ -126,4 +130,90 @@ fn ctrl_c_stops_the_answer_not_the_program() {
         .and_then(|n| n.parse().ok())
         .unwrap();
     assert!(tokens < 4000, "{tokens}");
+}
+
+/// The "conversation: N messages" of every /stats line.
+fn conversation_lengths(stderr: &str) -> Vec<usize> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            l.split("conversation: ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[test]
+fn chat_survives_overflow_bad_bytes_and_unknown_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("chat.jinja");
+    std::fs::write(&template, CHATML).unwrap();
+    // The fixture's context is 256 tokens: turns of ~50 prompt tokens and
+    // up to 20 answer tokens outgrow it by the fourth.
+    let mut child = chat(&fixture("qwen3_moe"), &template, "20")
+        .spawn()
+        .unwrap();
+    let long = "tell me about experts, routing, caches and the disk ".to_string();
+    let mut input = Vec::new();
+    for _ in 0..4 {
+        input.extend_from_slice(format!("{long}\n/stats\n").as_bytes());
+    }
+    input.extend_from_slice(b"/help\n/frobnicate now\nbad \xff bytes\n/stats\n");
+    input.extend_from_slice(format!("{}\n", "experts ".repeat(400)).as_bytes());
+    input.extend_from_slice(b"/stats\nquit\nnever read\n");
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("dropped the oldest"), "{stderr}");
+    assert!(stderr.contains("not valid UTF-8"), "{stderr}");
+    assert!(stderr.contains("unknown command /frobnicate"), "{stderr}");
+    assert!(
+        stderr.contains("/reset"),
+        "/help lists the commands: {stderr}"
+    );
+    assert!(stderr.contains("not sent"), "{stderr}");
+    let lens = conversation_lengths(&stderr);
+    assert_eq!(lens.len(), 6, "{stderr}");
+    // Every turn was answered; once full, the oldest turn makes room for
+    // the next, and neither the commands, the bad line nor the message
+    // too long for the context joined the conversation.
+    assert_eq!(&lens[..2], [2, 4], "{stderr}");
+    assert!(lens[3] <= lens[2], "{lens:?}");
+    assert_eq!(lens[4], lens[3], "{lens:?}");
+    assert_eq!(
+        lens[5], lens[3],
+        "the refused message leaves the conversation: {lens:?}"
+    );
+    assert!(!stderr.contains("never read"), "{stderr}");
+}
+
+#[test]
+fn chat_with_a_seed_samples_the_same_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("chat.jinja");
+    std::fs::write(&template, CHATML).unwrap();
+    let answer = |seed: &str| {
+        let flags = ["--temperature", "1", "--seed", seed, "--max-tokens", "12"];
+        let mut child = chat_with(&fixture("qwen3_moe"), &template, &flags)
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let a = answer("7");
+    assert!(!a.trim().is_empty());
+    assert_eq!(a, answer("7"));
+    let others = [answer("8"), answer("9")];
+    assert!(others.iter().any(|o| *o != a), "three seeds, one text: {a}");
 }

@@ -207,18 +207,24 @@ fn concurrent_greedy_requests_each_give_their_tokens_alone() {
     assert_eq!(together, alone);
 }
 
-#[test]
-fn a_client_that_disconnects_frees_its_slot() {
-    let model = tiny_model();
-    let s = Server::start(model.path(), &["--slots", "1"]);
+/// A streamed completion of 4000 tokens, once its first bytes came (its
+/// request runs): the reader holds its slot until dropped.
+fn long_stream(s: &Server) -> impl Read {
     let body = json!({"prompt": "go on", "max_tokens": 4000, "temperature": 0,
                       "ignore_eos": true, "stream": true});
     let resp = ureq::post(&format!("{}/v1/completions", s.base))
         .send_json(body)
         .unwrap();
     let mut reader = resp.into_reader();
-    let mut first = [0u8; 64];
-    reader.read_exact(&mut first).unwrap();
+    reader.read_exact(&mut [0u8; 64]).unwrap();
+    reader
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_slot() {
+    let model = tiny_model();
+    let s = Server::start(model.path(), &["--slots", "1"]);
+    let reader = long_stream(&s);
     // The metrics snapshot follows the step that sent those bytes.
     while s.metric("busy_slots") < 1.0 {
         std::thread::sleep(Duration::from_millis(5));
@@ -1096,4 +1102,242 @@ fn a_schema_of_thousands_of_properties_is_a_400_not_a_stack_overflow() {
         .unwrap()
         .contains("10000"));
     assert_eq!(s.get("/health").0, 200, "the server is still up");
+}
+
+/// A GET with headers: the status and the JSON body.
+fn get_json(s: &Server, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut req = ureq::get(&format!("{}{path}", s.base));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let (status, resp) = match req.call() {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("{path}: {e}"),
+    };
+    (status, resp.into_json().unwrap())
+}
+
+#[test]
+fn llama_server_endpoints_tokenize_detokenize_and_props_behind_the_key() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--slots", "2", "--api-key", "k"]);
+    let key = [("authorization", "Bearer k")];
+    let text = "Experts are routed, 世界!";
+    let r = s.post_with("/tokenize", &json!({ "content": text }), &key);
+    assert_eq!(r.status, 200, "{}", r.json);
+    let ids: Vec<u64> = r.json["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(ids.len() > 3, "{ids:?}");
+    let back = s.post_with("/detokenize", &json!({ "tokens": ids }), &key);
+    assert_eq!(back.status, 200, "{}", back.json);
+    assert_eq!(back.json["content"], text);
+    // Pieces: the same ids, each with its text (every piece here is whole
+    // UTF-8 but the CJK ones may split; their join is the text).
+    let r = s.post_with(
+        "/tokenize",
+        &json!({"content": "Experts are routed", "with_pieces": true}),
+        &key,
+    );
+    let pieces = r.json["tokens"].as_array().unwrap();
+    let joined: String = pieces
+        .iter()
+        .map(|p| p["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, "Experts are routed");
+    assert!(pieces.iter().all(|p| p["id"].is_u64()));
+
+    // The key is needed; bad input is a 400 naming the field.
+    assert_eq!(s.post("/tokenize", &json!({"content": "x"})).status, 401);
+    assert_eq!(s.get("/props").0, 401);
+    assert_eq!(s.get("/slots").0, 401);
+    let cases = [
+        (
+            "/detokenize",
+            json!({"tokens": [4_000_000_000u64]}),
+            "4000000000",
+        ),
+        (
+            "/tokenize",
+            json!({"content": "x", "sparkle": 1}),
+            "sparkle",
+        ),
+        (
+            "/tokenize",
+            json!({"content": "x", "parse_special": false}),
+            "parse_special",
+        ),
+        ("/tokenize", json!({"text": "x"}), "content"),
+    ];
+    for (path, body, needle) in cases {
+        let r = s.post_with(path, &body, &key);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.json);
+        let msg = r.json["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{path} {body}: {msg}");
+    }
+
+    let (status, props) = get_json(&s, "/props", &key);
+    assert_eq!(status, 200, "{props}");
+    assert_eq!(props["total_slots"], 2);
+    assert_eq!(props["chat_template"], common::server::CHATML);
+    let settings = &props["default_generation_settings"];
+    assert!(settings["n_ctx"].as_u64().unwrap() > 0, "{props}");
+    assert!(settings["params"]["temperature"].is_number(), "{props}");
+    let (status, slots) = get_json(&s, "/slots", &key);
+    assert_eq!(status, 200, "{slots}");
+    let slots = slots.as_array().unwrap();
+    assert_eq!(slots.len(), 2);
+    assert!(slots.iter().all(|s| s["is_processing"] == false));
+    assert_eq!(slots[1]["id"], 1);
+
+    // Each answered request lands in the latency histograms: one time to
+    // first token, one duration, a time between each two tokens.
+    let body = json!({"prompt": "count", "max_tokens": 5, "temperature": 0, "ignore_eos": true});
+    assert_eq!(s.post_with("/v1/completions", &body, &key).status, 200);
+    assert_eq!(s.metric("time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(s.metric("request_duration_seconds_count"), 1.0);
+    assert_eq!(s.metric("time_per_output_token_seconds_count"), 4.0);
+    let (_, text) = s.get("/metrics");
+    let inf = text
+        .lines()
+        .find(|l| l.starts_with("moestream_request_duration_seconds_bucket{le=\"+Inf\"}"))
+        .unwrap();
+    assert!(inf.ends_with(" 1"), "{inf}");
+    assert!(s.metric("request_duration_seconds_sum") > 0.0);
+}
+
+#[test]
+fn slots_show_the_running_request() {
+    let model = tiny_model();
+    let s = Server::start(model.path(), &["--slots", "2"]);
+    let reader = long_stream(&s);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let busy = loop {
+        let (status, slots) = get_json(&s, "/slots", &[]);
+        assert_eq!(status, 200, "{slots}");
+        let busy: Vec<Value> = slots
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["is_processing"] == true)
+            .cloned()
+            .collect();
+        if !busy.is_empty() {
+            break busy;
+        }
+        assert!(Instant::now() < deadline, "no slot ever showed the request");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(busy.len(), 1, "{busy:?}");
+    let next = &busy[0]["next_token"][0];
+    assert!(busy[0]["n_prompt_tokens"].as_u64().unwrap() > 0, "{busy:?}");
+    let (decoded, remain) = (
+        next["n_decoded"].as_u64().unwrap(),
+        next["n_remain"].as_u64().unwrap(),
+    );
+    assert!(decoded >= 1 && decoded + remain <= 4000, "{busy:?}");
+    drop(reader);
+}
+
+#[test]
+fn n_choices_each_sample_their_own_seed_whole_and_streamed() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--slots", "2"]);
+    let body = |n: u64, seed: u64| {
+        json!({"messages": [{"role": "user", "content": "tell me about experts"}],
+               "max_tokens": 8, "temperature": 1, "seed": seed, "n": n, "ignore_eos": true})
+    };
+    let one = |seed| text_of(&s.post("/v1/chat/completions", &body(1, seed)));
+    let r = s.post("/v1/chat/completions", &body(2, 5));
+    assert_eq!(r.status, 200, "{}", r.json);
+    let choices = r.json["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(choices[1]["index"], 1);
+    assert_eq!(
+        texts,
+        [one(5), one(6)],
+        "choice i samples with seed + i, as alone"
+    );
+    assert_eq!(r.json["usage"]["completion_tokens"], 16);
+
+    // Streamed: each choice's deltas, by index, give its text; one usage
+    // chunk and one [DONE] end the stream.
+    let mut streamed = body(2, 5);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = s.stream("/v1/chat/completions", &streamed);
+    for (i, want) in texts.iter().enumerate() {
+        let of_i = |c: &&Value| c["choices"][0]["index"] == i;
+        let text: String = chunks
+            .iter()
+            .filter(of_i)
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(&text, want, "choice {i}");
+        let finishes = chunks
+            .iter()
+            .filter(of_i)
+            .filter(|c| c["choices"][0]["finish_reason"] == "length")
+            .count();
+        assert_eq!(finishes, 1, "choice {i}");
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], 16);
+
+    // Completions too; more choices than slots is a 400 naming n and the flag.
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "go", "max_tokens": 3, "n": 2, "seed": 1}),
+    );
+    assert_eq!(r.json["choices"].as_array().unwrap().len(), 2, "{}", r.json);
+    let r = s.post("/v1/chat/completions", &body(3, 1));
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.json["error"]["param"], "n");
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("--slots") && msg.contains('3'), "{msg}");
+}
+
+#[test]
+fn guard_refusals_on_the_messages_api_have_anthropics_shape() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--api-key", "k"]);
+    let body = json!({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    let r = s.post_with("/v1/messages", &body, &[("x-api-key", "wrong")]);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json["type"], "error", "{}", r.json);
+    assert_eq!(
+        r.json["error"]["type"], "authentication_error",
+        "{}",
+        r.json
+    );
+    assert!(r.json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("x-api-key"));
+    // OpenAI's endpoints keep OpenAI's shape.
+    let r = s.post("/v1/chat/completions", &chat("hi", 2));
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json["error"]["code"], "invalid_api_key", "{}", r.json);
+    // A body over the limit, refused from its head.
+    let (status, text) = s.raw_request(
+        "POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: k\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n",
+    );
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "request_too_large", "{v}");
+    // No such method or endpoint under /v1/messages.
+    let (status, text) = s.raw_request(
+        "GET /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: k\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 405, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(v["type"], "error", "{v}");
 }

@@ -2,15 +2,25 @@
 //! as it is generated; the conversation's KV stays between turns (a turn
 //! prefills only what the template added since the last one). Multi-line
 //! input: end a line with `\` to continue it, or enclose lines in `"""`.
-//! Commands: /reset, /stats, /exit. Ctrl-C stops the answer being
-//! generated; at the prompt it ends the program (as does Ctrl-D).
+//! Commands (never sent to the model): /help, /reset, /stats, /exit
+//! (`exit`, `quit`, /quit, /bye); an unknown `/word` is said so. Ctrl-C
+//! stops the answer being generated; at the prompt it ends the program
+//! (as does Ctrl-D). On a terminal lines can be edited and this session's
+//! history recalled ([`input`]); piped input is read line by line.
+//!
+//! The conversation survives what would end it: a turn whose prompt and
+//! answer would pass the context drops the oldest turns (saying so), a
+//! message that alone passes it is refused with the numbers, a line that
+//! is not UTF-8 is skipped with a notice, a failed turn is reported and
+//! left out of the conversation.
+
+mod input;
 
 use super::serve::chat_template_required;
 use super::*;
 use moestream::engine::{Engine, Prefix, Session};
 use moestream::formats::chat::{ChatTemplate, Message};
 use moestream::model::profile::Profile;
-use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -111,60 +121,39 @@ pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
     };
     chat.reset();
     install_sigint();
-    eprintln!("chat with {} (/reset, /stats, /exit; end a line with \\ or enclose lines in \"\"\" for more lines)", dir.display());
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    while let Some(text) = read_message(&mut input)? {
-        match text.trim() {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/reset" => {
+    eprintln!("chat with {} (/help, /reset, /stats, /exit; end a line with \\ or enclose lines in \"\"\" for more lines)", dir.display());
+    let mut source = input::stdin()?;
+    loop {
+        let text = match input::read_message(source.as_mut())? {
+            input::Input::Message(t) => t,
+            input::Input::NotUtf8 => {
+                eprintln!("[that input is not valid UTF-8: skipped]");
+                continue;
+            }
+            input::Input::End => break,
+        };
+        match input::command(&text) {
+            input::Command::Nothing => {}
+            input::Command::Exit => break,
+            input::Command::Reset => {
                 chat.reset();
                 eprintln!("[conversation cleared]");
             }
-            "/stats" => chat.print_stats(),
-            _ => chat.turn(&text)?,
+            input::Command::Stats => chat.print_stats(),
+            input::Command::Help => eprintln!("{}", input::HELP),
+            input::Command::Unknown(c) => eprintln!(
+                "[unknown command {c}: /help lists them; //text sends text starting with /]"
+            ),
+            input::Command::Say(t) => {
+                let kept = chat.messages.len();
+                if let Err(e) = chat.turn(t) {
+                    chat.messages.truncate(kept);
+                    eprintln!("error: {e:#} (the message is not part of the conversation)");
+                }
+            }
         }
     }
     Ok(())
-}
-
-/// Reads one message: a line, lines joined by a trailing `\`, or the lines
-/// between two `"""` lines. None at end of input.
-fn read_message(input: &mut impl BufRead) -> Result<Option<String>> {
-    eprint!("> ");
-    let mut line = String::new();
-    if input.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    if line.trim_end() == "\"\"\"" {
-        let mut block = String::new();
-        loop {
-            let mut l = String::new();
-            if input.read_line(&mut l)? == 0 || l.trim_end() == "\"\"\"" {
-                return Ok(Some(block.trim_end_matches('\n').to_string()));
-            }
-            block.push_str(&l);
-        }
-    }
-    let mut text = String::new();
-    loop {
-        let l = line.trim_end_matches(['\n', '\r']);
-        match l.strip_suffix('\\') {
-            Some(head) => {
-                text.push_str(head);
-                text.push('\n');
-                line.clear();
-                if input.read_line(&mut line)? == 0 {
-                    return Ok(Some(text));
-                }
-            }
-            None => {
-                text.push_str(l);
-                return Ok(Some(text));
-            }
-        }
-    }
 }
 
 impl Chat<'_> {
@@ -175,13 +164,79 @@ impl Chat<'_> {
         }
     }
 
+    /// The KV positions one turn may use: the context, within what the
+    /// RAM plan reserved.
+    fn positions_max(&self) -> usize {
+        let context = self.model.cfg.rope.max_position_embeddings;
+        context.min(self.model.context_budget.unwrap_or(context))
+    }
+
+    /// Removes the oldest user turn of `messages` and what answered it
+    /// (never the system message nor the last user message); the
+    /// messages removed.
+    fn drop_oldest_turn(&self, messages: &mut Vec<Message>) -> usize {
+        let first = usize::from(self.system.is_some()).min(messages.len());
+        let next_user = messages
+            .iter()
+            .skip(first + 1)
+            .position(|m| m.role == "user")
+            .map(|i| first + 1 + i);
+        match next_user {
+            Some(end) => {
+                messages.drain(first..end);
+                end - first
+            }
+            None => 0,
+        }
+    }
+
+    /// The prompt of the conversation with its last user message, and the
+    /// options it runs with: the oldest turns dropped until the prompt and
+    /// the answer fit the context (the answer shortened when the prompt
+    /// alone leaves less room); None, the conversation as it was, when the
+    /// message alone does not fit.
+    fn fitted_prompt(&mut self) -> Result<Option<(Vec<u32>, GenOptions)>> {
+        let limit = self.positions_max();
+        let mut messages = self.messages.clone();
+        let mut dropped = 0;
+        let prompt = loop {
+            let rendered = self.template.render(&messages, true)?;
+            let prompt = self.tok.encode_raw(&rendered)?;
+            if prompt.len() + self.opts.max_tokens <= limit {
+                break prompt;
+            }
+            match self.drop_oldest_turn(&mut messages) {
+                0 => break prompt,
+                n => dropped += n,
+            }
+        };
+        if prompt.len() >= limit {
+            eprintln!(
+                "[this message makes a prompt of {} tokens; the context holds {limit}: not sent (/reset starts over)]",
+                prompt.len()
+            );
+            return Ok(None);
+        }
+        if dropped > 0 {
+            eprintln!(
+                "[the conversation outgrew the context of {limit} tokens: dropped the oldest {dropped} messages; {} remain]",
+                messages.len()
+            );
+        }
+        self.messages = messages;
+        let mut opts = self.opts.clone();
+        opts.max_tokens = opts.max_tokens.min(limit - prompt.len());
+        Ok(Some((prompt, opts)))
+    }
+
     /// One user message and the streamed answer.
     fn turn(&mut self, text: &str) -> Result<()> {
         self.messages.push(Message::new("user", text));
-        let rendered = self.template.render(&self.messages, true)?;
-        let prompt = self.tok.encode_raw(&rendered)?;
-        let mut session = match Session::resume(self.model, &prompt, &self.opts, self.prefix.take())
-        {
+        let Some((prompt, opts)) = self.fitted_prompt()? else {
+            self.messages.pop();
+            return Ok(());
+        };
+        let mut session = match Session::resume(self.model, &prompt, &opts, self.prefix.take()) {
             Ok(s) => s,
             Err(e) => {
                 self.messages.pop();

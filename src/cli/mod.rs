@@ -1096,6 +1096,7 @@ fn constrained(
     Ok(Some(Constrained {
         grammars,
         constraint,
+        after: Vec::new(),
     }))
 }
 

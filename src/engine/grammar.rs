@@ -86,6 +86,34 @@ impl Grammars {
     }
 }
 
+impl Grammars {
+    /// The bytes of token `id` (empty for an id past the vocabulary; a
+    /// special token's carry a marker byte no text has).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        let trie = self.factory.tok_env().tok_trie();
+        if (id as usize) < trie.vocab_size() {
+            trie.token(id)
+        } else {
+            &[]
+        }
+    }
+
+    /// [`Grammars::start`], with `bytes` of output already taken in (the
+    /// rest of the token that opened the constrained part); an error when
+    /// they do not start the constraint's language.
+    pub fn start_with(&self, constraint: &Constraint, bytes: &[u8]) -> Result<GrammarState> {
+        let mut state = self.start(constraint)?;
+        if !bytes.is_empty() {
+            let tokens = self.factory.tok_env().tokenize_bytes(bytes);
+            state
+                .matcher
+                .consume_tokens(&tokens)
+                .map_err(grammar_error)?;
+        }
+        Ok(state)
+    }
+}
+
 /// A constraint's parser state for one sequence.
 #[derive(Clone)]
 pub struct GrammarState {

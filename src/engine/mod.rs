@@ -42,7 +42,7 @@ pub mod sampler;
 mod speculate;
 pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};
-pub use pool::{Finished, PoolError, PoolEvent, SessionPool};
+pub use pool::{Finished, PoolError, PoolEvent, SessionPool, SlotState};
 pub use speculate::{ngram_propose, DraftSource, MtpDraft, NgramDraft, SpecStats, Speculation};
 
 /// What to generate.
@@ -109,6 +109,11 @@ pub struct Session {
     spec_stats: SpecStats,
     /// The output constraint's state, if any.
     grammar: Option<GrammarState>,
+    /// A constraint that starts once the output holds its `after` text
+    /// (then it moves into `grammar`), and the output's last bytes, fewer
+    /// than that text's.
+    trigger: Option<Constrained>,
+    tail: Vec<u8>,
     /// Added to these logits before each choice.
     logit_bias: Vec<(u32, f32)>,
 }
@@ -164,9 +169,11 @@ impl Session {
                 _ => None,
             },
             grammar: match &opts.constraint {
-                Some(c) => Some(c.grammars.start(&c.constraint)?),
-                None => None,
+                Some(c) if c.after.is_empty() => Some(c.grammars.start(&c.constraint)?),
+                _ => None,
             },
+            trigger: opts.constraint.clone().filter(|c| !c.after.is_empty()),
+            tail: Vec::new(),
             drafts: Vec::new(),
             feed: Vec::new(),
             spec_stats: SpecStats::default(),
@@ -284,6 +291,10 @@ impl Session {
         }
         let id = self.sampler.sample(&self.logits, &self.prompt, &self.out);
         self.push(id);
+        if self.trigger.is_some() {
+            self.watch_trigger(id);
+            return Ok(Some(id));
+        }
         if let Some(g) = &mut self.grammar {
             let eos = self.eos_ids.contains(&id);
             if !eos {
@@ -292,6 +303,32 @@ impl Session {
             self.done |= eos || g.is_stopped();
         }
         Ok(Some(id))
+    }
+
+    /// Looks for the lazy constraint's text in the output up to token
+    /// `id`; once it is there, the constraint holds from right after it.
+    fn watch_trigger(&mut self, id: u32) {
+        let Some(c) = &self.trigger else { return };
+        self.tail.extend_from_slice(c.grammars.token_bytes(id));
+        let marker = &c.after;
+        let Some(at) = self
+            .tail
+            .windows(marker.len())
+            .position(|w| w == &marker[..])
+        else {
+            let keep = self.tail.len().saturating_sub(marker.len() - 1);
+            self.tail.drain(..keep);
+            return;
+        };
+        let rest = &self.tail[at + marker.len()..];
+        // What followed the marker in this token must start the calls;
+        // if it cannot, the output stays free (the parser keeps it as text).
+        if let Ok(g) = c.grammars.start_with(&c.constraint, rest) {
+            self.done |= g.is_stopped();
+            self.grammar = Some(g);
+        }
+        self.trigger = None;
+        self.tail = Vec::new();
     }
 
     /// Turns one row's hidden state into `self.logits`, refusing
@@ -361,6 +398,12 @@ impl Prefix {
 pub struct Constrained {
     pub grammars: Grammars,
     pub constraint: Constraint,
+    /// Empty: the constraint holds from the first token. Else it holds
+    /// from right after this text (a tool call's opening marker) to the
+    /// end, once the output has it; the output before is free. Should
+    /// what follows the marker in the same token not start the
+    /// constraint's language, the output stays free.
+    pub after: Vec<u8>,
 }
 
 /// One loaded model serving sessions.

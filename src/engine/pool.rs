@@ -40,6 +40,17 @@ pub struct Finished {
     pub constraint_complete: bool,
 }
 
+/// A slot holding a running request (what llama-server's `/slots` lists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotState {
+    pub slot: usize,
+    pub id: RequestId,
+    pub prompt_tokens: usize,
+    /// Tokens generated so far, and how many more it may generate.
+    pub decoded: usize,
+    pub remaining: usize,
+}
+
 /// Sessions admitted, queued and batched by the scheduler crate's policy:
 /// a fixed number of KV slots (one running session each, its KV allocated
 /// only when it gets one), a bounded queue in front of them, and batches of
@@ -384,6 +395,25 @@ impl<'m> SessionPool<'m> {
     /// Sessions running now (holding a slot).
     pub fn running_count(&self) -> usize {
         self.scheduler.running_count()
+    }
+
+    /// The slots running a request, by slot number.
+    pub fn slots(&self) -> Vec<SlotState> {
+        let mut out: Vec<SlotState> = self
+            .running
+            .iter()
+            .filter_map(|(&id, s)| {
+                Some(SlotState {
+                    slot: self.scheduler.slot_of(id)?,
+                    id,
+                    prompt_tokens: s.prompt.len(),
+                    decoded: s.out.len(),
+                    remaining: s.max_tokens.saturating_sub(s.out.len()),
+                })
+            })
+            .collect();
+        out.sort_by_key(|s| s.slot);
+        out
     }
 
     /// Requests waiting for a slot.

@@ -90,6 +90,18 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| self.err(e))
     }
 
+    /// Decodes `ids`, special tokens written out (llama-server's
+    /// `/detokenize` and token pieces).
+    pub fn decode_special(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| self.err(e))
+    }
+
+    /// The ids the vocabulary has (added tokens included): every id is
+    /// below it.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> Error {
         Error::Tokenizer {
             path: self.path.clone(),

@@ -15,7 +15,6 @@ use super::worker::Event;
 use super::Shared;
 use crate::formats::chat::tool_calls::ToolCall;
 use axum::body::{Body, Bytes};
-use axum::http::StatusCode;
 use axum::response::sse;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
@@ -46,26 +45,7 @@ pub struct AnthropicError(pub ApiError);
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        let e = self.0;
-        let kind = match e.status {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::FORBIDDEN => "permission_error",
-            StatusCode::NOT_FOUND => "not_found_error",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
-            _ => "api_error",
-        };
-        let message = match e.param {
-            Some(p) => format!("{p}: {}", e.message),
-            None => e.message.clone(),
-        };
-        let body = error_body(kind, &message);
-        let mut r = (e.status, axum::Json(body)).into_response();
-        if let Some(s) = e.retry_after {
-            r.headers_mut().insert("retry-after", s.into());
-        }
-        r
+        self.0.into_anthropic_response()
     }
 }
 
@@ -73,11 +53,6 @@ impl From<ApiError> for AnthropicError {
     fn from(e: ApiError) -> AnthropicError {
         AnthropicError(e)
     }
-}
-
-/// `{"type": "error", "error": {"type": kind, "message"}}`.
-pub fn error_body(kind: &str, message: &str) -> Value {
-    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
@@ -380,7 +355,7 @@ async fn start(
     let (bytes, room) = respond::read_body(s, body).await?;
     let chat = translate(&bytes, counting)?;
     let p = respond::prepare_blocking(s.clone(), chat, room, true).await?;
-    let events = respond::submit(s, &p).await?;
+    let events = respond::submit(s, &p, 0).await?;
     Ok((p, events))
 }
 
@@ -546,8 +521,11 @@ impl respond::StreamOut for AnthropicOut {
     }
 
     async fn error(&mut self, e: ApiError) {
-        self.event("error", error_body("api_error", &e.message))
-            .await;
+        self.event(
+            "error",
+            super::api::anthropic_error_body("api_error", &e.message),
+        )
+        .await;
     }
 }
 

@@ -52,7 +52,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "missing or incorrect API key (send `Authorization: Bearer KEY`)",
+                "missing or incorrect API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)",
             )
         }
     }
@@ -138,6 +138,39 @@ impl ApiError {
             "code": self.code,
         }})
     }
+}
+
+impl ApiError {
+    /// This error in Anthropic's shape `{"type": "error", "error": {"type",
+    /// "message"}}` (the field at fault leads the message), with its
+    /// status and Retry-After.
+    pub fn into_anthropic_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "api_error",
+        };
+        let message = match self.param {
+            Some(p) => format!("{p}: {}", self.message),
+            None => self.message.clone(),
+        };
+        let body = anthropic_error_body(kind, &message);
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// Anthropic's `{"type": "error", "error": {"type": kind, "message"}}`.
+pub fn anthropic_error_body(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 impl IntoResponse for ApiError {
@@ -263,17 +296,11 @@ impl Request {
             .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
     }
 
-    /// Refuses what is not built yet, with a 400 naming the field.
+    /// Refuses what is not built yet, with a 400 naming the field (`n`
+    /// beyond the slots is refused once the prompt is known).
     pub fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        match self.n {
-            Some(0) => return Err(ApiError::bad_param("n", "n must be at least 1")),
-            Some(n) if n > 1 => {
-                return Err(ApiError::bad_param(
-                    "n",
-                    "n > 1 is not supported (one choice per request)",
-                ))
-            }
-            _ => {}
+        if self.n == Some(0) {
+            return Err(ApiError::bad_param("n", "n must be at least 1"));
         }
         if self.echo == Some(true) {
             return Err(ApiError::bad_param(
@@ -480,7 +507,7 @@ mod tests {
     #[test]
     fn unsupported_fields_are_refused_by_name() {
         let cases = [
-            (r#"{"n": 2}"#, Some("n")),
+            (r#"{"n": 2}"#, None),
             (r#"{"n": 1}"#, None),
             (r#"{"n": 0}"#, Some("n")),
             (r#"{"echo": true}"#, Some("echo")),

@@ -29,15 +29,17 @@ pub(super) async fn guard(State(s): State<Arc<Shared>>, req: Request, next: Next
     let mut response = if preflight {
         match &origin {
             Some(_) => preflight_answer(req.headers()),
-            None => ApiError::forbidden(
-                "CORS preflight from an origin this server does not admit (see --cors-origin)",
-            )
-            .into_response(),
+            None => refusal(
+                req.uri().path(),
+                ApiError::forbidden(
+                    "CORS preflight from an origin this server does not admit (see --cors-origin)",
+                ),
+            ),
         }
     } else {
         match admit(&s, req.method(), req.uri().path(), req.headers()) {
             Ok(()) => next.run(req).await,
-            Err(e) => e.into_response(),
+            Err(e) => refusal(req.uri().path(), e),
         }
     };
     if let Some(o) = origin {
@@ -50,6 +52,29 @@ pub(super) async fn guard(State(s): State<Arc<Shared>>, req: Request, next: Next
         );
     }
     response
+}
+
+/// A refusal in the shape of the API `path` belongs to: Anthropic's
+/// `{"type": "error", "error": {...}}` for `/v1/messages*`, OpenAI's
+/// otherwise.
+pub(super) fn refusal(path: &str, e: ApiError) -> Response {
+    if is_anthropic(path) {
+        e.into_anthropic_response()
+    } else {
+        e.into_response()
+    }
+}
+
+/// Whether `path` is one of Anthropic's Messages API.
+pub fn is_anthropic(path: &str) -> bool {
+    path == "/v1/messages" || path.starts_with("/v1/messages/")
+}
+
+/// Whether `path` needs the API key (when one is set): the OpenAI and
+/// Anthropic APIs and llama-server's endpoints; `/health` and `/metrics`
+/// do not.
+pub fn needs_key(path: &str) -> bool {
+    path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize" | "/props" | "/slots")
 }
 
 /// The `Access-Control-Allow-Origin` for a request's `Origin`: `*` or the
@@ -95,7 +120,7 @@ fn preflight_answer(headers: &HeaderMap) -> Response {
 fn admit(s: &Shared, method: &Method, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
     match &s.config.api_key {
         None => check_browser(headers, &s.config.host, s.config.cors_origin.as_deref())?,
-        Some(key) if path.starts_with("/v1/") => authorize(headers, key)?,
+        Some(key) if needs_key(path) => authorize(headers, key)?,
         Some(_) => {}
     }
     let cap = body_bytes_max(method, path);
@@ -113,7 +138,12 @@ fn admit(s: &Shared, method: &Method, path: &str, headers: &HeaderMap) -> Result
 pub fn body_bytes_max(method: &Method, path: &str) -> usize {
     let completion = matches!(
         path,
-        "/v1/chat/completions" | "/v1/completions" | "/v1/messages" | "/v1/messages/count_tokens"
+        "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/messages"
+            | "/v1/messages/count_tokens"
+            | "/tokenize"
+            | "/detokenize"
     );
     if method == Method::POST && completion {
         COMPLETION_BODY_BYTES_MAX

@@ -1,6 +1,8 @@
 //! What `GET /metrics` reports, in the Prometheus text format: the engine
 //! thread writes a [`Snapshot`] after every step; the handler formats the
-//! latest one.
+//! latest one, and the request [`Timings`] the async side records as each
+//! answer ends (time to first token, the time between tokens, the whole
+//! request, as the client sees them: from the request's arrival).
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -10,6 +12,127 @@ use std::time::{Duration, Instant};
 pub const LATENCY_BOUNDS_US: [u64; 10] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
 ];
+
+/// Time-to-first-token histogram bounds, seconds.
+pub const TTFT_BOUNDS_S: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Time-between-tokens histogram bounds, seconds.
+pub const TOKEN_BOUNDS_S: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Request-duration histogram bounds, seconds.
+pub const DURATION_BOUNDS_S: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// A Prometheus histogram: counts per bucket (not cumulative), the total
+/// count and the sum of the observations.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// `counts[i]`: observations in (bounds[i-1], bounds[i]]; the last
+    /// entry counts those past every bound.
+    counts: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            count: 0,
+            sum: 0.0,
+        }
+    }
+
+    /// Records one observation (a non-finite or negative one as 0).
+    pub fn observe(&mut self, seconds: f64) {
+        let v = if seconds.is_finite() {
+            seconds.max(0.0)
+        } else {
+            0.0
+        };
+        let i = self.bounds.partition_point(|&b| b < v);
+        self.counts[i] += 1;
+        self.count += 1;
+        self.sum += v;
+    }
+
+    /// Adds `other`'s observations (same bounds).
+    pub fn merge(&mut self, other: &Histogram) {
+        debug_assert_eq!(self.bounds, other.bounds);
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn render(&self, m: &mut String, name: &str, help: &str) {
+        let name = format!("moestream_{name}");
+        let _ = writeln!(m, "# HELP {name} {help}");
+        let _ = writeln!(m, "# TYPE {name} histogram");
+        let mut below = 0;
+        for (bound, n) in self.bounds.iter().zip(&self.counts) {
+            below += n;
+            let _ = writeln!(m, "{name}_bucket{{le=\"{bound}\"}} {below}");
+        }
+        let _ = writeln!(m, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(m, "{name}_sum {}", self.sum);
+        let _ = writeln!(m, "{name}_count {}", self.count);
+    }
+}
+
+/// The answered requests' times, as their clients saw them.
+#[derive(Clone, Debug)]
+pub struct Timings {
+    /// From the request's arrival to its first token.
+    pub ttft: Histogram,
+    /// Between one token and the next.
+    pub token: Histogram,
+    /// From the request's arrival to its last token.
+    pub duration: Histogram,
+}
+
+impl Default for Timings {
+    fn default() -> Timings {
+        Timings {
+            ttft: Histogram::new(&TTFT_BOUNDS_S),
+            token: Histogram::new(&TOKEN_BOUNDS_S),
+            duration: Histogram::new(&DURATION_BOUNDS_S),
+        }
+    }
+}
+
+impl Timings {
+    /// The Prometheus text of the three histograms.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        self.ttft.render(
+            &mut o,
+            "time_to_first_token_seconds",
+            "From a completion request's arrival to its first token.",
+        );
+        self.token.render(
+            &mut o,
+            "time_per_output_token_seconds",
+            "Between one generated token of a request and its next.",
+        );
+        self.duration.render(
+            &mut o,
+            "request_duration_seconds",
+            "From a completion request's arrival to its last token.",
+        );
+        o
+    }
+}
 
 /// The window tok/s is measured over.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
@@ -41,6 +164,8 @@ pub struct Snapshot {
     pub latency_below: Vec<u64>,
     pub latency_count: u64,
     pub latency_sum_us: f64,
+    /// The slots running a request (`/slots`).
+    pub running: Vec<crate::engine::SlotState>,
 }
 
 /// Generated tokens over the last [`RATE_WINDOW`].
@@ -241,6 +366,36 @@ mod tests {
         assert!(text.contains("moestream_expert_read_latency_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(text.contains("moestream_expert_read_latency_seconds_bucket{le=\"+Inf\"} 2\n"));
         assert!(text.contains("moestream_expert_read_latency_seconds_sum 0.003\n"));
+        let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
+        let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
+        assert_eq!(types, helps);
+    }
+
+    #[test]
+    fn request_histograms_are_cumulative_with_the_edges_inclusive() {
+        let mut t = Timings::default();
+        for s in [0.01, 0.02, 0.3, 1e9, f64::NAN] {
+            t.ttft.observe(s);
+        }
+        let mut other = Timings::default();
+        other.ttft.observe(0.05);
+        t.ttft.merge(&other.ttft);
+        let text = t.render();
+        let bucket = |le: &str| {
+            let key = format!("moestream_time_to_first_token_seconds_bucket{{le=\"{le}\"}} ");
+            let line = text.lines().find(|l| l.starts_with(&key)).unwrap();
+            line[key.len()..].parse::<u64>().unwrap()
+        };
+        // NaN counts as 0: at or below every bound.
+        assert_eq!(bucket("0.01"), 2);
+        assert_eq!(bucket("0.025"), 3);
+        assert_eq!(bucket("0.05"), 4);
+        assert_eq!(bucket("0.5"), 5);
+        assert_eq!(bucket("60"), 5);
+        assert_eq!(bucket("+Inf"), 6);
+        assert!(text.contains("moestream_time_to_first_token_seconds_count 6\n"));
+        assert!(text.contains("moestream_request_duration_seconds_count 0\n"));
+        assert!(text.contains("# TYPE moestream_time_per_output_token_seconds histogram\n"));
         let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
         let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
         assert_eq!(types, helps);

@@ -27,6 +27,7 @@ pub mod api;
 pub mod guard;
 pub mod kv_dir;
 pub mod listen;
+mod llama;
 pub mod metrics;
 mod respond;
 mod split;
@@ -75,7 +76,8 @@ pub fn preparing_max() -> usize {
 pub struct ServerConfig {
     /// The model's name in `/v1/models` and responses.
     pub model_name: String,
-    /// Requests to `/v1/*` must send `Authorization: Bearer KEY`.
+    /// Requests to `/v1/*` and llama-server's endpoints must send
+    /// `Authorization: Bearer KEY` (or `x-api-key: KEY`).
     pub api_key: Option<String>,
     /// The host the server listens on: without an API key, the one name
     /// besides loopback accepted in `Host` and `Origin`.
@@ -132,6 +134,8 @@ struct Shared {
     commands: std::sync::mpsc::Sender<Command>,
     phase: AtomicU8,
     metrics: Arc<Mutex<Snapshot>>,
+    /// The answered requests' times (the async side records them).
+    timings: Mutex<metrics::Timings>,
     next_id: AtomicU64,
     /// The tokenizer prepared for constrained output, once the model is
     /// loaded (or why it cannot be).
@@ -141,6 +145,9 @@ struct Shared {
     /// Positions (prompt and answer) the KV plan holds for one request,
     /// and the logits' count, once the model is loaded.
     kv_positions: OnceLock<usize>,
+    /// The KV positions the plan reserved for every slot together (None:
+    /// no RAM plan, no limit), once the model is loaded.
+    kv_budget: OnceLock<Option<usize>>,
     vocab: OnceLock<usize>,
     /// The longest token's text, in bytes (bounds the text a context holds).
     token_bytes_max: usize,
@@ -215,10 +222,12 @@ pub fn serve_until(
         commands: tx,
         phase: AtomicU8::new(LOADING),
         metrics: metrics.clone(),
+        timings: Mutex::new(metrics::Timings::default()),
         next_id: AtomicU64::new(0),
         grammars: OnceLock::new(),
         context: OnceLock::new(),
         kv_positions: OnceLock::new(),
+        kv_budget: OnceLock::new(),
         vocab: OnceLock::new(),
         token_bytes_max: tok.token_bytes_max(),
         preparing: Arc::new(tokio::sync::Semaphore::new(preparing_max())),
@@ -275,6 +284,7 @@ fn spawn_engine(
             let _ = shared
                 .kv_positions
                 .set(model.context_budget.unwrap_or(context).min(context));
+            let _ = shared.kv_budget.set(model.context_budget);
             let _ = shared.vocab.set(model.cfg.vocab_size);
             if shared
                 .phase
@@ -355,6 +365,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/props", get(props))
+        .route("/slots", get(slots))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -384,12 +398,14 @@ async fn log_request(req: axum::extract::Request, next: axum::middleware::Next) 
     response
 }
 
-async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::not_found(format!("no endpoint {}", uri.path()))
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let e = ApiError::not_found(format!("no endpoint {}", uri.path()));
+    guard::refusal(uri.path(), e)
 }
 
-async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::method_not_allowed(format!("{method} is not allowed on {}", uri.path()))
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let e = ApiError::method_not_allowed(format!("{method} is not allowed on {}", uri.path()));
+    guard::refusal(uri.path(), e)
 }
 
 async fn health(State(s): State<Arc<Shared>>) -> Response {
@@ -400,7 +416,8 @@ async fn health(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn metrics_text(State(s): State<Arc<Shared>>) -> Response {
-    let text = s.metrics.lock().expect("metrics lock").render();
+    let mut text = s.metrics.lock().expect("metrics lock").render();
+    text.push_str(&s.timings.lock().expect("timings lock").render());
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -434,4 +451,20 @@ async fn count_tokens(
     body: Body,
 ) -> Result<Response, anthropic::AnthropicError> {
     anthropic::count_tokens(s, body).await
+}
+
+async fn tokenize(State(s): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
+    llama::tokenize(s, body).await
+}
+
+async fn detokenize(State(s): State<Arc<Shared>>, body: Body) -> Result<Response, ApiError> {
+    llama::detokenize(s, body).await
+}
+
+async fn props(State(s): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    llama::props(s).await
+}
+
+async fn slots(State(s): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    llama::slots(s).await
 }

@@ -5,6 +5,7 @@
 
 use super::api::{self, ApiError, Request};
 use super::guard::COMPLETION_BODY_BYTES_MAX;
+use super::metrics::{Histogram, TOKEN_BOUNDS_S};
 use super::split::Splitter;
 use super::stop::{scan, Scan};
 use super::tools::{self, ToolPlan};
@@ -43,6 +44,9 @@ pub(super) struct Prepared {
     pub reasoning: Option<bool>,
     /// When the request arrived (its log line's times count from here).
     started: Instant,
+    /// Choices asked (`n`): each its own sequence, choice `i` sampled
+    /// with seed `seed + i`.
+    pub n: usize,
 }
 
 /// Marks a response whose request [`log_request`] already logged (a
@@ -84,7 +88,12 @@ pub(super) async fn complete(s: Arc<Shared>, body: Body, chat: bool) -> Result<R
     let (body, room) = read_body(&s, body).await?;
     let mut p = prepare_blocking(s.clone(), body, room, chat).await?;
     p.started = started;
-    let events = submit(&s, &p).await?;
+    let mut events = Vec::with_capacity(p.n);
+    for choice in 0..p.n {
+        // A refusal drops the choices already submitted: they are
+        // cancelled within a step.
+        events.push(submit(&s, &p, choice).await?);
+    }
     if p.stream {
         Ok(stream(s, p, events))
     } else {
@@ -139,15 +148,15 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
-/// Parses, checks and prepares a request on the blocking pool (at most
-/// [`preparing_max`](super::preparing_max) at once): templates, tokenizers
-/// and grammar compilers are CPU work the async threads must not wait on.
-pub(super) async fn prepare_blocking(
-    s: Arc<Shared>,
-    body: Bytes,
-    room: OwnedSemaphorePermit,
-    chat: bool,
-) -> Result<Prepared, ApiError> {
+/// Runs `job` on the blocking pool, at most
+/// [`preparing_max`](super::preparing_max) jobs at once (templates,
+/// tokenizers and grammar compilers are CPU work the async threads must
+/// not wait on); `what` names a failure to run it.
+pub(super) async fn blocking<T: Send + 'static>(
+    s: &Shared,
+    what: &str,
+    job: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     let permit = s
         .preparing
         .clone()
@@ -155,14 +164,29 @@ pub(super) async fn prepare_blocking(
         .await
         .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
     let job = tokio::task::spawn_blocking(move || {
-        let _permits = (permit, room);
+        let _permit = permit;
+        job()
+    });
+    job.await
+        .map_err(|e| ApiError::internal(format!("{what}: {e}")))?
+}
+
+/// Parses, checks and prepares a request on the blocking pool.
+pub(super) async fn prepare_blocking(
+    s: Arc<Shared>,
+    body: Bytes,
+    room: OwnedSemaphorePermit,
+    chat: bool,
+) -> Result<Prepared, ApiError> {
+    let shared = s.clone();
+    blocking(&shared, "preparing the request", move || {
+        let _room = room;
         let req = Request::parse(&body)?;
         s.check_model(req.model.as_deref())?;
         req.refuse_unsupported()?;
         prepare(&s, &req, chat)
-    });
-    job.await
-        .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
+    })
+    .await
 }
 
 fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> {
@@ -210,13 +234,12 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
         // The rest of what the KV plan holds (at least one token: a
         // prompt that fills it is refused with the numbers).
         None => {
-            let room = s
-                .kv_positions
-                .get()
-                .map_or(usize::MAX, |&kv| kv.saturating_sub(prompt.len()).max(1));
+            let room = per_choice_positions(s, req.n.unwrap_or(1))
+                .map_or(usize::MAX, |kv| kv.saturating_sub(prompt.len()).max(1));
             s.config.max_tokens_default.min(room)
         }
     };
+    let choices = choices(s, req.n.unwrap_or(1), prompt.len(), max_tokens)?;
     let n = s.next_id.fetch_add(1, Ordering::Relaxed);
     Ok(Prepared {
         chat,
@@ -246,7 +269,43 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
         tools,
         reasoning,
         started: Instant::now(),
+        n: choices,
     })
+}
+
+/// The KV positions each of `n` choices may hold: what the plan reserved
+/// for one request, shared among them (None while the model loads).
+fn per_choice_positions(s: &Shared, n: u64) -> Option<usize> {
+    let kv = *s.kv_positions.get()?;
+    let budget = s.kv_budget.get().copied().flatten().unwrap_or(usize::MAX);
+    let n = usize::try_from(n.max(1)).unwrap_or(usize::MAX);
+    Some(kv.min(budget / n))
+}
+
+/// The choices a request asked for (`n`), refused with a 400 naming the
+/// numbers where they cannot run at once: one slot each (`--slots`),
+/// their KV together within what the plan reserved (`--context`).
+fn choices(s: &Shared, n: u64, prompt: usize, max_tokens: usize) -> Result<usize, ApiError> {
+    let slots = s.config.scheduler.kv_slots;
+    if n > slots as u64 {
+        return Err(ApiError::bad_param(
+            "n",
+            format!("n = {n} choices run at once, one slot each; this server has {slots} slots (--slots)"),
+        ));
+    }
+    let n = n as usize;
+    let (Some(&context), Some(Some(budget))) = (s.context.get(), s.kv_budget.get().copied()) else {
+        return Ok(n);
+    };
+    let each = prompt + max_tokens.min(context.saturating_sub(prompt));
+    let need = each.saturating_mul(n);
+    if n > 1 && need > budget {
+        return Err(ApiError::bad_param(
+            "n",
+            format!("n = {n} choices of {each} KV positions each (prompt and max_tokens) need {need}; the plan reserved {budget} (raise --context, or ask fewer choices or tokens)"),
+        ));
+    }
+    Ok(n)
 }
 
 /// A random seed (the clock's nanoseconds where the OS gives none).
@@ -258,7 +317,8 @@ fn fresh_seed() -> u64 {
     })
 }
 
-/// The seed a response reports it sampled with.
+/// The seed a response reports it sampled with (choice `i` of `n` used
+/// this seed + `i`).
 fn fingerprint(p: &Prepared) -> String {
     format!("moestream-seed-{}", p.opts.sampling.seed)
 }
@@ -287,18 +347,28 @@ fn constrained(
     tools: Option<&ToolPlan>,
 ) -> Result<Option<crate::engine::Constrained>, ApiError> {
     let forced = tools.and_then(|t| t.grammar.clone());
-    let (constraint, param) =
-        match (req.constraint()?, forced) {
-            (Some(_), Some(_)) => return Err(ApiError::bad_param(
+    // With `auto`, a call the model opens is held to the tools' schemas
+    // from its opening marker on (a response_format, if any, wins).
+    let lazy = tools.and_then(|t| {
+        let marker = t.format.start_marker().as_bytes().to_vec();
+        Some((t.after_marker.clone()?, marker))
+    });
+    let (constraint, param, after) = match (req.constraint()?, forced, lazy) {
+        (Some(_), Some(_), _) => {
+            return Err(ApiError::bad_param(
                 "tool_choice",
                 "tool_choice forces a tool call; response_format cannot constrain the same answer",
-            )),
-            (Some(c), None) => (c, "response_format"),
-            (None, Some(g)) => (crate::engine::Constraint::Lark(g), "tools"),
-            (None, None) => return Ok(None),
-        };
+            ))
+        }
+        (Some(c), None, _) => (c, "response_format", Vec::new()),
+        (None, Some(g), _) => (crate::engine::Constraint::Lark(g), "tools", Vec::new()),
+        (None, None, Some((g, marker))) => (crate::engine::Constraint::Lark(g), "tools", marker),
+        (None, None, None) => return Ok(None),
+    };
     let grammars = match s.grammars.get() {
         Some(Ok(g)) => g.clone(),
+        // Without a prepared tokenizer an `auto` call stays unconstrained.
+        Some(Err(_)) if !after.is_empty() => return Ok(None),
         Some(Err(e)) => {
             let msg = format!("constrained output is unavailable for this model: {e}");
             return Err(ApiError::bad(msg));
@@ -308,7 +378,7 @@ fn constrained(
     let mut state = grammars
         .start(&constraint)
         .map_err(|e| ApiError::bad_param(param, e.to_string()))?;
-    if !state.can_start() {
+    if after.is_empty() && !state.can_start() {
         return Err(ApiError::bad_param(
             param,
             "the schema matches no output at all (a $ref that only refers to itself, or a contradiction); nothing can be generated",
@@ -317,6 +387,7 @@ fn constrained(
     Ok(Some(crate::engine::Constrained {
         grammars,
         constraint,
+        after,
     }))
 }
 
@@ -390,7 +461,11 @@ const NORMALIZER_SLACK: usize = 4;
 /// bytes of text, so a longer text has more tokens than the context holds.
 /// Tokenizing takes ~250 bytes of memory per byte of text: this bounds it
 /// by the context, not by the body size.
-fn check_text_bytes(s: &Shared, param: &'static str, text: &str) -> Result<(), ApiError> {
+pub(super) fn check_text_bytes(
+    s: &Shared,
+    param: &'static str,
+    text: &str,
+) -> Result<(), ApiError> {
     let Some(&context) = s.context.get() else {
         return Ok(());
     };
@@ -416,12 +491,15 @@ fn check_text_bytes(s: &Shared, param: &'static str, text: &str) -> Result<(), A
 pub(super) async fn submit(
     s: &Shared,
     p: &Prepared,
+    choice: usize,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let (events, rx) = mpsc::unbounded_channel();
     let (admitted, answer) = tokio::sync::oneshot::channel();
+    let mut opts = p.opts.clone();
+    opts.sampling.seed = opts.sampling.seed.wrapping_add(choice as u64);
     let cmd = Command::Submit(Box::new(Submit {
         prompt: p.prompt.clone(),
-        opts: p.opts.clone(),
+        opts,
         logprobs: p.logprobs,
         events,
         admitted,
@@ -458,6 +536,10 @@ struct Answer<'t> {
     complete: bool,
     /// The stop sequence that ended the answer.
     stop_sequence: Option<String>,
+    /// When the first and the last token came, and the times between.
+    first: Option<Instant>,
+    last_at: Option<Instant>,
+    gaps: Histogram,
 }
 
 impl<'t> Answer<'t> {
@@ -472,13 +554,33 @@ impl<'t> Answer<'t> {
             last: None,
             complete: false,
             stop_sequence: None,
+            first: None,
+            last_at: None,
+            gaps: Histogram::new(&TOKEN_BOUNDS_S),
         }
+    }
+
+    /// Records the answer's times into the server's histograms.
+    fn record_times(&self, s: &Shared, p: &Prepared) {
+        let mut t = s.timings.lock().expect("timings lock");
+        if let Some(first) = self.first {
+            t.ttft
+                .observe(first.duration_since(p.started).as_secs_f64());
+        }
+        t.token.merge(&self.gaps);
+        t.duration.observe(p.started.elapsed().as_secs_f64());
     }
 
     /// Takes a token; returns the text that can be sent now.
     fn push(&mut self, id: u32) -> Result<String, ApiError> {
         self.tokens += 1;
         self.last = Some(id);
+        let now = Instant::now();
+        if let Some(at) = self.last_at {
+            self.gaps.observe(now.duration_since(at).as_secs_f64());
+        }
+        self.first = self.first.or(Some(now));
+        self.last_at = Some(now);
         let piece = self
             .text
             .push(id)
@@ -609,11 +711,9 @@ pub(super) async fn collect(
     let mut answer = Answer::new(&s.tok, p.stops.clone());
     let mut entries = Vec::new();
     let mut reused = 0;
-    let mut first = None;
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Token(t) => {
-                first = first.or(Some(Instant::now()));
                 answer.push(t)?;
                 if answer.stopped {
                     break;
@@ -635,24 +735,56 @@ pub(super) async fn collect(
             }
         }
     }
+    answer.record_times(s, p);
     Ok(Collected {
+        first: answer.first,
         reason: answer.finish_reason(&p.opts.eos_ids, p.opts.ignore_eos),
         stop_sequence: answer.stop_sequence.take(),
         full: answer.full,
         tokens: answer.tokens,
         reused,
-        first,
         entries,
     })
 }
 
-/// A non-streamed answer: waits for every token.
+/// A non-streamed answer: waits for every token of every choice.
 async fn whole(
     s: Arc<Shared>,
     p: Prepared,
-    events: mpsc::UnboundedReceiver<Event>,
+    events: Vec<mpsc::UnboundedReceiver<Event>>,
 ) -> Result<Response, ApiError> {
-    let c = collect(&s, &p, events).await?;
+    let mut choices = Vec::with_capacity(events.len());
+    let (mut tokens, mut reused, mut first) = (0, 0, None);
+    let mut reasons = Vec::new();
+    for (index, events) in events.into_iter().enumerate() {
+        let c = collect(&s, &p, events).await?;
+        let (choice, reason) = choice_of(&p, index, &c);
+        (tokens, reused) = (tokens + c.tokens, reused.max(c.reused));
+        first = first.or(c.first);
+        choices.push(choice);
+        reasons.push(reason);
+    }
+    let object = if p.chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
+    let body = json!({
+        "id": p.id, "object": object, "created": p.created, "model": s.config.model_name,
+        "system_fingerprint": fingerprint(&p),
+        "choices": choices, "usage": usage(&p, tokens, reused),
+    });
+    log_request(
+        &p,
+        tokens,
+        first,
+        reasons.first().copied().unwrap_or("stop"),
+    );
+    Ok(answered(&p, Json(body).into_response()))
+}
+
+/// Choice `index` of a whole answer, and its finish reason.
+fn choice_of(p: &Prepared, index: usize, c: &Collected) -> (Value, &'static str) {
     let mut reason = c.reason;
     let choice = if p.chat {
         let end = Splitter::whole(p.reasoning, p.tools.as_ref(), &c.full);
@@ -666,24 +798,13 @@ async fn whole(
             message["content"] = json!(content);
             message["tool_calls"] = tools::openai_calls(&end.calls, false);
         }
-        json!({"index": 0, "message": message,
-               "logprobs": logprobs_field(&p, &c.entries), "finish_reason": reason})
+        json!({"index": index, "message": message,
+               "logprobs": logprobs_field(p, &c.entries), "finish_reason": reason})
     } else {
-        json!({"index": 0, "text": c.full,
-               "logprobs": logprobs_field(&p, &c.entries), "finish_reason": reason})
+        json!({"index": index, "text": c.full,
+               "logprobs": logprobs_field(p, &c.entries), "finish_reason": reason})
     };
-    let object = if p.chat {
-        "chat.completion"
-    } else {
-        "text_completion"
-    };
-    let body = json!({
-        "id": p.id, "object": object, "created": p.created, "model": s.config.model_name,
-        "system_fingerprint": fingerprint(&p),
-        "choices": [choice], "usage": usage(&p, c.tokens, c.reused),
-    });
-    log_request(&p, c.tokens, c.first, reason);
-    Ok(answered(&p, Json(body).into_response()))
+    (choice, reason)
 }
 
 /// A response with the seed header, marked as logged.
@@ -694,18 +815,49 @@ pub(super) fn answered(p: &Prepared, mut r: Response) -> Response {
     r
 }
 
-/// A streamed answer: one SSE chunk per piece of text, keep-alive
-/// comments while nothing comes (a long prefill), a final chunk with the
-/// finish reason, a usage chunk if asked, then `[DONE]`.
-fn stream(s: Arc<Shared>, p: Prepared, events: mpsc::UnboundedReceiver<Event>) -> Response {
+/// A streamed answer: one SSE chunk per piece of text (each choice's
+/// chunks carry its index, interleaved as they come), keep-alive
+/// comments while nothing comes (a long prefill), a final chunk per
+/// choice with its finish reason, then, once every choice ended, a usage
+/// chunk if asked and `[DONE]`.
+fn stream(s: Arc<Shared>, p: Prepared, events: Vec<mpsc::UnboundedReceiver<Event>>) -> Response {
     let p = Arc::new(p);
     let (tx, rx) = mpsc::channel::<Result<sse::Event, Infallible>>(64);
-    let out = OpenAiOut {
-        s: s.clone(),
-        p: p.clone(),
-        tx,
+    let tally = Arc::new(std::sync::Mutex::new(Tally {
+        open: events.len(),
+        ..Tally::default()
+    }));
+    let drives: Vec<_> = events
+        .into_iter()
+        .enumerate()
+        .map(|(index, events)| {
+            let out = OpenAiOut {
+                s: s.clone(),
+                p: p.clone(),
+                tx: tx.clone(),
+                index,
+                tally: tally.clone(),
+            };
+            drive(s.clone(), p.clone(), events, out)
+        })
+        .collect();
+    let task = async move {
+        let handles: Vec<_> = drives.into_iter().map(tokio::spawn).collect();
+        for h in handles {
+            let _ = h.await;
+        }
     };
-    sse_response(&s, &p, rx, drive(s.clone(), p.clone(), events, out))
+    sse_response(&s, &p, rx, task)
+}
+
+/// The choices of a streamed answer still open, and the tokens of those
+/// that ended (the usage chunk follows the last).
+#[derive(Default)]
+struct Tally {
+    open: usize,
+    tokens: usize,
+    reused: usize,
+    failed: bool,
 }
 
 /// The SSE response reading `rx`, with `task` (which feeds it) spawned.
@@ -773,16 +925,12 @@ pub(super) async fn drive<O: StreamOut>(
     let mut answer = Answer::new(&s.tok, p.stops.clone());
     let mut split = Splitter::new(p.reasoning, p.tools.as_ref());
     let (mut reused, mut done) = (0, false);
-    let mut first = None;
     while let Some(ev) = events.recv().await {
         let piece = match ev {
-            Event::Token(t) => {
-                first = first.or(Some(Instant::now()));
-                match answer.push(t) {
-                    Ok(text) => text,
-                    Err(e) => return out.error(e).await,
-                }
-            }
+            Event::Token(t) => match answer.push(t) {
+                Ok(text) => text,
+                Err(e) => return out.error(e).await,
+            },
             Event::Logprobs(lp) => {
                 let entry = logprob_entry(&s, answer.last.unwrap_or(0), &lp);
                 if !out.logprobs(entry).await {
@@ -829,7 +977,8 @@ pub(super) async fn drive<O: StreamOut>(
         true => answer.finish_reason(&p.opts.eos_ids, p.opts.ignore_eos),
         false => "tool_calls",
     };
-    log_request(&p, answer.tokens, first, reason);
+    log_request(&p, answer.tokens, answer.first, reason);
+    answer.record_times(&s, &p);
     let finish = Finish {
         end,
         reason,
@@ -840,11 +989,13 @@ pub(super) async fn drive<O: StreamOut>(
     out.finish(finish).await;
 }
 
-/// OpenAI's chunks.
+/// OpenAI's chunks of one choice.
 struct OpenAiOut {
     s: Arc<Shared>,
     p: Arc<Prepared>,
     tx: SseTx,
+    index: usize,
+    tally: Arc<std::sync::Mutex<Tally>>,
 }
 
 impl OpenAiOut {
@@ -852,7 +1003,19 @@ impl OpenAiOut {
         Chunks {
             s: &self.s,
             p: &self.p,
+            index: self.index,
         }
+    }
+
+    /// Counts this choice's end; the totals once it was the last open
+    /// one (and no choice failed).
+    fn close(&self, tokens: usize, reused: usize, failed: bool) -> Option<(usize, usize)> {
+        let mut t = self.tally.lock().expect("tally lock");
+        t.open = t.open.saturating_sub(1);
+        t.tokens += tokens;
+        t.reused = t.reused.max(reused);
+        t.failed |= failed;
+        (t.open == 0 && !t.failed).then_some((t.tokens, t.reused))
     }
 }
 
@@ -888,8 +1051,11 @@ impl StreamOut for OpenAiOut {
         if !send(&self.tx, chunks.finish(f.reason)).await {
             return;
         }
+        let Some((tokens, reused)) = self.close(f.tokens, f.reused, false) else {
+            return;
+        };
         if self.p.include_usage {
-            let u = usage(&self.p, f.tokens, f.reused);
+            let u = usage(&self.p, tokens, reused);
             if !send(&self.tx, chunks.usage(u)).await {
                 return;
             }
@@ -898,14 +1064,16 @@ impl StreamOut for OpenAiOut {
     }
 
     async fn error(&mut self, e: ApiError) {
+        self.close(0, 0, true);
         send_error(&self.tx, e).await
     }
 }
 
-/// Builds a streamed request's chunks.
+/// Builds the chunks of one choice of a streamed request.
 struct Chunks<'a> {
     s: &'a Shared,
     p: &'a Prepared,
+    index: usize,
 }
 
 impl Chunks<'_> {
@@ -927,7 +1095,7 @@ impl Chunks<'_> {
     fn delta(&self, delta: Value, logprobs: Option<Value>) -> Value {
         let lp = logprobs.map_or(Value::Null, |e| json!({"content": [e]}));
         self.chunk(
-            json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}]),
+            json!([{"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": null}]),
             None,
         )
     }
@@ -939,7 +1107,7 @@ impl Chunks<'_> {
         }
         let lp = entry.map_or(Value::Null, |e| completion_logprobs(&[e]));
         self.chunk(
-            json!([{"index": 0, "text": text, "logprobs": lp, "finish_reason": null}]),
+            json!([{"index": self.index, "text": text, "logprobs": lp, "finish_reason": null}]),
             None,
         )
     }
@@ -958,9 +1126,9 @@ impl Chunks<'_> {
 
     fn finish(&self, reason: &str) -> Value {
         let choice = if self.p.chat {
-            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason})
+            json!({"index": self.index, "delta": {}, "logprobs": null, "finish_reason": reason})
         } else {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason})
+            json!({"index": self.index, "text": "", "logprobs": null, "finish_reason": reason})
         };
         self.chunk(json!([choice]), None)
     }

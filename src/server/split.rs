@@ -113,6 +113,7 @@ mod tests {
 
     fn plan() -> ToolPlan {
         ToolPlan {
+            after_marker: None,
             format: ToolFormat::Hermes,
             tools: vec![Tool {
                 name: "f".into(),

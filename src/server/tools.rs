@@ -25,6 +25,9 @@ pub struct ToolPlan {
     /// The Lark grammar of the calls the output must be (required or a
     /// named function), or None (auto).
     pub grammar: Option<String>,
+    /// With `auto`: the Lark grammar of what follows the calls' opening
+    /// marker, which holds once the model has written it.
+    pub after_marker: Option<String>,
 }
 
 /// The most tools one request may offer.
@@ -77,6 +80,9 @@ pub fn plan(
     let parallel = parallel.unwrap_or(true);
     Ok(Some(ToolPlan {
         format,
+        after_marker: forced
+            .is_none()
+            .then(|| format.grammar_after_marker(&list, parallel)),
         grammar: forced.map(|t| format.grammar(&t, parallel)),
         tools: list,
         shown: tools.cloned().unwrap_or(Value::Null),

@@ -285,6 +285,7 @@ impl Worker<'_> {
         (self.snap.prefill_tokens, self.snap.prefill_seconds) = self.pool.prefill_totals();
         self.snap.queue_depth = self.pool.queued_count();
         self.snap.busy_slots = self.pool.running_count();
+        self.snap.running = self.pool.slots();
         self.snap.tokens_per_second = self.rate.record(self.snap.generated_tokens);
         *metrics.lock().expect("metrics lock") = self.snap.clone();
     }

@@ -144,6 +144,19 @@ impl ToolFormat {
     /// or more) to any of `tools`, each call's arguments matching its
     /// tool's schema. `tools` must not be empty.
     pub fn grammar(self, tools: &[Tool], parallel: bool) -> String {
+        self.calls_grammar(tools, parallel, false)
+    }
+
+    /// The grammar of what follows the calls' opening marker
+    /// ([`ToolFormat::start_marker`]) in [`ToolFormat::grammar`]: for
+    /// `tool_choice: "auto"`, once the model has opened a call, the rest
+    /// of it (and of any parallel calls) is held to the tools' schemas.
+    pub fn grammar_after_marker(self, tools: &[Tool], parallel: bool) -> String {
+        self.calls_grammar(tools, parallel, true)
+    }
+
+    /// [`ToolFormat::grammar`], from the start or from after the marker.
+    fn calls_grammar(self, tools: &[Tool], parallel: bool, after_marker: bool) -> String {
         assert!(!tools.is_empty(), "a tool-call grammar needs a tool");
         let mut g = String::new();
         let choices: Vec<String> = (0..tools.len()).map(|i| format!("c{i}")).collect();
@@ -153,25 +166,28 @@ impl ToolFormat {
             ToolFormat::DeepSeek => (DS_CALL_BEGIN, DS_CALL_END, ""),
             ToolFormat::Mistral => ("", "", ITEM_SEPARATOR),
         };
-        let calls = if parallel {
-            format!("call ({} call)*", lit(sep))
+        let more = if parallel {
+            format!(" ({} call)*", lit(sep))
         } else {
-            "call".to_string()
+            String::new()
         };
-        let start = match self {
-            ToolFormat::DeepSeek => {
-                format!("{} {calls} {}", lit(DS_CALLS_BEGIN), lit(DS_CALLS_END))
+        let start = match (self, after_marker) {
+            (ToolFormat::DeepSeek, false) => {
+                format!("{} call{more} {}", lit(DS_CALLS_BEGIN), lit(DS_CALLS_END))
             }
-            ToolFormat::Mistral => format!("{} {calls} \"]\"", lit("[TOOL_CALLS] [")),
-            _ => calls,
+            (ToolFormat::DeepSeek, true) => format!("call{more} {}", lit(DS_CALLS_END)),
+            (ToolFormat::Mistral, false) => format!("{} call{more} \"]\"", lit("[TOOL_CALLS] [")),
+            (ToolFormat::Mistral, true) => format!("{} call{more} \"]\"", lit(" [")),
+            // Hermes and GLM: the marker opens the first call.
+            (_, false) => format!("call{more}"),
+            (_, true) => {
+                let rest = open.strip_prefix(self.start_marker()).unwrap_or(open);
+                format!("{} body{more}", lit(rest))
+            }
         };
         g.push_str(&format!("start: {start}\n"));
-        g.push_str(&format!(
-            "call: {} ({}) {}\n",
-            lit(open),
-            choices.join(" | "),
-            lit(close)
-        ));
+        g.push_str(&format!("call: {} body\n", lit(open)));
+        g.push_str(&format!("body: ({}) {}\n", choices.join(" | "), lit(close)));
         for (i, tool) in tools.iter().enumerate() {
             g.push_str(&format!("c{i}: {}\n", self.call_rule(i, tool)));
         }
