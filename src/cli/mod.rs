@@ -95,7 +95,7 @@ enum Cmd {
     /// conversation's KV stays between turns.
     #[command(after_help = PRECEDENCE)]
     Chat(chat::ChatArgs),
-    /// Generate from the embedded synthetic model (created on first use).
+    /// Generate from the embedded trained model (written on first use; --synthetic for the random-weight one).
     Demo(DemoArgs),
     /// Write a synthetic random-weight MoE checkpoint.
     Synth(SynthArgs),
