@@ -348,12 +348,12 @@ fn natural_key(s: &str) -> Vec<(String, u64)> {
 type ExpertGroups = BTreeMap<Vec<(String, u64)>, Vec<(usize, Source)>>;
 
 /// The planned output files: name → (layout, sources in write order).
-struct Plan {
+struct OutputPlan {
     files: Vec<(String, Layout, Vec<Source>)>,
     census: Census,
 }
 
-fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
+fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<OutputPlan> {
     let mut sources = Vec::new();
     for (name, e) in index.iter() {
         let is_companion = name
@@ -471,7 +471,7 @@ fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
             .sum::<u64>();
         files.push((fname, layout, order));
     }
-    Ok(Plan { files, census })
+    Ok(OutputPlan { files, census })
 }
 
 /// The stored bytes of `s`: its output tensors' bytes in layout order.
@@ -605,7 +605,7 @@ fn convert_into(
     opts: &ConvertOptions,
     out: &Path,
     index: &WeightIndex,
-    plan: Plan,
+    plan: OutputPlan,
     fingerprint: InputFingerprint,
 ) -> Result<ConvertReport> {
     std::fs::create_dir_all(out).map_err(|e| Error::file(out, e))?;
@@ -806,7 +806,7 @@ fn verify(path: &Path, layout: &Layout, sum: u64) -> Result<()> {
     Ok(())
 }
 
-fn write_index_json(out: &Path, plan: &Plan) -> Result<()> {
+fn write_index_json(out: &Path, plan: &OutputPlan) -> Result<()> {
     let mut map = serde_json::Map::new();
     let mut total = 0u64;
     for (fname, layout, _) in &plan.files {

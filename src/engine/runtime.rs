@@ -5,7 +5,7 @@
 //! in, so the rules are table-tested here; the command line only maps its
 //! flags onto [`Requested`].
 
-use crate::fs::tuned::Profile;
+use crate::fs::tuned::TunedProfile;
 use crate::store::{Lookahead, Variant};
 use moestream_io::ReadMode;
 
@@ -78,7 +78,7 @@ pub fn default_prefetch(budgeted: bool) -> Option<Lookahead> {
 
 /// Resolves `req` against `profile` (when some setting is `Auto`) and the
 /// defaults.
-pub fn resolve(req: &Requested, profile: Option<&Profile>) -> Resolved {
+pub fn resolve(req: &Requested, profile: Option<&TunedProfile>) -> Resolved {
     let mut r = Resolved {
         read_mode: default_read_mode(req.budgeted),
         pipeline: DEFAULT_PIPELINE,
@@ -135,8 +135,8 @@ pub fn lookahead_name(l: Option<Lookahead>) -> String {
 mod tests {
     use super::*;
 
-    fn profile(mode: &str, pipeline: bool, prefetch: &str) -> Profile {
-        Profile {
+    fn profile(mode: &str, pipeline: bool, prefetch: &str) -> TunedProfile {
+        TunedProfile {
             version: 1,
             device: "vda".into(),
             model: "m".into(),

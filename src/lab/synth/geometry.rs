@@ -28,7 +28,7 @@
 //! `--hidden`, `--moe-inter` and `--top-k` change those shapes (small test
 //! models).
 
-use super::realistic::{self, Knobs, Part, Plan};
+use super::realistic::{self, Knobs, Part, RoutingPlan};
 use super::{noise, write_json, write_tokenizer};
 use crate::convert::writer::{FileWriter, Layout, ALIGN};
 use crate::engine::sampler::Rng;
@@ -641,7 +641,7 @@ fn fill(
     p: &Planned,
     s: &Shape,
     spec: &GeometrySpec,
-    real: Option<&Plan>,
+    real: Option<&RoutingPlan>,
     rng: &mut Rng,
 ) -> Result<()> {
     let (rows, cols) = (p.rows, p.cols);
@@ -753,7 +753,7 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
         )));
     }
     let real = match spec.routing {
-        Routing::Realistic(knobs) => Some(Plan::new(&realistic_dims(&s), knobs, spec.seed)?),
+        Routing::Realistic(knobs) => Some(RoutingPlan::new(&realistic_dims(&s), knobs, spec.seed)?),
         _ => None,
     };
     std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
@@ -867,7 +867,7 @@ fn realistic_dims(s: &Shape) -> realistic::Dims {
 
 /// How the model routes, for config.json (informational: the loader
 /// ignores it): the routing, its knobs and realistic routing's calibration.
-fn routing_json(routing: Routing, real: Option<&Plan>) -> serde_json::Value {
+fn routing_json(routing: Routing, real: Option<&RoutingPlan>) -> serde_json::Value {
     let mut v = json!({"routing": routing.name()});
     if let Routing::Zipf(z) = routing {
         v["zipf_s"] = z.into();
