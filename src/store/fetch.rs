@@ -19,7 +19,6 @@
 
 use super::layer::{Clock, LayerCache};
 use super::layout::Experts;
-use super::prefetch::Prefetcher;
 use super::stats::Stats;
 use super::tracing::Trace;
 use super::SpanRead;
@@ -189,7 +188,7 @@ enum Source {
 }
 
 /// What a [`Pending`] borrows of the store: the experts' locations, the
-/// layer's cache, the read service, and the counters and observers told
+/// layer's cache, the read service, and the counters and the trace told
 /// of its reads.
 #[derive(Clone, Copy)]
 pub(crate) struct Parts<'s> {
@@ -197,7 +196,6 @@ pub(crate) struct Parts<'s> {
     pub(crate) cache: &'s LayerCache,
     pub(crate) clock: &'s Clock,
     pub(crate) reads: &'s dyn ReadService,
-    pub(crate) prefetcher: &'s Prefetcher,
     pub(crate) stats: &'s Stats,
     pub(crate) trace: &'s Trace,
 }
@@ -338,7 +336,7 @@ impl<'s> Pending<'s> {
                     match source {
                         Source::Prefetch => {
                             let bytes = self.awaited[k].read.bytes[0];
-                            self.parts.prefetcher.used(bytes, true);
+                            self.parts.stats.prefetch_used(bytes, true);
                         }
                         Source::Demand => {
                             self.outstanding -= 1;

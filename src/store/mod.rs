@@ -258,7 +258,6 @@ impl ExpertStore {
             cache: &self.layers[layer],
             clock: &self.clock,
             reads: self.reads.as_ref(),
-            prefetcher: &self.prefetcher,
             stats: &self.stats,
             trace: &self.trace,
         }
@@ -306,7 +305,7 @@ impl ExpertStore {
             };
             let p = prefetched.swap_remove(at);
             if let Some(m) = p.ready {
-                self.prefetcher.used(p.read.bytes[0], false);
+                self.stats.prefetch_used(p.read.bytes[0], false);
                 self.trace.miss(layer, e, Tier::Prefetched, p.read.bytes[0]);
                 ready.push((e, m));
             } else if p.read.outstanding() && !p.read.is_lost(0) {
@@ -396,8 +395,12 @@ impl ExpertStore {
             return;
         }
         let wanted = self.layers[layer].lock().uncached(experts);
-        self.prefetcher
-            .issue(layer, wanted, max, (&self.experts, self.reads.as_ref()));
+        self.prefetcher.issue(
+            layer,
+            wanted,
+            max,
+            (&self.experts, self.reads.as_ref(), &self.stats),
+        );
     }
 
     /// Records a lookahead prediction of `layer`'s experts (scored when the
@@ -516,7 +519,7 @@ impl ExpertStore {
         c.bytes_read = r.demand_bytes + r.prefetch_bytes;
         c.disk_busy = r.busy;
         self.stats.fill(&mut c);
-        let t = self.prefetcher.tally();
+        let t = self.stats.prefetch_tally();
         c.prefetch_issued = t.issued;
         c.prefetch_issued_bytes = t.issued_bytes;
         c.prefetch_used = t.used;

@@ -6,6 +6,7 @@
 
 use super::fetch::{Inflight, PrefetchRead};
 use super::layout::Experts;
+use super::stats::Stats;
 use moestream_io::{Priority, ReadService};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -37,16 +38,6 @@ impl Variant {
             Variant::Output => "output",
         }
     }
-}
-
-/// Prefetch counters.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PrefetchTally {
-    pub(super) issued: u64,
-    pub(super) issued_bytes: u64,
-    pub(super) used: u64,
-    pub(super) late: u64,
-    pub(super) used_bytes: u64,
 }
 
 /// One layer's lookahead predictions (per variant) and their scores.
@@ -94,7 +85,6 @@ pub(crate) struct Prefetcher {
     prefetched: Vec<Mutex<Vec<PrefetchRead>>>,
     /// Prefetch reads issued and not yet consumed or dropped, all layers.
     live: AtomicUsize,
-    tally: Mutex<PrefetchTally>,
 }
 
 impl Prefetcher {
@@ -102,7 +92,6 @@ impl Prefetcher {
         Prefetcher {
             prefetched: (0..layers).map(|_| Mutex::new(Vec::new())).collect(),
             live: AtomicUsize::new(0),
-            tally: Mutex::new(PrefetchTally::default()),
         }
     }
 
@@ -114,29 +103,15 @@ impl Prefetcher {
         taken
     }
 
-    /// Counts a prefetched expert a layer asked for; `late` when it was
-    /// still in flight then (promoted to demand).
-    pub(crate) fn used(&self, bytes: u64, late: bool) {
-        let mut t = self.tally.lock().expect("prefetch lock");
-        t.used += 1;
-        t.used_bytes += bytes;
-        t.late += u64::from(late);
-    }
-
-    /// The counts so far.
-    pub(super) fn tally(&self) -> PrefetchTally {
-        *self.tally.lock().expect("prefetch lock")
-    }
-
     /// Starts low-priority reads of `wanted` (experts of `layer` its cache
     /// does not hold), skipping those already on their way, while fewer
-    /// than `max` prefetch reads are live.
+    /// than `max` prefetch reads are live; counts them in `stats`.
     pub(crate) fn issue(
         &self,
         layer: usize,
         wanted: Vec<usize>,
         max: usize,
-        (experts, reads): (&Experts, &dyn ReadService),
+        (experts, reads, stats): (&Experts, &dyn ReadService, &Stats),
     ) {
         let mut pf = self.prefetched[layer].lock().expect("prefetch lock");
         for e in wanted {
@@ -147,11 +122,7 @@ impl Prefetcher {
                 break;
             }
             let read = Inflight::submit(experts, reads, layer, vec![e], Priority::Prefetch);
-            {
-                let mut t = self.tally.lock().expect("prefetch lock");
-                t.issued += 1;
-                t.issued_bytes += read.bytes[0];
-            }
+            stats.prefetch_issued(read.bytes[0]);
             self.live.fetch_add(1, Ordering::Relaxed);
             pf.push(PrefetchRead {
                 expert: e,

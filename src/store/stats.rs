@@ -61,6 +61,16 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// Prefetch counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PrefetchTally {
+    pub(super) issued: u64,
+    pub(super) issued_bytes: u64,
+    pub(super) used: u64,
+    pub(super) late: u64,
+    pub(super) used_bytes: u64,
+}
+
 /// What the store counts beside its caches and its read service: time
 /// compute waited on reads, each read's latency, layer fetches, demand
 /// reads and cache-aware routing. Counted inside a layer's fetch.
@@ -75,6 +85,7 @@ pub(crate) struct Stats {
     /// See [`StoreCounters::leaned_moved`].
     leaned_moved: AtomicU64,
     leaned_chosen: AtomicU64,
+    prefetch: Mutex<PrefetchTally>,
 }
 
 impl Stats {
@@ -89,6 +100,7 @@ impl Stats {
             demand_reads: AtomicU64::new(0),
             leaned_moved: AtomicU64::new(0),
             leaned_chosen: AtomicU64::new(0),
+            prefetch: Mutex::new(PrefetchTally::default()),
         }
     }
 
@@ -98,6 +110,27 @@ impl Stats {
         self.leaned_moved.fetch_add(moved as u64, Ordering::Relaxed);
         self.leaned_chosen
             .fetch_add(chosen as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a prefetch read issued, of `bytes`.
+    pub(crate) fn prefetch_issued(&self, bytes: u64) {
+        let mut t = self.prefetch.lock().expect("prefetch stats lock");
+        t.issued += 1;
+        t.issued_bytes += bytes;
+    }
+
+    /// Counts a prefetched expert a layer asked for; `late` when it was
+    /// still in flight then (promoted to demand).
+    pub(crate) fn prefetch_used(&self, bytes: u64, late: bool) {
+        let mut t = self.prefetch.lock().expect("prefetch stats lock");
+        t.used += 1;
+        t.used_bytes += bytes;
+        t.late += u64::from(late);
+    }
+
+    /// The prefetch counts so far.
+    pub(super) fn prefetch_tally(&self) -> PrefetchTally {
+        *self.prefetch.lock().expect("prefetch stats lock")
     }
 
     /// Adds one layer's wait time and read latencies.
