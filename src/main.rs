@@ -1,5 +1,5 @@
-//! The `moestream` command line: `run`, `eval`, `demo`, `synth`, `convert`,
-//! `bench`, `tune`.
+//! The `moestream` binary: sets the allocator up, then hands over to the
+//! command line ([`cli`]; `moestream --help` lists its commands).
 
 mod cli;
 

@@ -58,7 +58,7 @@ fn synth_refuses_geometries_no_model_can_have() {
 fn a_profile_value_not_understood_is_reported_as_replaced() {
     let cache = tempfile::tempdir().unwrap();
     let model = copy_fixture("qwen3_moe");
-    let profile = moestream::fs::tuned::Profile {
+    let profile = moestream::fs::tuned::TunedProfile {
         version: 1,
         device: moestream::fs::state::device_of(model.path()).unwrap(),
         model: model.path().display().to_string(),

@@ -52,6 +52,6 @@ pub use service::{Batch, BatchEvent, ReactorService, ReadCounters, ServiceCounte
 pub use slab::{PoolStats, Slab, SlabPool};
 pub use source::{open, open_with_pool, shared_pool, RangeReader, SHARED_POOLED_BYTES_MAX};
 pub use sweep::{
-    device_read_bytes, drop_page_cache, size_label, sweep, sweep_svg, write_csv, Engine,
+    device_read_bytes, drop_page_cache, size_label, sweep, sweep_svg, write_csv, ReadEngine,
     SweepConfig, SweepRow, CSV_HEADER, SWEEP_DEPTH_MAX,
 };

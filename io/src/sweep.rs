@@ -82,24 +82,24 @@ impl Default for SweepConfig {
 
 /// How a cell's reads were issued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Engine {
+pub enum ReadEngine {
     /// One io_uring reactor keeping `depth` reads in flight.
     IoUring,
     /// `depth` threads, each doing synchronous reads.
     Threads,
 }
 
-impl Engine {
+impl ReadEngine {
     /// The engine's name in tables and CSV.
     pub fn name(self) -> &'static str {
         match self {
-            Engine::IoUring => "io_uring",
-            Engine::Threads => "threads",
+            ReadEngine::IoUring => "io_uring",
+            ReadEngine::Threads => "threads",
         }
     }
 }
 
-impl fmt::Display for Engine {
+impl fmt::Display for ReadEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -112,7 +112,7 @@ pub struct SweepRow {
     pub mode: ReadMode,
     /// The mode in use (`Buffered` where `Direct` fell back).
     pub effective_mode: ReadMode,
-    pub engine: Engine,
+    pub engine: ReadEngine,
     /// Bytes per read.
     pub read_bytes: usize,
     pub depth: usize,
@@ -257,11 +257,11 @@ fn run_cell(
     let (engine, mut latencies) = match ring_files {
         Some(fs) => {
             let lat = run_ring(&fs, targets, read_bytes, depth, seed, stop, pool)?;
-            (Engine::IoUring, lat)
+            (ReadEngine::IoUring, lat)
         }
         None => {
             let lat = run_threads(&readers, targets, read_bytes, depth, seed, stop)?;
-            (Engine::Threads, lat)
+            (ReadEngine::Threads, lat)
         }
     };
     let seconds = started.elapsed().as_secs_f64();
@@ -512,10 +512,10 @@ mod tests {
                     let sync_only =
                         matches!(mode, ReadMode::Drop | ReadMode::Mmap | ReadMode::Pread);
                     if sync_only {
-                        assert_eq!(r.engine, Engine::Threads, "{r:?}");
+                        assert_eq!(r.engine, ReadEngine::Threads, "{r:?}");
                     }
                     if Reactor::probe().is_ok() && !sync_only {
-                        assert_eq!(r.engine, Engine::IoUring, "{r:?}");
+                        assert_eq!(r.engine, ReadEngine::IoUring, "{r:?}");
                     }
                 }
             }
@@ -589,7 +589,7 @@ mod tests {
         SweepRow {
             mode,
             effective_mode: mode,
-            engine: Engine::Threads,
+            engine: ReadEngine::Threads,
             read_bytes,
             depth,
             reads: 10,

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use moestream::engine::generate::{generate, GenOptions};
 use moestream::formats::tokenizer::Tokenizer;
-use moestream::fs::tuned::{self, DiskPoint, Probe, Profile, PROFILE_VERSION};
+use moestream::fs::tuned::{self, DiskPoint, Probe, TunedProfile, PROFILE_VERSION};
 use moestream_io::{sweep, ReadMode, SweepConfig};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -265,7 +265,7 @@ pub(super) fn cmd_tune(mut a: TuneArgs) -> Result<()> {
         .max_by(|a, b| a.decode_tok_s.total_cmp(&b.decode_tok_s))
         .expect("at least one probe")
         .clone();
-    let profile = Profile {
+    let profile = TunedProfile {
         version: PROFILE_VERSION,
         device: moestream::fs::state::device_of(&dir)?,
         model: dir.display().to_string(),

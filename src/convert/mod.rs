@@ -348,12 +348,31 @@ fn natural_key(s: &str) -> Vec<(String, u64)> {
 type ExpertGroups = BTreeMap<Vec<(String, u64)>, Vec<(usize, Source)>>;
 
 /// The planned output files: name → (layout, sources in write order).
-struct Plan {
+struct OutputPlan {
     files: Vec<(String, Layout, Vec<Source>)>,
     census: Census,
 }
 
-fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
+fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<OutputPlan> {
+    let sources = sources(index, layers, policy)?;
+    let mut census = Census::default();
+    let mut files = Vec::new();
+    for (i, (plain, groups)) in by_file(index, sources).into_iter().enumerate() {
+        let fname = index.shards[i]
+            .path
+            .file_name()
+            .expect("shard paths name files")
+            .to_string_lossy()
+            .to_string();
+        let (layout, order) = file_layout(i, plain, groups, &mut census);
+        files.push((fname, layout, order));
+    }
+    Ok(OutputPlan { files, census })
+}
+
+/// What is written for every tensor of `index` (FP8 scale companions
+/// travel with their matrix): its class and encoding under `policy`.
+fn sources(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Vec<Source>> {
     let mut sources = Vec::new();
     for (name, e) in index.iter() {
         let is_companion = name
@@ -394,6 +413,12 @@ fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
             encoding,
         });
     }
+    Ok(sources)
+}
+
+/// `sources` per output file (one per input shard): the plain tensors of
+/// its shard, and the expert groups whose lowest shard it is.
+fn by_file(index: &WeightIndex, sources: Vec<Source>) -> Vec<(Vec<Source>, ExpertGroups)> {
     // Each expert group goes to the file of its lowest shard.
     let mut group_shard: HashMap<String, usize> = HashMap::new();
     for s in &sources {
@@ -420,58 +445,59 @@ fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Plan> {
             }
         }
     }
-    let mut census = Census::default();
-    let mut files = Vec::new();
-    for (i, (mut plain, groups)) in per_file.into_iter().enumerate() {
-        let fname = index.shards[i]
-            .path
-            .file_name()
-            .expect("shard paths name files")
-            .to_string_lossy()
-            .to_string();
-        let mut layout = Layout::new(&i.to_string());
-        layout
-            .metadata
-            .insert(CONTAINER_KEY.into(), FORMAT_VERSION.into());
-        layout.metadata.insert("format".into(), "pt".into());
-        plain.sort_by_key(|s| natural_key(&s.res.name));
-        let mut order = plain;
-        let mut aligned_starts = Vec::new();
-        for (_, mut members) in groups {
-            members.sort_by(|a, b| (a.0, &a.1.res.name).cmp(&(b.0, &b.1.res.name)));
-            aligned_starts.push(order.len());
-            order.extend(members.into_iter().map(|(_, s)| s));
-        }
-        for (k, s) in order.iter().enumerate() {
-            if aligned_starts.contains(&k) {
-                layout.align();
-            }
-            let outs = s.outputs();
-            for (name, dtype, shape, len) in &outs {
-                layout.push(name.clone(), dtype, shape.clone(), *len);
-            }
-            if let Encoding::Matrix(Width::Int(q)) = s.encoding {
-                let meta = serde_json::json!({"bits": q.bits(), "cols": s.res.shape[1]});
-                layout.metadata.insert(
-                    format!("{QUANT_META_PREFIX}{}", s.res.name),
-                    meta.to_string(),
-                );
-            }
-            let bytes: u64 = outs.iter().map(|o| o.3).sum();
-            census.add(s.class.name(), &s.width_name(), bytes);
-        }
-        if !aligned_starts.is_empty() {
+    per_file
+}
+
+/// The layout of output file `i` and its sources in write order: plain
+/// tensors in natural order, then each expert group from an aligned start;
+/// counts what it writes into `census`.
+fn file_layout(
+    i: usize,
+    mut plain: Vec<Source>,
+    groups: ExpertGroups,
+    census: &mut Census,
+) -> (Layout, Vec<Source>) {
+    let mut layout = Layout::new(&i.to_string());
+    layout
+        .metadata
+        .insert(CONTAINER_KEY.into(), FORMAT_VERSION.into());
+    layout.metadata.insert("format".into(), "pt".into());
+    plain.sort_by_key(|s| natural_key(&s.res.name));
+    let mut order = plain;
+    let mut aligned_starts = Vec::new();
+    for (_, mut members) in groups {
+        members.sort_by(|a, b| (a.0, &a.1.res.name).cmp(&(b.0, &b.1.res.name)));
+        aligned_starts.push(order.len());
+        order.extend(members.into_iter().map(|(_, s)| s));
+    }
+    for (k, s) in order.iter().enumerate() {
+        if aligned_starts.contains(&k) {
             layout.align();
         }
-        census.padding_bytes += layout
-            .tensors
-            .iter()
-            .filter(|t| t.name.starts_with("__pad__."))
-            .map(|t| t.len)
-            .sum::<u64>();
-        files.push((fname, layout, order));
+        let outs = s.outputs();
+        for (name, dtype, shape, len) in &outs {
+            layout.push(name.clone(), dtype, shape.clone(), *len);
+        }
+        if let Encoding::Matrix(Width::Int(q)) = s.encoding {
+            let meta = serde_json::json!({"bits": q.bits(), "cols": s.res.shape[1]});
+            layout.metadata.insert(
+                format!("{QUANT_META_PREFIX}{}", s.res.name),
+                meta.to_string(),
+            );
+        }
+        let bytes: u64 = outs.iter().map(|o| o.3).sum();
+        census.add(s.class.name(), &s.width_name(), bytes);
     }
-    Ok(Plan { files, census })
+    if !aligned_starts.is_empty() {
+        layout.align();
+    }
+    census.padding_bytes += layout
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("__pad__."))
+        .map(|t| t.len)
+        .sum::<u64>();
+    (layout, order)
 }
 
 /// The stored bytes of `s`: its output tensors' bytes in layout order.
@@ -605,7 +631,7 @@ fn convert_into(
     opts: &ConvertOptions,
     out: &Path,
     index: &WeightIndex,
-    plan: Plan,
+    plan: OutputPlan,
     fingerprint: InputFingerprint,
 ) -> Result<ConvertReport> {
     std::fs::create_dir_all(out).map_err(|e| Error::file(out, e))?;
@@ -806,7 +832,7 @@ fn verify(path: &Path, layout: &Layout, sum: u64) -> Result<()> {
     Ok(())
 }
 
-fn write_index_json(out: &Path, plan: &Plan) -> Result<()> {
+fn write_index_json(out: &Path, plan: &OutputPlan) -> Result<()> {
     let mut map = serde_json::Map::new();
     let mut total = 0u64;
     for (fname, layout, _) in &plan.files {

@@ -19,7 +19,7 @@
 //! while !session.is_done():
 //!     engine.step([session])                      // prefill chunk or decode
 //!         rows   = next positions of each session
-//!         hidden = model.forward_hidden_batch(rows)
+//!         hidden = model.forward_pass_batch(rows)
 //!         for each session whose prompt is in: sample from its last row
 //! ```
 

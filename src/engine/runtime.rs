@@ -11,7 +11,7 @@
 
 use crate::engine::GenOptions;
 use crate::formats::quant::policy::Policy;
-use crate::fs::tuned::Profile;
+use crate::fs::tuned::TunedProfile;
 use crate::model::mla::{DsaMode, MlaMode};
 use crate::model::progress::Progress;
 use crate::model::LoadOptions;
@@ -226,7 +226,7 @@ struct Tunable {
 
 /// Resolves `req` against `profile` (when some setting is `Auto`) and the
 /// defaults.
-pub fn resolve(req: &Requested, profile: Option<&Profile>) -> RuntimeConfig {
+pub fn resolve(req: &Requested, profile: Option<&TunedProfile>) -> RuntimeConfig {
     let t = tunable(req, profile);
     let s = &req.store;
     RuntimeConfig {
@@ -257,7 +257,7 @@ pub fn resolve(req: &Requested, profile: Option<&Profile>) -> RuntimeConfig {
 
 /// Read mode, pipelining and prefetch: asked, else the profile's, else
 /// the defaults.
-fn tunable(req: &Requested, profile: Option<&Profile>) -> Tunable {
+fn tunable(req: &Requested, profile: Option<&TunedProfile>) -> Tunable {
     let budgeted = req.store.ram_budget.is_some();
     let mut r = Tunable {
         read_mode: default_read_mode(budgeted),
@@ -315,8 +315,8 @@ pub fn lookahead_name(l: Option<Lookahead>) -> String {
 mod tests {
     use super::*;
 
-    fn profile(mode: &str, pipeline: bool, prefetch: &str) -> Profile {
-        Profile {
+    fn profile(mode: &str, pipeline: bool, prefetch: &str) -> TunedProfile {
+        TunedProfile {
             version: 1,
             device: "vda".into(),
             model: "m".into(),

@@ -270,14 +270,14 @@ fn pick(cand: &[(usize, f64)], u: f64) -> u32 {
 /// Per-sampler buffers of the penalties, sized on the first penalized
 /// call and reused.
 #[derive(Default)]
-struct Scratch {
+struct SamplerScratch {
     /// The penalized copy of the logits.
     logits: Vec<f32>,
     /// Per-id marks and counts; all zero between calls.
     counts: Vec<u32>,
 }
 
-impl Scratch {
+impl SamplerScratch {
     /// `logits` after the repetition, then the frequency and presence
     /// penalties of `p` (vLLM's order).
     fn penalized(
@@ -310,7 +310,7 @@ pub struct Sampler {
     rng: Rng,
     /// A sampled draw's candidates `(id, weight)`, reused between draws.
     cand: Vec<(usize, f64)>,
-    scratch: Scratch,
+    scratch: SamplerScratch,
 }
 
 impl Sampler {
@@ -320,7 +320,7 @@ impl Sampler {
             params,
             rng: Rng::new(params.seed),
             cand: Vec::new(),
-            scratch: Scratch::default(),
+            scratch: SamplerScratch::default(),
         }
     }
 

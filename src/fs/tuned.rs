@@ -4,7 +4,7 @@
 //! property of the disk *and* the model (expert size, how skewed routing
 //! is), so it is measured, not guessed. `moestream tune` measures the disk
 //! with expert-sized reads and decodes a few tokens in each candidate
-//! configuration; the winner is saved as a [`Profile`] under the cache
+//! configuration; the winner is saved as a [`TunedProfile`] under the cache
 //! directory, keyed by the block device holding the model and by the model
 //! itself ([`profile_path`]). `run`, `eval` and `bench decode` load it when
 //! `--io`, `--pipeline` and `--prefetch` are left at `auto`.
@@ -46,7 +46,7 @@ pub struct DiskPoint {
 
 /// What `tune` chose, and the measurements behind the choice.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Profile {
+pub struct TunedProfile {
     pub version: u32,
     /// The block device (`vda`, or `dev-MAJ:MIN` when unnamed).
     pub device: String,
@@ -77,12 +77,12 @@ pub fn profile_path_in(cache: &Path, dir: &Path) -> Result<PathBuf> {
 
 /// Saves `profile` for the model in `dir` (temp file + rename); returns
 /// the path.
-pub fn save(dir: &Path, profile: &Profile) -> Result<PathBuf> {
+pub fn save(dir: &Path, profile: &TunedProfile) -> Result<PathBuf> {
     save_in(&crate::fs::state::cache_dir(), dir, profile)
 }
 
 /// [`save`] under the cache directory `cache`.
-pub fn save_in(cache: &Path, dir: &Path, profile: &Profile) -> Result<PathBuf> {
+pub fn save_in(cache: &Path, dir: &Path, profile: &TunedProfile) -> Result<PathBuf> {
     let path = profile_path_in(cache, dir)?;
     let parent = path.parent().expect("the profile path has a directory");
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
@@ -94,18 +94,18 @@ pub fn save_in(cache: &Path, dir: &Path, profile: &Profile) -> Result<PathBuf> {
 /// The saved profile for the model in `dir`, if there is one: `Ok(None)`
 /// when none was saved, an error naming the file when it is unreadable,
 /// malformed or of another version.
-pub fn load(dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
+pub fn load(dir: &Path) -> Result<Option<(PathBuf, TunedProfile)>> {
     load_in(&crate::fs::state::cache_dir(), dir)
 }
 
 /// [`load`] under the cache directory `cache`.
-pub fn load_in(cache: &Path, dir: &Path) -> Result<Option<(PathBuf, Profile)>> {
+pub fn load_in(cache: &Path, dir: &Path) -> Result<Option<(PathBuf, TunedProfile)>> {
     let path = profile_path_in(cache, dir)?;
     if !path.exists() {
         return Ok(None);
     }
     let text = crate::fs::read_to_string(&path, crate::fs::read::JSON_SIDE_FILE)?;
-    let p: Profile = serde_json::from_str(&text)
+    let p: TunedProfile = serde_json::from_str(&text)
         .map_err(|e| Error::Request(format!("tuned profile {}: {e}", path.display())))?;
     if p.version != PROFILE_VERSION {
         return Err(Error::Request(format!(
@@ -148,7 +148,7 @@ mod tests {
         let c = cache.path();
         let d = model_dir();
         assert!(load_in(c, d.path()).unwrap().is_none());
-        let p = Profile {
+        let p = TunedProfile {
             version: PROFILE_VERSION,
             device: device_of(d.path()).unwrap(),
             model: d.path().display().to_string(),

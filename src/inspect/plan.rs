@@ -281,7 +281,7 @@ pub fn predict(plan: &Plan, slots: usize, rates: &Rates) -> Prediction {
 
 /// The rates a tuned profile measured: its read mode's best disk rate,
 /// and the compute of its winning decode (its time less its reads).
-pub fn rates_from_profile(p: &crate::fs::tuned::Profile, path: &Path) -> Option<Rates> {
+pub fn rates_from_profile(p: &crate::fs::tuned::TunedProfile, path: &Path) -> Option<Rates> {
     let disk = p
         .disk
         .iter()

@@ -294,18 +294,11 @@ impl Model {
     /// final-normed hidden states of every row, sequence after sequence.
     /// Per-row arithmetic does not depend on the other rows, so each
     /// sequence gets exactly what it would get alone.
-    pub fn forward_hidden_batch(
-        &self,
-        batch: &mut [(&[u32], &mut KvCache)],
-        prof: &mut Profile,
-    ) -> Result<Scratch> {
-        self.forward_hidden_rows(batch, usize::MAX, None, prof)
-    }
-
-    /// [`Model::forward_hidden_batch`] as a layer-major prefill pass: MLA
-    /// picks its attention path for every [`PREFILL_CHUNK`] rows of a
-    /// sequence (so a pass of many chunks gives each row the bits the
-    /// chunks did), and with `progress` each layer done is reported.
+    ///
+    /// It is a layer-major pass: MLA picks its attention path for every
+    /// [`PREFILL_CHUNK`] rows of a sequence (so a pass of many chunks gives
+    /// each row the bits the chunks did), and with `progress` each layer
+    /// done is reported.
     pub fn forward_pass_batch(
         &self,
         batch: &mut [(&[u32], &mut KvCache)],

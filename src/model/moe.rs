@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::kernels::f32::dot;
 use crate::layers::scratch::Scratch;
 use crate::model::profile::Profile;
-use crate::store::ExpertStore;
+use crate::store::{ExpertStore, Routes};
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,9 +52,7 @@ impl MoeBlock {
         let mut w = WORK.with(|w| std::mem::take(&mut *w.borrow_mut()));
         let mut shared = None;
         let res = self.routed(layer, store, x, n, prof, out, &mut w, &mut shared);
-        w.pairs.clear();
-        w.ids.clear();
-        w.rows.clear();
+        w.routes.clear();
         w.cached.clear();
         WORK.with(|slot| *slot.borrow_mut() = w);
         res?;
@@ -78,13 +76,10 @@ impl MoeBlock {
         shared: &mut Option<Scratch>,
     ) -> Result<()> {
         let h = x.len() / n;
-        let tracing = store.tracing();
         let lambda = store.schedule.cache_lean;
         if lambda.is_some() {
             store.cached_mask(layer, &mut w.held);
         }
-        // (expert, token, weight), sorted by expert then token: the order
-        // transformers sums them in.
         for t in 0..n {
             let lean = lambda.map(|lambda| Lean {
                 cached: &w.held,
@@ -92,38 +87,20 @@ impl MoeBlock {
             });
             self.router
                 .route_into(&x[t * h..(t + 1) * h], lean, &mut w.route);
-            if lean.is_some() {
-                store.count_leaned(w.route.moved, w.route.experts.len());
-            }
-            store.record_usage(layer, &w.route.experts);
-            if tracing {
-                let r = &w.route;
-                store.trace_route(layer, &r.experts, &r.weights, r.margin);
-            }
-            if n == 1 {
-                store.score_predictions(layer, &w.route.experts);
-                store.learned_step(layer, &w.route.experts);
-            }
-            for (&e, &wt) in w.route.experts.iter().zip(&w.route.weights) {
-                w.pairs.push((e, t, wt));
-            }
+            let r = &w.route;
+            let moved = lean.is_some().then_some(r.moved);
+            w.routes.push(&r.experts, &r.weights, r.margin, moved);
         }
-        w.pairs.sort_unstable_by_key(|&(e, t, _)| (e, t));
-        w.ids.extend(w.pairs.iter().map(|p| p.0));
-        w.ids.dedup();
-        // Rows per expert: the ones with the most rows are read first.
-        w.rows.clear();
-        w.rows.extend(w.ids.iter().map(|&e| {
-            w.pairs.partition_point(|p| p.0 <= e) - w.pairs.partition_point(|p| p.0 < e)
-        }));
-        let (ids, pairs) = (&w.ids, &w.pairs);
-        let mut pending = store.begin_by_rows(layer, ids, &w.rows, &mut w.cached)?;
-        let cached = &w.cached;
+        // (expert, token, weight), sorted by expert then token: the order
+        // transformers sums them in.
+        w.routes.seal();
+        let mut pending = store.fetch(layer, &w.routes, &mut w.cached)?;
+        let (ids, pairs, cached) = (w.routes.ids(), w.routes.pairs(), &w.cached);
         // Row k holds the output of pair k's expert on pair k's token.
         let mut ys = Scratch::zeroed(pairs.len() * h);
+        let routes = &w.routes;
         let mut apply = |e: usize, expert: &Mlp| {
-            let lo = pairs.partition_point(|p| p.0 < e);
-            let hi = pairs.partition_point(|p| p.0 <= e);
+            let std::ops::Range { start: lo, end: hi } = routes.pairs_of(e);
             let start = Instant::now();
             apply_expert(expert, x, h, &pairs[lo..hi], &mut ys[lo * h..hi * h]);
             prof.expert_matmul += start.elapsed();
@@ -203,10 +180,8 @@ fn add(out: &mut [f32], ys: &[f32]) {
 #[derive(Default)]
 struct Work {
     route: Route,
-    pairs: Vec<(usize, usize, f32)>,
-    ids: Vec<usize>,
-    /// Rows routed to each of `ids`.
-    rows: Vec<usize>,
+    /// The layer's routing decision, as the store takes it.
+    routes: Routes,
     cached: Vec<Option<Arc<Mlp>>>,
     /// Per expert, whether the layer's cache holds it (cache-aware routing).
     held: Vec<bool>,

@@ -23,24 +23,22 @@ impl ExpertStore {
         let pool = moestream_io::shared_pool();
         if pool.warming_lags() {
             self.gated.store(false, Ordering::Relaxed);
-            for cache in &self.caches {
-                cache.lock().expect("cache lock").grow(usize::MAX);
+            for cache in &self.layers {
+                cache.lock().slots.grow(usize::MAX);
             }
             return;
         }
         let reserve = 2 * self.top_k + self.schedule.prefetch_experts_max;
         let spare = pool.idle_class_buffers().saturating_sub(reserve);
-        self.caches[layer]
-            .lock()
-            .expect("cache lock")
-            .grow(spare.min(misses));
+        self.layers[layer].lock().slots.grow(spare.min(misses));
     }
 
     /// Starts faulting in, on idle CPU, the read buffers the cache will
     /// hold once full, and gates the caches: each grows only into idle
     /// buffers warming has provided (they start empty, at limit 0, and
     /// reach their slots as fast as memory can be faulted in off the read
-    /// path). Called at load, before anything is cached. Buffers to warm: slots x MoE layers, plus the plan's in-flight item
+    /// path). Called at load, before anything is cached.
+    /// Buffers to warm: slots x MoE layers, plus the plan's in-flight item
     /// (2 x top-k: reads landing while the experts they evict are in use)
     /// and the prefetch reads, in one size that fits any of
     /// this model's expert reads. Only for zero-copy experts, whose read
@@ -50,24 +48,24 @@ impl ExpertStore {
     /// (the larger the cache, the more such misses: 75 slots decoded slower
     /// than 22 on the Qwen3-30B shapes).
     pub fn warm_buffers(&self) {
-        let Some(layer) = self.locations.iter().position(|l| !l.is_empty()) else {
+        let Some(layer) = self.experts.locations.iter().position(|l| !l.is_empty()) else {
             return;
         };
-        let spans = self.plan(layer, 0);
+        let spans = self.experts.plan(layer, 0);
         if !self.zero_copy() || spans.len() != 1 {
             self.limit_idle_buffers();
             return;
         }
         // A direct read covers the 4096-aligned superset of its span.
         let class = moestream_io::align_up(spans[0].len) + moestream_io::ALIGN;
-        let slots: usize = (0..self.locations.len()).map(|l| self.slots(l)).sum();
+        let slots: usize = (0..self.layers.len()).map(|l| self.slots(l)).sum();
         let held = slots
             .saturating_add(2 * self.top_k)
             .saturating_add(self.schedule.prefetch_experts_max);
         moestream_io::shared_pool().warm(class, held);
         // From now on a cache grows only into buffers warming provided.
-        for cache in &self.caches {
-            cache.lock().expect("cache lock").gate(0);
+        for cache in &self.layers {
+            cache.lock().slots.gate(0);
         }
         self.gated.store(true, Ordering::Relaxed);
     }

@@ -1,6 +1,6 @@
 //! One layer's expert cache: a fixed number of slots, some of them pinned
 //! (the hot tier, never evicted), the rest filled on demand (the warm tier)
-//! and evicted by the cache's [`Policy`] (see [`super::policy`]). Lookups
+//! and evicted by the cache's [`Evictor`] (see [`super::policy`]). Lookups
 //! are counted per tier.
 //!
 //! Slots are few (tens to a few hundred), so a flat vector with linear
@@ -16,7 +16,7 @@
 //! The live store keeps experts here; the replay keeps `()`, with the same
 //! policy code, so a replay makes the same decisions the run made.
 
-use super::policy::{Policy, Slot, View};
+use super::policy::{Evictor, Slot, View};
 
 /// Hit and miss counters of one cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,19 +39,19 @@ pub struct SlotCache<V> {
     values: Vec<V>,
     /// Counts lookups and insertions (the `last` of a slot).
     tick: u64,
-    policy: Box<dyn Policy>,
+    policy: Box<dyn Evictor>,
     pub counters: CacheCounters,
 }
 
 impl<V: Clone> SlotCache<V> {
     /// An empty cache of `capacity` slots, all usable, evicting by `policy`.
-    pub fn new(capacity: usize, policy: Box<dyn Policy>) -> SlotCache<V> {
+    pub fn new(capacity: usize, policy: Box<dyn Evictor>) -> SlotCache<V> {
         Self::gated(capacity, capacity, policy)
     }
 
     /// An empty cache of `capacity` slots of which `limit` are usable
     /// until [`SlotCache::grow`] raises it.
-    pub fn gated(capacity: usize, limit: usize, mut policy: Box<dyn Policy>) -> SlotCache<V> {
+    pub fn gated(capacity: usize, limit: usize, mut policy: Box<dyn Evictor>) -> SlotCache<V> {
         let limit = limit.min(capacity);
         policy.on_limit(limit);
         SlotCache {
@@ -100,7 +100,7 @@ impl<V: Clone> SlotCache<V> {
     }
 
     /// Tells the policy when `key` is next looked up (the replay's future;
-    /// see [`Policy::on_next_use`]).
+    /// see [`Evictor::on_next_use`]).
     pub fn hint_next(&mut self, key: usize, at: u64) {
         self.policy.on_next_use(key, at);
     }
@@ -258,7 +258,7 @@ mod tests {
     use super::super::usage::Usage;
     use super::*;
 
-    fn lru() -> Box<dyn Policy> {
+    fn lru() -> Box<dyn Evictor> {
         Box::new(Lru)
     }
 
@@ -266,14 +266,14 @@ mod tests {
     #[derive(Clone, Copy)]
     struct ByKey;
 
-    impl Policy for ByKey {
+    impl Evictor for ByKey {
         fn name(&self) -> &'static str {
             "by-key"
         }
         fn victim(&self, _: usize, slots: &[Slot], _: View) -> Option<usize> {
             lowest(slots, |s| s.key)
         }
-        fn clone_box(&self) -> Box<dyn Policy> {
+        fn clone_box(&self) -> Box<dyn Evictor> {
             Box::new(*self)
         }
     }

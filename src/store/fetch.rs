@@ -17,12 +17,16 @@
 //! is dropped as soon as it has been applied; the replay inserts a
 //! placeholder for it, which is evicted before the replay ends.
 
-use super::{ExpertStore, SpanRead};
+use super::layer::{Clock, LayerCache};
+use super::layout::Experts;
+use super::stats::Stats;
+use super::tracing::Trace;
+use super::SpanRead;
 use crate::error::{Error, Result};
 use crate::layers::mlp::Mlp;
 use crossbeam::channel::Select;
 use moestream_io::SourceRead;
-use moestream_io::{Batch, BatchEvent, IoError, Priority, Slab};
+use moestream_io::{Batch, BatchEvent, IoError, Priority, ReadService, Slab};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,14 +60,16 @@ pub(crate) struct Inflight {
 }
 
 impl Inflight {
-    /// Submits every span of `experts` of `layer` as one batch.
+    /// Submits every span of `experts` of `layer` (located by `at`) to
+    /// `reads` as one batch.
     pub fn submit(
-        store: &ExpertStore,
+        at: &Experts,
+        reads: &dyn ReadService,
         layer: usize,
         experts: Vec<usize>,
         priority: Priority,
     ) -> Inflight {
-        let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| store.plan(layer, e)).collect();
+        let plans: Vec<Vec<SpanRead>> = experts.iter().map(|&e| at.plan(layer, e)).collect();
         let mut reqs = Vec::new();
         let mut owner = Vec::new();
         let mut bytes = Vec::with_capacity(plans.len());
@@ -88,7 +94,7 @@ impl Inflight {
         let left = plans.iter().map(Vec::len).collect();
         let lost = vec![false; plans.len()];
         let submitted = Instant::now();
-        let batch = store.reads.submit(reqs, priority);
+        let batch = reads.submit(reqs, priority);
         Inflight {
             batch,
             experts,
@@ -181,9 +187,22 @@ enum Source {
     Prefetch,
 }
 
+/// What a [`Pending`] borrows of the store: the experts' locations, the
+/// layer's cache, the read service, and the counters and the trace told
+/// of its reads.
+#[derive(Clone, Copy)]
+pub(crate) struct Parts<'s> {
+    pub(crate) experts: &'s Experts,
+    pub(crate) cache: &'s LayerCache,
+    pub(crate) clock: &'s Clock,
+    pub(crate) reads: &'s dyn ReadService,
+    pub(crate) stats: &'s Stats,
+    pub(crate) trace: &'s Trace,
+}
+
 /// One layer's fetch in progress (see the module docs).
 pub struct Pending<'s> {
-    store: &'s ExpertStore,
+    parts: Parts<'s>,
     layer: usize,
     /// Every miss, in the order asked for, and whether it survives the
     /// layer's cache insertions.
@@ -213,7 +232,7 @@ impl<'s> Pending<'s> {
     /// each survives the cache insertions; `to_read` those neither
     /// prefetched nor awaited.
     pub(crate) fn new(
-        store: &'s ExpertStore,
+        parts: Parts<'s>,
         layer: usize,
         (ready, awaited): (Vec<(usize, Arc<Mlp>)>, Vec<PrefetchRead>),
         misses: Vec<(usize, bool)>,
@@ -222,7 +241,7 @@ impl<'s> Pending<'s> {
     ) -> Pending<'s> {
         assert!(window > 0, "the read window must be positive");
         let mut p = Pending {
-            store,
+            parts,
             layer,
             misses,
             queue: to_read.into(),
@@ -256,10 +275,14 @@ impl<'s> Pending<'s> {
             return;
         }
         self.outstanding += experts.len();
-        self.store
+        self.parts
+            .stats
             .demand_reads
             .fetch_add(experts.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let batch = Inflight::submit(self.store, self.layer, experts, Priority::Demand);
+        let Parts {
+            experts: at, reads, ..
+        } = self.parts;
+        let batch = Inflight::submit(at, reads, self.layer, experts, Priority::Demand);
         self.demand.push(batch);
     }
 
@@ -302,18 +325,18 @@ impl<'s> Pending<'s> {
                     };
                     let us = submitted.elapsed().as_micros() as u64;
                     self.latencies.push(us);
-                    if self.store.tracing() {
+                    if self.parts.trace.on() {
                         let bytes = match source {
                             Source::Demand => self.demand[k].bytes[i],
                             Source::Prefetch => self.awaited[k].read.bytes[0],
                         };
-                        self.store.trace_read(self.layer, e, bytes, us);
+                        self.parts.trace.read(self.layer, e, bytes, us);
                     }
-                    let mlp = Arc::new(self.store.assemble(self.layer, e, plan, slabs)?);
+                    let mlp = Arc::new(self.parts.experts.assemble(self.layer, e, plan, slabs)?);
                     match source {
                         Source::Prefetch => {
                             let bytes = self.awaited[k].read.bytes[0];
-                            self.store.prefetch_used(bytes, true);
+                            self.parts.stats.prefetch_used(bytes, true);
                         }
                         Source::Demand => {
                             self.outstanding -= 1;
@@ -411,18 +434,26 @@ impl<'s> Pending<'s> {
             "a layer finished with expert reads outstanding"
         );
         let fetched = self.fetched;
-        let placeholder = &self.store.placeholder;
+        let placeholder = &self.parts.experts.placeholder;
         let replay = self.misses.iter().map(|&(e, survives)| {
             let kept = fetched
                 .iter()
                 .find(|(k, _)| *k == e)
                 .map(|(_, m)| m.clone());
             assert_eq!(kept.is_some(), survives, "expert {e}: kept iff it survives");
-            (e, Some(kept.unwrap_or_else(|| placeholder.clone())))
+            (e, kept.unwrap_or_else(|| placeholder.clone()))
         });
-        self.store.insert(self.layer, replay);
-        self.store.check_no_placeholder(self.layer);
-        self.store.trace_end_fetch(self.layer);
-        self.store.record_reads(self.stall, &self.latencies);
+        let slots = {
+            let mut state = self.parts.cache.lock();
+            state.insert(replay, self.parts.clock);
+            assert!(
+                !state.slots.any_value(|m| Arc::ptr_eq(m, placeholder)),
+                "a placeholder expert survived the cache replay of layer {}",
+                self.layer
+            );
+            state.slots.limit()
+        };
+        self.parts.trace.end_fetch(self.layer, slots);
+        self.parts.stats.record_reads(self.stall, &self.latencies);
     }
 }

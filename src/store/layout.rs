@@ -1,14 +1,14 @@
 //! Where a routed expert lives on disk and how its bytes become an
 //! expert: its three tensors ([`ExpertLocation`]), the coalesced reads that
-//! fetch them ([`ExpertStore::plan`]; their byte counts, which the RAM
-//! plan uses, in [`ExpertLocation`]), and the decoding of the landed slabs
-//! (packed matrices stay windows of their slab: zero copy).
+//! fetch them ([`Experts::plan`]; their byte counts, which the RAM plan
+//! uses, in [`ExpertLocation`]), and the decoding of the landed slabs
+//! (packed matrices stay windows of their slab: zero copy). [`Experts`]
+//! holds every layer's locations; it never changes after load.
 
-use super::ExpertStore;
 use crate::error::Result;
 use crate::formats::tensor::{Mat, MatData};
 use crate::formats::weights::index::Resolved;
-use crate::formats::weights::TensorEntry;
+use crate::formats::weights::{TensorEntry, WeightIndex};
 use crate::layers::mlp::Mlp;
 use moestream_io::{coalesce, ByteRange, CoalesceLimits, Slab};
 use std::ops::Range;
@@ -144,7 +144,40 @@ pub(crate) struct SpanRead {
     parts: Vec<(usize, Range<usize>)>,
 }
 
-impl ExpertStore {
+/// Where every routed expert of every layer lives, and how to decode it.
+pub(crate) struct Experts {
+    pub(crate) index: Arc<WeightIndex>,
+    /// `[layer][expert]`; empty for dense layers.
+    pub(crate) locations: Vec<Vec<ExpertLocation>>,
+    pub(crate) hidden: usize,
+    pub(crate) inter: usize,
+    /// Stands in, during a cache replay, for an expert that is evicted
+    /// again before the replay ends (never computed with).
+    pub(crate) placeholder: Arc<Mlp>,
+}
+
+impl Experts {
+    /// The locations of every layer's experts, of shape (hidden, inter).
+    pub(crate) fn new(
+        index: Arc<WeightIndex>,
+        locations: Vec<Vec<ExpertLocation>>,
+        (hidden, inter): (usize, usize),
+    ) -> Experts {
+        Experts {
+            index,
+            locations,
+            hidden,
+            inter,
+            placeholder: Arc::new(Mlp {
+                gate: Mat::f32(0, 0, Vec::new()),
+                up: Mat::f32(0, 0, Vec::new()),
+                down: Mat::f32(0, 0, Vec::new()),
+                hidden: 0,
+                inter: 0,
+            }),
+        }
+    }
+
     /// The coalesced reads of one expert: per shard, its tensors (and
     /// scales) merged into as few spans as the limits allow (one, for the
     /// container's contiguous layout).
@@ -201,7 +234,8 @@ impl ExpertStore {
         self.assemble(layer, expert, &spans, slabs)
     }
 
-    /// Bytes one expert of `layer` takes in RAM and on disk (its read spans).
+    /// Bytes one routed expert takes in RAM and on disk (its read spans);
+    /// every expert of a model has the same shape. `None` without experts.
     pub fn expert_bytes(&self) -> Option<(u64, u64)> {
         let loc = self.locations.iter().flatten().next()?;
         Some((loc.ram_bytes(&self.index), loc.disk_bytes()))

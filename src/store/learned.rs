@@ -4,10 +4,9 @@
 //! router lookahead's, and the guess is scored when that layer routes.
 
 use super::predictor::{Evidence, Predictor};
-use super::prefetch::Variant;
-use super::ExpertStore;
+use super::prefetch::{Recall, Variant};
 use crate::error::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The predictor's state between layers: per layer, its choice for the
 /// last decode token, and the pending guess with its score.
@@ -27,13 +26,31 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<usize>)> = Default::default();
 }
 
-impl ExpertStore {
+/// The learned lookahead predictor, if prefetch uses one, and its
+/// per-layer state: an observer of every single-token fetch.
+#[derive(Default)]
+pub(crate) struct Learned {
+    predictor: Option<Arc<Predictor>>,
+    layers: Mutex<Vec<LearnedLayer>>,
+}
+
+impl Learned {
+    pub(crate) fn new(layers: usize) -> Learned {
+        Learned {
+            predictor: None,
+            layers: Mutex::new(vec![LearnedLayer::default(); layers]),
+        }
+    }
+
     /// Uses `predictor` from now on (`None`: none). Refused when a layer it
     /// guesses, or the layer before, is not an MoE layer of this many
-    /// experts.
-    pub fn set_predictor(&mut self, predictor: Option<Arc<Predictor>>) -> Result<()> {
+    /// experts (`experts(layer)`: 0 for a dense or missing layer).
+    pub(crate) fn set(
+        &mut self,
+        predictor: Option<Arc<Predictor>>,
+        experts: impl Fn(usize) -> usize,
+    ) -> Result<()> {
         if let Some(p) = &predictor {
-            let experts = |l: usize| self.locations.get(l).map_or(0, Vec::len);
             if let Some(l) = p
                 .layers
                 .iter()
@@ -55,13 +72,20 @@ impl ExpertStore {
 
     /// After `layer` routed one decode token to `chosen`: scores the
     /// predictor's pending guess of this layer, then guesses the next MoE
-    /// layer's experts and starts reading them. Allocates nothing once its
-    /// vectors have grown.
-    pub(crate) fn learned_step(&self, layer: usize, chosen: &[usize]) {
+    /// layer's experts (with the router lookahead's pending guess of it,
+    /// from `recall`, as evidence) and hands the guess to `prefetch`.
+    /// Allocates nothing once its vectors have grown.
+    pub(crate) fn step(
+        &self,
+        layer: usize,
+        chosen: &[usize],
+        recall: &Recall,
+        prefetch: impl FnOnce(usize, &[usize]),
+    ) {
         let Some(p) = &self.predictor else {
             return;
         };
-        let mut state = self.learned.lock().expect("learned lock");
+        let mut state = self.layers.lock().expect("learned lock");
         let this = &mut state[layer];
         if std::mem::take(&mut this.pending) {
             let g = &this.guess;
@@ -74,7 +98,7 @@ impl ExpertStore {
             return;
         };
         SCRATCH.with_borrow_mut(|(scores, lookahead, guess)| {
-            let seen = self.pending_guess_into(next.layer, Variant::Attn, lookahead);
+            let seen = recall.pending_guess_into(next.layer, Variant::Attn, lookahead);
             let after = &mut state[next.layer];
             let ev = Evidence {
                 prev_layer: chosen,
@@ -86,13 +110,13 @@ impl ExpertStore {
             after.guess.extend_from_slice(guess);
             after.pending = true;
             drop(state);
-            self.prefetch(next.layer, guess);
+            prefetch(next.layer, guess);
         });
     }
 
     /// The predictor's recall over all layers: (guessed and chosen, chosen).
-    pub fn learned_recall(&self) -> (u64, u64) {
-        let state = self.learned.lock().expect("learned lock");
+    pub(crate) fn recall(&self) -> (u64, u64) {
+        let state = self.layers.lock().expect("learned lock");
         state
             .iter()
             .fold((0, 0), |(a, b), l| (a + l.score.0, b + l.score.1))

@@ -3,112 +3,99 @@
 //! Each routed expert (gate, up, down) stays on disk until a router picks
 //! it; then its bytes are read (one coalesced read when the three tensors
 //! are adjacent in one shard) and kept, in their stored element type, in a
-//! per-layer slot cache ([`cache`]) of bounded size. A layer's misses are
-//! read together as one demand batch ([`moestream_io::ReadService`]: the io_uring reactor
-//! thread, or a synchronous reader thread), each expert handed over as soon
-//! as its last span lands ([`fetch`]). Router-lookahead prefetch reads a
+//! per-layer slot cache of bounded size. A MoE layer hands the store its
+//! routing decision ([`Routes`]) in one call, [`ExpertStore::fetch`]: the
+//! store tells its observers (the usage each layer's eviction policy and
+//! pinning consult, the `--trace` recorder, the lookahead's recall and the
+//! learned predictor, which may start prefetch reads of the next layer),
+//! looks the union up, takes what prefetch delivered, and submits the
+//! misses as one demand batch ([`moestream_io::ReadService`]: the io_uring
+//! reactor thread, or a synchronous reader thread). The [`Pending`] fetch
+//! it returns hands each expert over as its last span lands, then replays
+//! the cache insertions in id order. Router-lookahead prefetch reads a
 //! later layer's predicted experts at lower priority; a prediction that
 //! comes true saves a demand read, a wrong one is cancelled if it has not
-//! started. Counters record hits, misses, bytes read, time compute waited
-//! on reads, prefetch use and waste, and prediction recall; [`usage`]
-//! records every router selection for tiering.
+//! started.
 //!
-//! The rooms: this file holds the store, its construction and a layer's
-//! fetch (`begin`, the cache insertions it replays); `layout` where an
-//! expert lives and how its slabs become an expert; `buffers` the warmed
-//! read buffers and the cache gate; `prefetch` lookahead reads and recall;
-//! `pins` usage and pinning; `stats` the counters; `tracing` the hooks of
-//! `--trace` ([`crate::formats::trace`]); [`cache`] one layer's slots; [`fetch`] a layer's reads in flight; [`moestream_io::ReadService`] the read service;
-//! [`budget`] the RAM plan; [`policy`] the eviction and pinning rules.
+//! The types, each with its lock beside its data: [`layout`]'s `Experts`
+//! (where every expert lives, how slabs become an expert; fixed at load),
+//! [`layer`]'s `LayerCache` (one layer's slots and usage under one lock),
+//! [`prefetch`]'s `Prefetcher` (lookahead reads in flight) and `Recall`,
+//! [`learned`]'s `Learned`, [`tracing`]'s `Trace`, [`stats`]'s `Stats`
+//! (waits, latencies, fetch counts). [`fetch`] is a layer's reads in
+//! flight; `pins` the pinning of hot experts; `buffers` the warmed read
+//! buffers and the cache gate; [`budget`] the RAM plan; [`policy`] the
+//! eviction and pinning rules; [`usage`] the usage history on disk.
 
 pub mod budget;
 mod buffers;
 pub mod cache;
 pub mod fetch;
+mod layer;
 mod layout;
 mod learned;
 mod pins;
 pub mod policy;
 pub mod predictor;
 mod prefetch;
+mod routes;
 mod stats;
 mod tracing;
 pub mod usage;
 
 pub use layout::ExpertLocation;
 pub(crate) use layout::SpanRead;
-use prefetch::{LayerRecall, PrefetchTally};
 pub use prefetch::{Lookahead, Variant};
+pub use routes::Routes;
 pub use stats::StoreCounters;
 
 use crate::error::{Error, Result};
-use crate::formats::tensor::Mat;
-use crate::formats::trace::Tier;
+use crate::formats::trace::record::LayerShape;
+use crate::formats::trace::{self, Tier};
 use crate::formats::weights::WeightIndex;
 use crate::layers::mlp::Mlp;
-use cache::SlotCache;
-use fetch::{Pending, PrefetchRead};
-use moestream_io::ReactorConfig;
-use policy::{EvictPolicy, View};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use fetch::{Arrival, Parts, Pending};
+use layer::{Clock, LayerCache};
+use layout::Experts;
+use learned::Learned;
+use moestream_io::{ReactorConfig, ReadService};
+use policy::EvictPolicy;
+use prefetch::{Prefetcher, Recall, RANKS_MAX};
+use stats::Stats;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use tracing::Trace;
 use usage::UsageTable;
 
 /// Routed experts of every MoE layer, streamed from disk into slot caches.
 pub struct ExpertStore {
-    index: Arc<WeightIndex>,
-    /// `[layer][expert]`; empty for dense layers.
-    locations: Vec<Vec<ExpertLocation>>,
-    caches: Vec<Mutex<SlotCache<Arc<Mlp>>>>,
+    experts: Experts,
+    /// Per layer (dense layers have none of its experts).
+    layers: Vec<LayerCache>,
+    /// The usage clock every layer's usage is stamped with.
+    clock: Clock,
+    /// The usage history as loaded (what a save adds this run to).
+    history: Mutex<UsageTable>,
     policy: EvictPolicy,
     /// Experts routed per token (for the pinning confidence).
     top_k: usize,
-    hidden: usize,
-    inter: usize,
-    /// Time compute waited on reads.
-    stall: Mutex<Duration>,
-    /// Latency of each expert read, µs: from its batch's submission until
-    /// its last byte landed.
-    latency: Mutex<hdrhistogram::Histogram<u64>>,
-    usage: Mutex<UsageTable>,
     /// The read path: io_uring when it works and every shard reader has a
     /// descriptor (not mmap; not drop, whose fadvise is per read), else a
     /// synchronous reader thread.
-    reads: Box<dyn moestream_io::ReadService>,
-    /// Per layer, its prefetch reads not yet consumed.
-    prefetched: Vec<Mutex<Vec<PrefetchRead>>>,
-    /// Prefetch reads issued and not yet consumed or dropped, all layers.
-    prefetch_live: AtomicUsize,
-    prefetch: Mutex<PrefetchTally>,
-    /// Predictions waiting to be scored, and recall so far, per layer.
-    recall: Mutex<Vec<LayerRecall>>,
-    /// How often a guess at each rank was right, per variant (all layers).
-    ranks: Mutex<prefetch::RankTally>,
-    /// The learned lookahead predictor, if prefetch uses one, and its
-    /// per-layer state.
-    predictor: Option<Arc<predictor::Predictor>>,
-    learned: Mutex<Vec<learned::LearnedLayer>>,
-    /// How layers use the store (pipelining, lookahead).
-    pub schedule: Schedule,
-    /// Stands in, during a cache replay, for an expert that is evicted
-    /// again before the replay ends (never computed with).
-    placeholder: Arc<Mlp>,
-    /// The caches grow only into read buffers already faulted in (see
-    /// [`ExpertStore::warm_buffers`]).
-    gated: std::sync::atomic::AtomicBool,
+    reads: Box<dyn ReadService>,
     /// How misses are read, and why: said at load, not only in `--json`.
     read_path: &'static str,
-    /// See [`StoreCounters::layer_fetches`] and
-    /// [`StoreCounters::demand_reads`].
-    layer_fetches: std::sync::atomic::AtomicU64,
-    /// Cache-aware routing: selections moved off exact routing, and all
-    /// selections it made (see [`StoreCounters::leaned_moved`]).
-    leaned_moved: std::sync::atomic::AtomicU64,
-    leaned_chosen: std::sync::atomic::AtomicU64,
-    pub(crate) demand_reads: std::sync::atomic::AtomicU64,
-    /// The routing trace being recorded (`--trace`), if any.
-    trace: Option<Mutex<crate::formats::trace::record::Recorder>>,
+    prefetcher: Prefetcher,
+    recall: Recall,
+    learned: Learned,
+    trace: Trace,
+    stats: Stats,
+    /// How layers use the store (pipelining, lookahead).
+    pub schedule: Schedule,
+    /// The caches grow only into read buffers already faulted in (see
+    /// [`ExpertStore::warm_buffers`]).
+    gated: AtomicBool,
 }
 
 /// How the MoE layers use the store.
@@ -224,7 +211,7 @@ impl ExpertStore {
         index: Arc<WeightIndex>,
         locations: Vec<Vec<ExpertLocation>>,
         capacity: usize,
-        (hidden, inter): (usize, usize),
+        shape: (usize, usize),
         use_reactor: bool,
         (policy, top_k): (EvictPolicy, usize),
     ) -> Result<ExpertStore> {
@@ -245,149 +232,116 @@ impl ExpertStore {
                     source: e,
                 })
             })?;
-        let caches = locations
+        let layers = locations
             .iter()
-            .map(|l| Mutex::new(SlotCache::new(capacity.min(l.len()), policy.build(l.len()))))
+            .map(|l| LayerCache::new(capacity, l.len(), policy.build(l.len())))
             .collect();
         let counts: Vec<usize> = locations.iter().map(Vec::len).collect();
-        let usage_table = Mutex::new(UsageTable::new(&counts, HEAT_DECAY_TOKENS));
-        let layers = locations.len();
+        let n = locations.len();
         Ok(ExpertStore {
-            index,
-            locations,
-            caches,
+            experts: Experts::new(index, locations, shape),
+            layers,
+            clock: Clock::new(0),
+            history: Mutex::new(UsageTable::new(&counts, HEAT_DECAY_TOKENS)),
             policy,
             top_k,
-            hidden,
-            inter,
-            stall: Mutex::new(Duration::ZERO),
-            latency: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("valid histogram bounds"),
-            ),
-            usage: usage_table,
             reads,
-            prefetched: (0..layers).map(|_| Mutex::new(Vec::new())).collect(),
-            prefetch_live: AtomicUsize::new(0),
-            prefetch: Mutex::new(PrefetchTally::default()),
-            recall: Mutex::new(vec![LayerRecall::default(); layers]),
-            ranks: Mutex::new(Default::default()),
-            predictor: None,
-            learned: Mutex::new(vec![Default::default(); layers]),
-            schedule: Schedule::default(),
-            placeholder: Arc::new(Mlp {
-                gate: Mat::f32(0, 0, Vec::new()),
-                up: Mat::f32(0, 0, Vec::new()),
-                down: Mat::f32(0, 0, Vec::new()),
-                hidden: 0,
-                inter: 0,
-            }),
-            gated: std::sync::atomic::AtomicBool::new(false),
             read_path,
-            layer_fetches: Default::default(),
-            leaned_moved: Default::default(),
-            leaned_chosen: Default::default(),
-            demand_reads: Default::default(),
-            trace: None,
+            prefetcher: Prefetcher::new(n),
+            recall: Recall::new(n),
+            learned: Learned::new(n),
+            trace: Trace::default(),
+            stats: Stats::new(),
+            schedule: Schedule::default(),
+            gated: AtomicBool::new(false),
         })
     }
 
-    /// Number of experts in `layer` (0 for dense layers).
-    pub fn experts_in(&self, layer: usize) -> usize {
-        self.locations[layer].len()
-    }
-
-    /// Per expert of `layer`, whether its cache holds it (nothing counted),
-    /// into `out`.
-    pub(crate) fn cached_mask(&self, layer: usize, out: &mut Vec<bool>) {
-        let cache = self.caches[layer].lock().expect("cache lock");
-        out.clear();
-        out.extend((0..self.locations[layer].len()).map(|e| cache.contains(e)));
-    }
-
-    /// Counts one token's cache-aware routing: `moved` of its `chosen`
-    /// experts differ from exact routing's.
-    pub(crate) fn count_leaned(&self, moved: usize, chosen: usize) {
-        self.leaned_moved.fetch_add(moved as u64, Ordering::Relaxed);
-        self.leaned_chosen
-            .fetch_add(chosen as u64, Ordering::Relaxed);
-    }
-
-    /// Those of `experts` the layer's cache does not hold (nothing counted).
-    pub(crate) fn uncached(&self, layer: usize, experts: &[usize]) -> Vec<usize> {
-        let cache = self.caches[layer].lock().expect("cache lock");
-        experts
-            .iter()
-            .copied()
-            .filter(|&e| !cache.contains(e))
-            .collect()
-    }
-
-    /// Looks `experts` up in the layer's cache into `out` (cleared first),
-    /// counting each as a hit or a miss; `None` for a miss.
-    pub fn lookup_into(&self, layer: usize, experts: &[usize], out: &mut Vec<Option<Arc<Mlp>>>) {
-        out.clear();
-        let mut cache = self.caches[layer].lock().expect("cache lock");
-        out.extend(experts.iter().map(|&e| cache.get(e)));
-    }
-
-    /// Starts a layer's fetch of the union `ids` (sorted, unique): looks
-    /// them up (counting hits and misses), takes what prefetch already
-    /// delivered, promotes prefetch reads of wanted experts still in
-    /// flight, cancels the layer's other prefetch reads, and submits the
-    /// remaining misses as one demand batch. Fills `cached` with the cached
-    /// experts (`None` for a miss) and returns the fetch, from which every
-    /// miss arrives.
-    pub fn begin(
+    /// Begins `layer`'s fetch of the experts `routes` chose (sealed): tells
+    /// the observers (cache-aware routing's counts, each row's usage, the
+    /// trace, and for a single row the lookahead's recall and the learned
+    /// predictor, which may prefetch the next layer), then looks the union
+    /// up, counting hits and misses, and reads the misses in order of the
+    /// rows each is applied to, most first, so the experts with the most
+    /// work land first (ties in id order). Fills `cached` with the cached
+    /// experts of [`Routes::ids`] (`None` for a miss) and returns the
+    /// fetch, from which every miss arrives.
+    pub fn fetch(
         &self,
         layer: usize,
-        ids: &[usize],
+        routes: &Routes,
         cached: &mut Vec<Option<Arc<Mlp>>>,
     ) -> Result<Pending<'_>> {
-        self.begin_by_rows(layer, ids, &[], cached)
+        self.observe(layer, routes);
+        self.begin(layer, routes.ids(), routes.rows_per_id(), cached)
     }
 
-    /// [`ExpertStore::begin`] reading the misses in order of `rows` (the
-    /// rows each of `ids` is applied to), most first, so that the experts
-    /// with the most work land first and compute while the rest stream in
-    /// (ties, and an empty `rows`, in id order). The cache's insertions
-    /// stay in id order, so what it holds afterwards does not depend on
-    /// `rows`.
-    pub fn begin_by_rows(
+    /// Runs the observers of a routing decision (see [`ExpertStore::fetch`]).
+    fn observe(&self, layer: usize, routes: &Routes) {
+        let leaned = routes.leaned();
+        if leaned.1 > 0 {
+            self.stats.count_leaned(leaned);
+        }
+        {
+            let mut state = self.layers[layer].lock();
+            for t in 0..routes.len() {
+                state.record(routes.row(t).experts, &self.clock);
+            }
+        }
+        if self.trace.on() {
+            for t in 0..routes.len() {
+                let r = routes.row(t);
+                self.trace.route(layer, r.experts, r.weights, r.margin);
+            }
+        }
+        if routes.len() == 1 {
+            let chosen = routes.row(0).experts;
+            self.recall.score(layer, chosen);
+            self.learned
+                .step(layer, chosen, &self.recall, |next, guess| {
+                    self.prefetch(next, guess)
+                });
+        }
+    }
+
+    /// What a fetch of `layer` borrows.
+    fn parts(&self, layer: usize) -> Parts<'_> {
+        Parts {
+            experts: &self.experts,
+            cache: &self.layers[layer],
+            clock: &self.clock,
+            reads: self.reads.as_ref(),
+            stats: &self.stats,
+            trace: &self.trace,
+        }
+    }
+
+    /// Starts a layer's fetch of the union `ids` (sorted, unique), `rows`
+    /// the rows each is applied to: looks them up, takes what prefetch
+    /// already delivered, promotes prefetch reads of wanted experts still
+    /// in flight, cancels the layer's other prefetch reads, and submits the
+    /// remaining misses as one demand batch. The cache's insertions stay in
+    /// id order, so what it holds afterwards does not depend on `rows`.
+    fn begin(
         &self,
         layer: usize,
         ids: &[usize],
         rows: &[usize],
         cached: &mut Vec<Option<Arc<Mlp>>>,
     ) -> Result<Pending<'_>> {
-        assert!(
-            rows.is_empty() || rows.len() == ids.len(),
-            "one row count per expert"
-        );
+        assert_eq!(rows.len(), ids.len(), "one row count per expert");
         assert!(
             ids.windows(2).all(|w| w[0] < w[1]),
             "a layer fetches a sorted union of distinct experts"
         );
-        self.layer_fetches.fetch_add(1, Ordering::Relaxed);
-        self.lookup_into(layer, ids, cached);
-        self.trace_hits(layer, ids, cached);
-        let mut prefetched =
-            std::mem::take(&mut *self.prefetched[layer].lock().expect("prefetch lock"));
-        self.prefetch_live
-            .fetch_sub(prefetched.len(), Ordering::Relaxed);
-        // Land whatever already arrived.
-        for p in prefetched.iter_mut() {
-            for arrival in p.read.poll() {
-                if let fetch::Arrival::Ready(_, slabs) = arrival {
-                    // A prefetch that fails to decode is simply not used; a
-                    // demand read of it reports the error.
-                    p.ready = self
-                        .assemble(layer, p.expert, &p.read.plans[0], slabs)
-                        .ok()
-                        .map(Arc::new);
-                }
-            }
+        self.stats.layer_fetches.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut state = self.layers[layer].lock();
+            state.lookup_into(ids, cached);
+            self.trace.hits(layer, ids, cached, &state.slots);
         }
+        let mut prefetched = self.prefetcher.take(layer);
+        self.land(layer, &mut prefetched);
         let mut ready = Vec::new();
         let mut awaited = Vec::new();
         let mut to_read = Vec::new();
@@ -398,21 +352,21 @@ impl ExpertStore {
             }
             misses.push(e);
             let Some(at) = prefetched.iter().position(|p| p.expert == e) else {
-                self.trace_miss(layer, e, Tier::Miss, 0);
+                self.trace.miss(layer, e, Tier::Miss, 0);
                 to_read.push(e);
                 continue;
             };
             let p = prefetched.swap_remove(at);
             if let Some(m) = p.ready {
-                self.prefetch_used(p.read.bytes[0], false);
-                self.trace_miss(layer, e, Tier::Prefetched, p.read.bytes[0]);
+                self.stats.prefetch_used(p.read.bytes[0], false);
+                self.trace.miss(layer, e, Tier::Prefetched, p.read.bytes[0]);
                 ready.push((e, m));
             } else if p.read.outstanding() && !p.read.is_lost(0) {
                 self.reads.promote(p.read.batch.id);
-                self.trace_miss(layer, e, Tier::Prefetched, 0);
+                self.trace.miss(layer, e, Tier::Prefetched, 0);
                 awaited.push(p);
             } else {
-                self.trace_miss(layer, e, Tier::Miss, 0);
+                self.trace.miss(layer, e, Tier::Miss, 0);
                 to_read.push(e);
             }
         }
@@ -422,16 +376,14 @@ impl ExpertStore {
                 self.reads.cancel(p.read.batch.id);
             }
         }
-        if !rows.is_empty() {
-            // Stable: ties keep id order.
-            to_read.sort_by_key(|e| std::cmp::Reverse(rows[ids.partition_point(|i| i < e)]));
-        }
+        // Stable: ties keep id order.
+        to_read.sort_by_key(|e| std::cmp::Reverse(rows[ids.partition_point(|i| i < e)]));
         self.grow_into_spare_buffers(layer, misses.len());
-        let survives = self.survivors(layer, &misses);
+        let survives = self.layers[layer].lock().survivors(&misses, &self.clock);
         let misses = misses.into_iter().zip(survives).collect();
         let window = self.top_k.max(1);
         Ok(Pending::new(
-            self,
+            self.parts(layer),
             layer,
             (ready, awaited),
             misses,
@@ -440,72 +392,144 @@ impl ExpertStore {
         ))
     }
 
-    /// For each of `misses` (in insertion order), whether it would stay in
-    /// the layer's cache after they are all inserted.
-    fn survivors(&self, layer: usize, misses: &[usize]) -> Vec<bool> {
-        if misses.is_empty() {
-            return Vec::new();
-        }
-        let usage = self.usage.lock().expect("usage lock");
-        let view = View {
-            usage: usage.layer(layer),
-            now: usage.clock(),
-        };
-        let cache = self.caches[layer].lock().expect("cache lock");
-        cache.survivors(misses, view)
-    }
-
-    /// Asserts the replay left no placeholder in the layer's cache.
-    pub(crate) fn check_no_placeholder(&self, layer: usize) {
-        let cache = self.caches[layer].lock().expect("cache lock");
-        assert!(
-            !cache.any_value(|m| Arc::ptr_eq(m, &self.placeholder)),
-            "a placeholder expert survived the cache replay of layer {layer}"
-        );
-    }
-
-    /// Inserts fetched experts into the layer's cache, evicting by policy.
-    pub(crate) fn insert(
-        &self,
-        layer: usize,
-        fetched: impl Iterator<Item = (usize, Option<Arc<Mlp>>)>,
-    ) {
-        let usage = self.usage.lock().expect("usage lock");
-        let view = View {
-            usage: usage.layer(layer),
-            now: usage.clock(),
-        };
-        let mut cache = self.caches[layer].lock().expect("cache lock");
-        for (e, mlp) in fetched {
-            if let Some(mlp) = mlp {
-                cache.insert(e, mlp, view);
+    /// Lands whatever of `prefetched` (reads of `layer`) already arrived.
+    fn land(&self, layer: usize, prefetched: &mut [fetch::PrefetchRead]) {
+        for p in prefetched.iter_mut() {
+            for arrival in p.read.poll() {
+                if let Arrival::Ready(_, slabs) = arrival {
+                    // A prefetch that fails to decode is simply not used; a
+                    // demand read of it reports the error.
+                    p.ready = self
+                        .experts
+                        .assemble(layer, p.expert, &p.read.plans[0], slabs)
+                        .ok()
+                        .map(Arc::new);
+                }
             }
         }
     }
 
+    /// Per expert of `layer`, whether its cache holds it (nothing counted),
+    /// into `out`: what cache-aware routing leans toward.
+    pub fn cached_mask(&self, layer: usize, out: &mut Vec<bool>) {
+        self.layers[layer].lock().cached_mask(out);
+    }
+
+    /// Advances the usage clock by `tokens` forwarded tokens (heats decay
+    /// every [`HEAT_DECAY_TOKENS`]).
+    pub fn tick(&self, tokens: u64) {
+        let before = self.clock.fetch_add(tokens, Ordering::Relaxed);
+        let passes = usage::decay_passes(before, tokens, HEAT_DECAY_TOKENS);
+        if passes > 0 {
+            for layer in &self.layers {
+                usage::decay(&mut layer.lock().usage, passes);
+            }
+        }
+        self.trace.end_step(tokens);
+    }
+
+    /// Reads ahead the guesses of `experts` (a lookahead's guess of
+    /// `layer` from `variant`, best first) at the ranks whose guesses have
+    /// been right often enough; see [`Self::prefetch`].
+    pub fn prefetch_ranked(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        // On the stack: no allocation per guess.
+        let mut keep = [0usize; RANKS_MAX];
+        let kept = self.recall.confident_ranks(variant, experts, &mut keep);
+        self.prefetch(layer, &keep[..kept]);
+    }
+
+    /// Starts low-priority reads of `experts` of `layer` (a lookahead
+    /// prediction), skipping those cached or already on their way, within
+    /// the prefetch budget. The reads land outside the cache; nothing is
+    /// evicted until the layer asks for them.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
+        let max = self.schedule.prefetch_experts_max;
+        if max == 0 || self.experts.locations[layer].is_empty() {
+            return;
+        }
+        let wanted = self.layers[layer].lock().uncached(experts);
+        self.prefetcher.issue(
+            layer,
+            wanted,
+            max,
+            (&self.experts, self.reads.as_ref(), &self.stats),
+        );
+    }
+
+    /// Records a lookahead prediction of `layer`'s experts (scored when the
+    /// layer routes its next single token).
+    pub fn predict(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        self.recall.predict(layer, variant, experts);
+        self.trace.guess(layer, variant as usize, experts);
+    }
+
+    /// Uses `predictor` from now on (`None`: none). Refused when a layer it
+    /// guesses, or the layer before, is not an MoE layer of this many
+    /// experts.
+    pub fn set_predictor(&mut self, predictor: Option<Arc<predictor::Predictor>>) -> Result<()> {
+        let locations = &self.experts.locations;
+        self.learned
+            .set(predictor, |l| locations.get(l).map_or(0, Vec::len))
+    }
+
+    /// Starts recording a routing trace into `path` (appended when the
+    /// store is dropped). Also scores both lookahead
+    /// variants at every single-token layer (`Schedule::recall`), so every
+    /// decode row carries both guesses; tokens do not change. Returns the
+    /// run's id.
+    pub fn start_trace(&mut self, path: &Path) -> trace::Result<String> {
+        let shapes = self
+            .experts
+            .locations
+            .iter()
+            .map(|l| LayerShape {
+                n_experts: l.len() as u32,
+                expert_bytes: l
+                    .first()
+                    .map_or(0, |loc| loc.parts.iter().map(|r| r.entry.len as u64).sum()),
+            })
+            .collect();
+        let run = self.trace.start(path, shapes)?;
+        self.schedule.recall = true;
+        Ok(run)
+    }
+
+    /// Whether a trace is being recorded.
+    pub fn tracing(&self) -> bool {
+        self.trace.on()
+    }
+
+    /// Number of experts in `layer` (0 for dense layers).
+    pub fn experts_in(&self, layer: usize) -> usize {
+        self.experts.locations[layer].len()
+    }
+
     /// The shard index the experts are read through.
     pub fn index(&self) -> &WeightIndex {
-        &self.index
+        &self.experts.index
     }
 
     /// Resizes every MoE layer's cache to `slots` (emptying it: called at
     /// load, before anything is cached).
     pub fn set_slots(&mut self, slots: usize) {
-        for (cache, locs) in self.caches.iter_mut().zip(&self.locations) {
+        for (cache, locs) in self.layers.iter_mut().zip(&self.experts.locations) {
             // More slots than the layer has experts would never fill.
-            let policy = self.policy.build(locs.len());
-            *cache = Mutex::new(SlotCache::new(slots.min(locs.len()), policy));
+            cache.reset_slots(slots, self.policy.build(locs.len()));
         }
     }
 
     /// Number of layers with routed experts.
     pub fn moe_layers(&self) -> usize {
-        self.locations.iter().filter(|l| !l.is_empty()).count()
+        self.experts
+            .locations
+            .iter()
+            .filter(|l| !l.is_empty())
+            .count()
     }
 
     /// Cache slots of `layer`.
     pub fn slots(&self, layer: usize) -> usize {
-        self.caches[layer].lock().expect("cache lock").capacity()
+        self.layers[layer].lock().slots.capacity()
     }
 
     /// How misses are read, and why that path (e.g. "a reader thread
@@ -517,5 +541,82 @@ impl ExpertStore {
     /// Whether misses are read through the io_uring reactor.
     pub fn uses_reactor(&self) -> bool {
         self.read_path == moestream_io::REACTOR_PATH
+    }
+
+    /// Reads one expert, bypassing the cache.
+    pub fn read(&self, layer: usize, expert: usize) -> Result<Mlp> {
+        self.experts.read(layer, expert)
+    }
+
+    /// Bytes one routed expert takes in RAM and on disk (its read spans).
+    pub fn expert_bytes(&self) -> Option<(u64, u64)> {
+        self.experts.expert_bytes()
+    }
+
+    /// Whether experts are packed, so decoded in place in their slabs.
+    pub fn zero_copy(&self) -> bool {
+        self.experts.zero_copy()
+    }
+
+    /// Counters summed over layers.
+    pub fn counters(&self) -> StoreCounters {
+        let mut c = StoreCounters::default();
+        for cache in &self.layers {
+            let l = cache.lock().slots.counters;
+            c.pinned_hits += l.pinned_hits;
+            c.hits += l.hits;
+            c.misses += l.misses;
+            c.evictions += l.evictions;
+        }
+        let r = self.reads.counters();
+        c.bytes_read = r.demand_bytes + r.prefetch_bytes;
+        c.disk_busy = r.busy;
+        self.stats.fill(&mut c);
+        let t = self.stats.prefetch_tally();
+        c.prefetch_issued = t.issued;
+        c.prefetch_issued_bytes = t.issued_bytes;
+        c.prefetch_used = t.used;
+        c.prefetch_late = t.late;
+        // Issued and never asked for, less what was cancelled unread (a
+        // wrong guess still in flight counts: it will be read).
+        c.prefetch_wasted_bytes = t
+            .issued_bytes
+            .saturating_sub(t.used_bytes + r.cancelled_bytes);
+        c
+    }
+
+    /// Mean and 99th-percentile expert read latency so far, µs (0 with no
+    /// reads).
+    pub fn read_latency_us(&self) -> (f64, u64) {
+        self.stats.read_latency_us()
+    }
+
+    /// The expert read latencies so far as a cumulative histogram: per
+    /// bound (µs), the reads that took at most it; then the count of reads
+    /// and their summed latency (µs).
+    pub fn read_latency_histogram(&self, bounds_us: &[u64]) -> (Vec<u64>, u64, f64) {
+        self.stats.read_latency_histogram(bounds_us)
+    }
+
+    /// The precision of the lookahead's guesses by rank (best first), per
+    /// variant: `None` for a rank never scored.
+    pub fn rank_precision(&self, variant: Variant) -> Vec<Option<f64>> {
+        self.recall.rank_precision(variant)
+    }
+
+    /// Lookahead recall per layer and variant: the share of chosen experts
+    /// the prediction had (`None` for a layer never predicted).
+    pub fn recall(&self) -> Vec<[Option<f64>; 2]> {
+        self.recall.per_layer()
+    }
+
+    /// Recall summed over layers, per variant: (predicted and chosen, chosen).
+    pub fn recall_totals(&self) -> [(u64, u64); 2] {
+        self.recall.totals()
+    }
+
+    /// The predictor's recall over all layers: (guessed and chosen, chosen).
+    pub fn learned_recall(&self) -> (u64, u64) {
+        self.learned.recall()
     }
 }

@@ -1,12 +1,15 @@
 //! Router-lookahead prefetch: which state predicts the next layers'
 //! experts ([`Lookahead`], [`Variant`]), the low-priority reads of a
-//! prediction (landing outside the cache until a layer asks for them), and
-//! the recall of predictions against what the layers then chose.
+//! prediction ([`Prefetcher`]: landing outside the cache until a layer
+//! asks for them), and the recall of predictions against what the layers
+//! then chose ([`Recall`], an observer of every single-token fetch).
 
 use super::fetch::{Inflight, PrefetchRead};
-use super::ExpertStore;
-use moestream_io::Priority;
-use std::sync::atomic::Ordering;
+use super::layout::Experts;
+use super::stats::Stats;
+use moestream_io::{Priority, ReadService};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// Router-lookahead: which state predicts the next layers' experts, and
 /// how many MoE layers ahead.
@@ -37,16 +40,6 @@ impl Variant {
     }
 }
 
-/// Prefetch counters.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PrefetchTally {
-    pub(super) issued: u64,
-    pub(super) issued_bytes: u64,
-    pub(super) used: u64,
-    pub(super) late: u64,
-    pub(super) used_bytes: u64,
-}
-
 /// One layer's lookahead predictions (per variant) and their scores.
 #[derive(Clone, Debug, Default)]
 pub(super) struct LayerRecall {
@@ -70,7 +63,7 @@ const RANK_PRECISION_MIN: f64 = 0.5;
 /// (guesses right, guesses scored) per variant and rank (the lookahead's
 /// guesses come best first).
 #[derive(Clone, Debug)]
-pub(crate) struct RankTally([[(u64, u64); RANKS_MAX]; 2]);
+struct RankTally([[(u64, u64); RANKS_MAX]; 2]);
 
 impl Default for RankTally {
     fn default() -> Self {
@@ -85,62 +78,52 @@ fn confident(hit: u64, scored: u64) -> bool {
     scored < RANK_SAMPLES_MIN || hit as f64 >= RANK_PRECISION_MIN * scored as f64
 }
 
-impl ExpertStore {
-    /// Reads ahead the guesses of `experts` (a lookahead's guess of
-    /// `layer` from `variant`, best first) at the ranks whose guesses have
-    /// been right often enough ([`confident`]); see [`Self::prefetch`].
-    pub fn prefetch_ranked(&self, layer: usize, variant: Variant, experts: &[usize]) {
-        // On the stack: a guess is at most top-k long (≤ RANKS_MAX here;
-        // longer ones are cut, as their ranks share the last count).
-        let mut keep = [0usize; RANKS_MAX];
-        let mut kept = 0;
-        let ranks = self.ranks.lock().expect("rank lock");
-        let tally = &ranks.0[variant as usize];
-        for (r, &e) in experts.iter().take(RANKS_MAX).enumerate() {
-            let (hit, scored) = tally[r];
-            if confident(hit, scored) {
-                keep[kept] = e;
-                kept += 1;
-            }
+/// The lookahead's reads in flight: per layer, its prefetch reads not yet
+/// consumed, with the bound on how many live at once and their counts.
+pub(crate) struct Prefetcher {
+    /// Per layer, its prefetch reads not yet consumed.
+    prefetched: Vec<Mutex<Vec<PrefetchRead>>>,
+    /// Prefetch reads issued and not yet consumed or dropped, all layers.
+    live: AtomicUsize,
+}
+
+impl Prefetcher {
+    pub(crate) fn new(layers: usize) -> Prefetcher {
+        Prefetcher {
+            prefetched: (0..layers).map(|_| Mutex::new(Vec::new())).collect(),
+            live: AtomicUsize::new(0),
         }
-        drop(ranks);
-        self.prefetch(layer, &keep[..kept]);
     }
 
-    /// Counts a prefetched expert a layer asked for; `late` when it was
-    /// still in flight then (promoted to demand).
-    pub(crate) fn prefetch_used(&self, bytes: u64, late: bool) {
-        let mut t = self.prefetch.lock().expect("prefetch lock");
-        t.used += 1;
-        t.used_bytes += bytes;
-        t.late += u64::from(late);
+    /// Takes every prefetch read of `layer` (its fetch consumes or drops
+    /// them).
+    pub(crate) fn take(&self, layer: usize) -> Vec<PrefetchRead> {
+        let taken = std::mem::take(&mut *self.prefetched[layer].lock().expect("prefetch lock"));
+        self.live.fetch_sub(taken.len(), Ordering::Relaxed);
+        taken
     }
 
-    /// Starts low-priority reads of `experts` of `layer` (a lookahead
-    /// prediction), skipping those cached or already on their way, within
-    /// the prefetch budget. The reads land outside the cache; nothing is
-    /// evicted until the layer asks for them.
-    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
-        let max = self.schedule.prefetch_experts_max;
-        if max == 0 || self.locations[layer].is_empty() {
-            return;
-        }
-        let wanted = self.uncached(layer, experts);
+    /// Starts low-priority reads of `wanted` (experts of `layer` its cache
+    /// does not hold), skipping those already on their way, while fewer
+    /// than `max` prefetch reads are live; counts them in `stats`.
+    pub(crate) fn issue(
+        &self,
+        layer: usize,
+        wanted: Vec<usize>,
+        max: usize,
+        (experts, reads, stats): (&Experts, &dyn ReadService, &Stats),
+    ) {
         let mut pf = self.prefetched[layer].lock().expect("prefetch lock");
         for e in wanted {
             if pf.iter().any(|p| p.expert == e) {
                 continue;
             }
-            if self.prefetch_live.load(Ordering::Relaxed) >= max {
+            if self.live.load(Ordering::Relaxed) >= max {
                 break;
             }
-            let read = Inflight::submit(self, layer, vec![e], Priority::Prefetch);
-            {
-                let mut t = self.prefetch.lock().expect("prefetch lock");
-                t.issued += 1;
-                t.issued_bytes += read.bytes[0];
-            }
-            self.prefetch_live.fetch_add(1, Ordering::Relaxed);
+            let read = Inflight::submit(experts, reads, layer, vec![e], Priority::Prefetch);
+            stats.prefetch_issued(read.bytes[0]);
+            self.live.fetch_add(1, Ordering::Relaxed);
             pf.push(PrefetchRead {
                 expert: e,
                 read,
@@ -148,17 +131,63 @@ impl ExpertStore {
             });
         }
     }
+}
+
+/// The lookahead's predictions and how often they come true: per layer
+/// the guesses awaiting scoring and their recall, and per variant the
+/// precision of each guess rank.
+#[derive(Default)]
+pub(crate) struct Recall(Mutex<RecallState>);
+
+#[derive(Default)]
+struct RecallState {
+    layers: Vec<LayerRecall>,
+    ranks: RankTally,
+}
+
+impl Recall {
+    pub(crate) fn new(layers: usize) -> Recall {
+        Recall(Mutex::new(RecallState {
+            layers: vec![LayerRecall::default(); layers],
+            ranks: RankTally::default(),
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RecallState> {
+        self.0.lock().expect("recall lock")
+    }
+
+    /// Of `experts` (a guess, best first), those at the ranks whose guesses
+    /// have been right often enough ([`confident`]), into `keep`; returns
+    /// how many. A guess is at most top-k long (≤ RANKS_MAX here; longer
+    /// ones are cut, as their ranks share the last count).
+    pub(crate) fn confident_ranks(
+        &self,
+        variant: Variant,
+        experts: &[usize],
+        keep: &mut [usize; RANKS_MAX],
+    ) -> usize {
+        let state = self.lock();
+        let tally = &state.ranks.0[variant as usize];
+        let mut kept = 0;
+        for (r, &e) in experts.iter().take(RANKS_MAX).enumerate() {
+            let (hit, scored) = tally[r];
+            if confident(hit, scored) {
+                keep[kept] = e;
+                kept += 1;
+            }
+        }
+        kept
+    }
 
     /// Records a lookahead prediction of `layer`'s experts (scored when the
     /// layer routes its next single token).
-    pub fn predict(&self, layer: usize, variant: Variant, experts: &[usize]) {
-        let mut recall = self.recall.lock().expect("recall lock");
-        let (pending, guess) = &mut recall[layer].predicted[variant as usize];
+    pub(crate) fn predict(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        let mut state = self.lock();
+        let (pending, guess) = &mut state.layers[layer].predicted[variant as usize];
         guess.clear();
         guess.extend_from_slice(experts);
         *pending = true;
-        drop(recall);
-        self.trace_guess(layer, variant as usize, experts);
     }
 
     /// The lookahead's guess of `layer` from `variant` into `out`, if one
@@ -170,8 +199,8 @@ impl ExpertStore {
         variant: Variant,
         out: &mut Vec<usize>,
     ) -> bool {
-        let recall = self.recall.lock().expect("recall lock");
-        let (pending, guess) = &recall[layer].predicted[variant as usize];
+        let state = self.lock();
+        let (pending, guess) = &state.layers[layer].predicted[variant as usize];
         out.clear();
         if *pending {
             out.extend_from_slice(guess);
@@ -181,10 +210,10 @@ impl ExpertStore {
 
     /// Scores the pending predictions of `layer` against the experts it
     /// chose.
-    pub fn score_predictions(&self, layer: usize, chosen: &[usize]) {
-        let mut recall = self.recall.lock().expect("recall lock");
-        let mut ranks = self.ranks.lock().expect("rank lock");
-        let r = &mut recall[layer];
+    pub(crate) fn score(&self, layer: usize, chosen: &[usize]) {
+        let mut state = self.lock();
+        let RecallState { layers, ranks } = &mut *state;
+        let r = &mut layers[layer];
         for v in Variant::ALL {
             let (pending, guess) = &mut r.predicted[v as usize];
             if std::mem::take(pending) {
@@ -200,21 +229,18 @@ impl ExpertStore {
         }
     }
 
-    /// The precision of the lookahead's guesses by rank (best first), per
-    /// variant: `None` for a rank never scored.
-    pub fn rank_precision(&self, variant: Variant) -> Vec<Option<f64>> {
-        let ranks = self.ranks.lock().expect("rank lock");
-        ranks.0[variant as usize]
+    /// See [`super::ExpertStore::rank_precision`].
+    pub(crate) fn rank_precision(&self, variant: Variant) -> Vec<Option<f64>> {
+        self.lock().ranks.0[variant as usize]
             .iter()
             .map(|&(hit, n)| (n > 0).then(|| hit as f64 / n as f64))
             .collect()
     }
 
-    /// Lookahead recall per layer and variant: the share of chosen experts
-    /// the prediction had (`None` for a layer never predicted).
-    pub fn recall(&self) -> Vec<[Option<f64>; 2]> {
-        let recall = self.recall.lock().expect("recall lock");
-        recall
+    /// See [`super::ExpertStore::recall`].
+    pub(crate) fn per_layer(&self) -> Vec<[Option<f64>; 2]> {
+        self.lock()
+            .layers
             .iter()
             .map(|r| {
                 r.score
@@ -223,11 +249,10 @@ impl ExpertStore {
             .collect()
     }
 
-    /// Recall summed over layers, per variant: (predicted and chosen, chosen).
-    pub fn recall_totals(&self) -> [(u64, u64); 2] {
-        let recall = self.recall.lock().expect("recall lock");
+    /// See [`super::ExpertStore::recall_totals`].
+    pub(crate) fn totals(&self) -> [(u64, u64); 2] {
         let mut t = [(0, 0); 2];
-        for r in recall.iter() {
+        for r in self.lock().layers.iter() {
             for (t, s) in t.iter_mut().zip(&r.score) {
                 t.0 += s.0;
                 t.1 += s.1;

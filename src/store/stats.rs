@@ -2,8 +2,8 @@
 //! time compute waited on reads, read latency, prefetch use and waste, and
 //! the fetches and reads of each layer.
 
-use super::ExpertStore;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Counters of the store (summed over layers).
@@ -51,16 +51,6 @@ impl StoreCounters {
     pub fn hit_rate(&self) -> f64 {
         ratio(self.pinned_hits + self.hits, self.lookups())
     }
-
-    /// Pinned hits / lookups.
-    pub fn pinned_hit_rate(&self) -> f64 {
-        ratio(self.pinned_hits, self.lookups())
-    }
-
-    /// Warm (unpinned cached) hits / lookups.
-    pub fn warm_hit_rate(&self) -> f64 {
-        ratio(self.hits, self.lookups())
-    }
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -71,20 +61,91 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-impl ExpertStore {
+/// Prefetch counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PrefetchTally {
+    pub(super) issued: u64,
+    pub(super) issued_bytes: u64,
+    pub(super) used: u64,
+    pub(super) late: u64,
+    pub(super) used_bytes: u64,
+}
+
+/// What the store counts beside its caches and its read service: time
+/// compute waited on reads, each read's latency, layer fetches, demand
+/// reads and cache-aware routing. Counted inside a layer's fetch.
+pub(crate) struct Stats {
+    /// Time compute waited on reads, and the latency of each expert read,
+    /// µs (from its batch's submission until its last byte landed).
+    waits: Mutex<(Duration, hdrhistogram::Histogram<u64>)>,
+    /// See [`StoreCounters::layer_fetches`].
+    pub(crate) layer_fetches: AtomicU64,
+    /// See [`StoreCounters::demand_reads`].
+    pub(crate) demand_reads: AtomicU64,
+    /// See [`StoreCounters::leaned_moved`].
+    leaned_moved: AtomicU64,
+    leaned_chosen: AtomicU64,
+    prefetch: Mutex<PrefetchTally>,
+}
+
+impl Stats {
+    pub(crate) fn new() -> Stats {
+        Stats {
+            waits: Mutex::new((
+                Duration::ZERO,
+                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                    .expect("valid histogram bounds"),
+            )),
+            layer_fetches: AtomicU64::new(0),
+            demand_reads: AtomicU64::new(0),
+            leaned_moved: AtomicU64::new(0),
+            leaned_chosen: AtomicU64::new(0),
+            prefetch: Mutex::new(PrefetchTally::default()),
+        }
+    }
+
+    /// Counts cache-aware routing: `moved` of `chosen` experts differ from
+    /// exact routing's.
+    pub(crate) fn count_leaned(&self, (moved, chosen): (usize, usize)) {
+        self.leaned_moved.fetch_add(moved as u64, Ordering::Relaxed);
+        self.leaned_chosen
+            .fetch_add(chosen as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a prefetch read issued, of `bytes`.
+    pub(crate) fn prefetch_issued(&self, bytes: u64) {
+        let mut t = self.prefetch.lock().expect("prefetch stats lock");
+        t.issued += 1;
+        t.issued_bytes += bytes;
+    }
+
+    /// Counts a prefetched expert a layer asked for; `late` when it was
+    /// still in flight then (promoted to demand).
+    pub(crate) fn prefetch_used(&self, bytes: u64, late: bool) {
+        let mut t = self.prefetch.lock().expect("prefetch stats lock");
+        t.used += 1;
+        t.used_bytes += bytes;
+        t.late += u64::from(late);
+    }
+
+    /// The prefetch counts so far.
+    pub(super) fn prefetch_tally(&self) -> PrefetchTally {
+        *self.prefetch.lock().expect("prefetch stats lock")
+    }
+
     /// Adds one layer's wait time and read latencies.
     pub(crate) fn record_reads(&self, stall: Duration, latencies: &[u64]) {
-        *self.stall.lock().expect("stall lock") += stall;
-        let mut h = self.latency.lock().expect("latency lock");
+        let mut w = self.waits.lock().expect("stats lock");
+        w.0 += stall;
         for &us in latencies {
-            h.saturating_record(us.max(1));
+            w.1.saturating_record(us.max(1));
         }
     }
 
     /// Mean and 99th-percentile expert read latency so far, µs (0 with no
     /// reads).
-    pub fn read_latency_us(&self) -> (f64, u64) {
-        let h = self.latency.lock().expect("latency lock");
+    pub(crate) fn read_latency_us(&self) -> (f64, u64) {
+        let h = &self.waits.lock().expect("stats lock").1;
         if h.is_empty() {
             (0.0, 0)
         } else {
@@ -92,43 +153,19 @@ impl ExpertStore {
         }
     }
 
-    /// The expert read latencies so far as a cumulative histogram: per
-    /// bound (µs), the reads that took at most it; then the count of reads
-    /// and their summed latency (µs).
-    pub fn read_latency_histogram(&self, bounds_us: &[u64]) -> (Vec<u64>, u64, f64) {
-        let h = self.latency.lock().expect("latency lock");
+    /// See [`super::ExpertStore::read_latency_histogram`].
+    pub(crate) fn read_latency_histogram(&self, bounds_us: &[u64]) -> (Vec<u64>, u64, f64) {
+        let h = &self.waits.lock().expect("stats lock").1;
         let below = bounds_us.iter().map(|&b| h.count_between(0, b)).collect();
         (below, h.len(), h.mean() * h.len() as f64)
     }
 
-    /// Counters summed over layers.
-    pub fn counters(&self) -> StoreCounters {
-        let mut c = StoreCounters::default();
-        for cache in &self.caches {
-            let l = cache.lock().expect("cache lock").counters;
-            c.pinned_hits += l.pinned_hits;
-            c.hits += l.hits;
-            c.misses += l.misses;
-            c.evictions += l.evictions;
-        }
-        let r = self.reads.counters();
-        c.bytes_read = r.demand_bytes + r.prefetch_bytes;
-        c.disk_busy = r.busy;
-        c.disk_time = *self.stall.lock().expect("stall lock");
-        let t = *self.prefetch.lock().expect("prefetch lock");
-        c.prefetch_issued = t.issued;
-        c.prefetch_issued_bytes = t.issued_bytes;
-        c.prefetch_used = t.used;
-        c.prefetch_late = t.late;
+    /// Fills the counters this holds.
+    pub(crate) fn fill(&self, c: &mut StoreCounters) {
+        c.disk_time = self.waits.lock().expect("stats lock").0;
         c.layer_fetches = self.layer_fetches.load(Ordering::Relaxed);
         c.demand_reads = self.demand_reads.load(Ordering::Relaxed);
         c.leaned_moved = self.leaned_moved.load(Ordering::Relaxed);
         c.leaned_chosen = self.leaned_chosen.load(Ordering::Relaxed);
-        // Issued and never asked for, less what was cancelled unread (a
-        // wrong guess still in flight counts: it will be read).
-        c.prefetch_wasted_bytes = t
-            .issued_bytes
-            .saturating_sub(t.used_bytes + r.cancelled_bytes);
-        c
     }
 }

@@ -65,25 +65,28 @@ impl UsageTable {
 
     /// Records that `experts` of `layer` were selected now.
     pub fn record(&mut self, layer: usize, experts: &[usize]) {
-        for &e in experts {
-            let u = &mut self.table[layer][e];
-            u.count += 1;
-            u.heat = u.heat.saturating_add(1);
-            u.last_use = self.clock;
-        }
+        record(&mut self.table[layer], experts, self.clock);
     }
 
     /// Advances the clock by `tokens`, halving every heat at each multiple of
     /// the decay interval crossed.
     pub fn tick(&mut self, tokens: u64) {
-        let before = self.clock / self.decay_interval;
+        let passes = decay_passes(self.clock, tokens, self.decay_interval);
         self.clock += tokens;
-        let passes = self.clock / self.decay_interval - before;
-        if passes > 0 {
-            for u in self.table.iter_mut().flatten() {
-                u.heat = u.heat.checked_shr(passes.min(32) as u32).unwrap_or(0);
-            }
+        for layer in &mut self.table {
+            decay(layer, passes);
         }
+    }
+
+    /// Replaces the usage of `layer` (a store keeps each layer's usage
+    /// beside its cache and copies it here to save).
+    pub fn set_layer(&mut self, layer: usize, usage: &[Usage]) {
+        self.table[layer].copy_from_slice(usage);
+    }
+
+    /// Sets the clock (see [`UsageTable::set_layer`]).
+    pub fn set_clock(&mut self, clock: u64) {
+        self.clock = clock;
     }
 
     /// The usage of one expert.
@@ -191,6 +194,31 @@ impl UsageTable {
         self.clock = saved.clock;
         self.baseline = (self.table.clone(), self.clock);
         Ok(saved.clock)
+    }
+}
+
+/// Records that `experts` of one layer were selected at `clock`.
+pub fn record(layer: &mut [Usage], experts: &[usize], clock: u64) {
+    for &e in experts {
+        let u = &mut layer[e];
+        u.count += 1;
+        u.heat = u.heat.saturating_add(1);
+        u.last_use = clock;
+    }
+}
+
+/// Decay passes crossed when the clock advances from `clock` by `tokens`
+/// (heats halve at every multiple of `interval`).
+pub fn decay_passes(clock: u64, tokens: u64, interval: u64) -> u64 {
+    (clock + tokens) / interval - clock / interval
+}
+
+/// Halves every heat of one layer `passes` times.
+pub fn decay(layer: &mut [Usage], passes: u64) {
+    if passes > 0 {
+        for u in layer {
+            u.heat = u.heat.checked_shr(passes.min(32) as u32).unwrap_or(0);
+        }
     }
 }
 

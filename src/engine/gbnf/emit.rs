@@ -13,12 +13,12 @@
 use super::ast::{Expr, Grammar};
 use super::charset::CharSet;
 use super::flow::Node;
-use super::lexemes::Plan;
+use super::lexemes::LexemePlan;
 use std::collections::HashMap;
 use std::fmt::Write;
 
 /// The Lark text of `g` under `plan`.
-pub(super) fn lark<'g>(g: &'g Grammar, plan: &'g Plan) -> String {
+pub(super) fn lark<'g>(g: &'g Grammar, plan: &'g LexemePlan) -> String {
     let mut e = Emitter {
         names: g.rules.iter().map(|r| rule_name(&r.name)).collect(),
         rule_of_body: HashMap::new(),
@@ -84,7 +84,7 @@ struct Emitter<'g> {
 
 impl<'g> Emitter<'g> {
     /// A rule-level node.
-    fn node(&mut self, n: &Node, plan: &'g Plan) -> String {
+    fn node(&mut self, n: &Node, plan: &'g LexemePlan) -> String {
         match n {
             Node::Empty => "\"\"".to_string(),
             Node::Lex(id) => self.lexeme(&plan.lexemes[*id]),

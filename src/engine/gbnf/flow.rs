@@ -14,9 +14,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Node {
     Empty,
-    /// One lexeme: an index into [`super::lexemes::Plan::lexemes`].
+    /// One lexeme: an index into [`super::lexemes::LexemePlan::lexemes`].
     Lex(usize),
-    /// A rule, by index; it has a rule-level body in [`super::lexemes::Plan::bodies`].
+    /// A rule, by index; it has a rule-level body in [`super::lexemes::LexemePlan::bodies`].
     Ref(usize),
     Seq(Vec<Node>),
     Alt(Vec<Node>),

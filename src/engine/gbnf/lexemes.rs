@@ -42,7 +42,7 @@ const PAIR_BUDGET: usize = 20_000;
 const PLAN_BUDGET: usize = 4_000_000;
 
 /// The rule-level grammar and its lexemes.
-pub(super) struct Plan {
+pub(super) struct LexemePlan {
     /// Regular expressions, each one lexeme; their rule references name
     /// regular rules only.
     pub lexemes: Vec<Expr>,
@@ -52,7 +52,7 @@ pub(super) struct Plan {
 }
 
 /// Chooses the lexemes of `g`.
-pub(super) fn plan(g: &Grammar) -> Plan {
+pub(super) fn plan(g: &Grammar) -> LexemePlan {
     let mut b = Builder::new(g, false);
     let mut budget = PLAN_BUDGET;
     for _ in 0..ROUNDS_MAX {
@@ -69,7 +69,7 @@ pub(super) fn plan(g: &Grammar) -> Plan {
 
 /// The plan whose lexemes are all one code point: exact without any
 /// analysis (a lexeme of one code point cannot run on), and slower.
-pub(super) fn atomic_plan(g: &Grammar) -> Plan {
+pub(super) fn atomic_plan(g: &Grammar) -> LexemePlan {
     Builder::new(g, true).into_plan()
 }
 
@@ -201,8 +201,8 @@ impl<'g> Builder<'g> {
         b
     }
 
-    fn into_plan(self) -> Plan {
-        Plan {
+    fn into_plan(self) -> LexemePlan {
+        LexemePlan {
             lexemes: self.lexemes,
             bodies: self.bodies,
         }

@@ -168,14 +168,6 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// Every class kept at f32 (what the checkpoint becomes when only
-    /// dequantized).
-    pub fn full_precision() -> Policy {
-        Policy {
-            widths: Class::ALL.into_iter().map(|c| (c, Width::F32)).collect(),
-        }
-    }
-
     /// Sets the width of `class`. Routers and norms cannot be narrowed.
     pub fn set(&mut self, class: Class, width: Width) -> Result<(), String> {
         if matches!(class, Class::Router | Class::Norm) && width != Width::F32 {

@@ -53,11 +53,6 @@ impl Tier {
             .into_iter()
             .find(|t| t.name() == s)
     }
-
-    /// Whether the lookup found the expert cached.
-    pub fn is_hit(self) -> bool {
-        matches!(self, Tier::Pinned | Tier::Warm)
-    }
 }
 
 fn list(name: &str, item: DataType, nullable: bool) -> Field {

@@ -28,7 +28,7 @@
 //! `--hidden`, `--moe-inter` and `--top-k` change those shapes (small test
 //! models).
 
-use super::realistic::{self, Knobs, Part, Plan};
+use super::realistic::{self, Knobs, Part, RoutingPlan};
 use super::{noise, write_json, write_tokenizer};
 use crate::convert::writer::{FileWriter, Layout, ALIGN};
 use crate::engine::sampler::Rng;
@@ -124,101 +124,118 @@ struct Mla {
 /// Geometries `synth --geometry` knows.
 pub const GEOMETRIES: &[&str] = &["qwen3-30b-a3b", "deepseek-v3", "glm5", "glm5-mini"];
 
+/// Qwen3-30B-A3B: its config.json.
+fn qwen3_30b_a3b() -> Shape {
+    Shape {
+        hidden: 2048,
+        layers: 48,
+        experts: 128,
+        top_k: 8,
+        moe_inter: 768,
+        heads: 32,
+        kv_heads: 4,
+        head_dim: 128,
+        vocab: 151_936,
+        mla: None,
+        realistic: false,
+    }
+}
+
+/// DeepSeek-V3 (671B): its config.json.
+fn deepseek_v3() -> Shape {
+    Shape {
+        hidden: 7168,
+        layers: 61,
+        experts: 256,
+        top_k: 8,
+        moe_inter: 2048,
+        heads: 128,
+        kv_heads: 128,
+        head_dim: 192,
+        vocab: 129_280,
+        realistic: false,
+        mla: Some(Mla {
+            model_type: "deepseek_v3",
+            q_lora: 1536,
+            kv_lora: 512,
+            nope: 128,
+            rope: 64,
+            v: 128,
+            dense_layers: 3,
+            dense_inter: 18_432,
+            n_group: 8,
+            topk_group: 4,
+            indexer: None,
+        }),
+    }
+}
+
+/// GLM-5 (744B): transformers' GlmMoeDsaConfig defaults.
+fn glm5() -> Shape {
+    Shape {
+        hidden: 6144,
+        layers: 78,
+        experts: 256,
+        top_k: 8,
+        moe_inter: 2048,
+        heads: 64,
+        kv_heads: 64,
+        head_dim: 256,
+        vocab: 154_880,
+        realistic: false,
+        mla: Some(Mla {
+            model_type: "glm_moe_dsa",
+            q_lora: 2048,
+            kv_lora: 512,
+            nope: 192,
+            rope: 64,
+            v: 256,
+            dense_layers: 3,
+            dense_inter: 12_288,
+            n_group: 1,
+            topk_group: 1,
+            indexer: Some((32, 128, 2048)),
+        }),
+    }
+}
+
+/// GLM-5's layer structure (MLA + DSA indexer, a dense layer, sigmoid
+/// routing, shared experts) at small sizes: for tests and quick
+/// experiments.
+fn glm5_mini() -> Shape {
+    Shape {
+        hidden: 512,
+        layers: 4,
+        experts: 64,
+        top_k: 8,
+        moe_inter: 128,
+        heads: 8,
+        kv_heads: 8,
+        head_dim: 64,
+        vocab: 1024,
+        realistic: false,
+        mla: Some(Mla {
+            model_type: "glm_moe_dsa",
+            q_lora: 256,
+            kv_lora: 128,
+            nope: 32,
+            rope: 32,
+            v: 64,
+            dense_layers: 1,
+            dense_inter: 512,
+            n_group: 1,
+            topk_group: 1,
+            indexer: Some((4, 32, 2048)),
+        }),
+    }
+}
+
 fn shape(spec: &GeometrySpec) -> Result<Shape> {
     let base = match spec.name.as_str() {
-        "qwen3-30b-a3b" => Shape {
-            hidden: 2048,
-            layers: 48,
-            experts: 128,
-            top_k: 8,
-            moe_inter: 768,
-            heads: 32,
-            kv_heads: 4,
-            head_dim: 128,
-            vocab: 151_936,
-            mla: None,
-            realistic: false,
-        },
-        // DeepSeek-V3 (671B): its config.json.
-        "deepseek-v3" => Shape {
-            hidden: 7168,
-            layers: 61,
-            experts: 256,
-            top_k: 8,
-            moe_inter: 2048,
-            heads: 128,
-            kv_heads: 128,
-            head_dim: 192,
-            vocab: 129_280,
-            realistic: false,
-            mla: Some(Mla {
-                model_type: "deepseek_v3",
-                q_lora: 1536,
-                kv_lora: 512,
-                nope: 128,
-                rope: 64,
-                v: 128,
-                dense_layers: 3,
-                dense_inter: 18_432,
-                n_group: 8,
-                topk_group: 4,
-                indexer: None,
-            }),
-        },
-        // GLM-5 (744B): transformers' GlmMoeDsaConfig defaults.
-        "glm5" => Shape {
-            hidden: 6144,
-            layers: 78,
-            experts: 256,
-            top_k: 8,
-            moe_inter: 2048,
-            heads: 64,
-            kv_heads: 64,
-            head_dim: 256,
-            vocab: 154_880,
-            realistic: false,
-            mla: Some(Mla {
-                model_type: "glm_moe_dsa",
-                q_lora: 2048,
-                kv_lora: 512,
-                nope: 192,
-                rope: 64,
-                v: 256,
-                dense_layers: 3,
-                dense_inter: 12_288,
-                n_group: 1,
-                topk_group: 1,
-                indexer: Some((32, 128, 2048)),
-            }),
-        },
-        // GLM-5's layer structure (MLA + DSA indexer, a dense layer, sigmoid
-        // routing, shared experts) at small sizes: for tests and quick
-        // experiments.
-        "glm5-mini" => Shape {
-            hidden: 512,
-            layers: 4,
-            experts: 64,
-            top_k: 8,
-            moe_inter: 128,
-            heads: 8,
-            kv_heads: 8,
-            head_dim: 64,
-            vocab: 1024,
-            realistic: false,
-            mla: Some(Mla {
-                model_type: "glm_moe_dsa",
-                q_lora: 256,
-                kv_lora: 128,
-                nope: 32,
-                rope: 32,
-                v: 64,
-                dense_layers: 1,
-                dense_inter: 512,
-                n_group: 1,
-                topk_group: 1,
-                indexer: Some((4, 32, 2048)),
-            }),
-        },
+        "qwen3-30b-a3b" => qwen3_30b_a3b(),
+        "deepseek-v3" => deepseek_v3(),
+        "glm5" => glm5(),
+        "glm5-mini" => glm5_mini(),
         other => {
             return Err(Error::Request(format!(
                 "unknown geometry `{other}` (known: {})",
@@ -641,7 +658,7 @@ fn fill(
     p: &Planned,
     s: &Shape,
     spec: &GeometrySpec,
-    real: Option<&Plan>,
+    real: Option<&RoutingPlan>,
     rng: &mut Rng,
 ) -> Result<()> {
     let (rows, cols) = (p.rows, p.cols);
@@ -773,7 +790,7 @@ pub fn write_clamped(
     }
     let real = match spec.routing {
         Routing::Realistic(knobs) => {
-            let (plan, notes) = Plan::clamped(&realistic_dims(&s), knobs, clamp, spec.seed)?;
+            let (plan, notes) = RoutingPlan::clamped(&realistic_dims(&s), knobs, clamp, spec.seed)?;
             notes.iter().for_each(|n| note(n));
             Some(plan)
         }
@@ -890,7 +907,7 @@ fn realistic_dims(s: &Shape) -> realistic::Dims {
 
 /// How the model routes, for config.json (informational: the loader
 /// ignores it): the routing, its knobs and realistic routing's calibration.
-fn routing_json(routing: Routing, real: Option<&Plan>) -> serde_json::Value {
+fn routing_json(routing: Routing, real: Option<&RoutingPlan>) -> serde_json::Value {
     let mut v = json!({"routing": routing.name()});
     if let Routing::Zipf(z) = routing {
         v["zipf_s"] = z.into();

@@ -224,7 +224,7 @@ const SIM_LAYERS_MAX: usize = 4;
 const BISECT_STEPS: usize = 22;
 const ROUNDS: usize = 3;
 
-/// Which tensor of the model a [`Plan`] fills.
+/// Which tensor of the model a [`RoutingPlan`] fills.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
     Embed,
@@ -402,7 +402,7 @@ impl Window {
 /// Realistic routing for one model: its layout, windows and calibration,
 /// and the tensors they imply.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct RoutingPlan {
     dims: Dims,
     layout: Layout,
     /// The context head's window and the previous-tokens head's.
@@ -452,14 +452,14 @@ fn value_heads(l: usize) -> &'static [usize] {
     }
 }
 
-impl Plan {
+impl RoutingPlan {
     /// Lays out and calibrates realistic routing for `dims`; refuses a
     /// geometry too small for it and knobs no parameters reach.
-    pub fn new(dims: &Dims, knobs: Knobs, seed: u64) -> Result<Plan> {
+    pub fn new(dims: &Dims, knobs: Knobs, seed: u64) -> Result<RoutingPlan> {
         Ok(Self::clamped(dims, knobs, Clamp::default(), seed)?.0)
     }
 
-    /// [`Plan::new`], the knobs `clamp` names moved to the nearest value
+    /// [`RoutingPlan::new`], the knobs `clamp` names moved to the nearest value
     /// in reach when theirs is not; with a note per moved knob (its name,
     /// the value asked, the span and the value used).
     pub fn clamped(
@@ -467,7 +467,7 @@ impl Plan {
         knobs: Knobs,
         clamp: Clamp,
         seed: u64,
-    ) -> Result<(Plan, Vec<String>)> {
+    ) -> Result<(RoutingPlan, Vec<String>)> {
         Self::check_attention(dims)?;
         for (name, v) in [
             ("top10 share", knobs.top10_share),
@@ -504,7 +504,7 @@ impl Plan {
             window.pair, previous.pair,
             "the two windows share a RoPE pair"
         );
-        let mut plan = Plan {
+        let mut plan = RoutingPlan {
             dims: dims.clone(),
             layout,
             window,
@@ -959,7 +959,7 @@ struct Measured {
 }
 
 impl Sim {
-    fn new(plan: &Plan) -> Sim {
+    fn new(plan: &RoutingPlan) -> Sim {
         let (e, m) = (plan.dims.experts, plan.layout.m);
         let layers: Vec<usize> = if plan.dims.layers < 2 {
             vec![0]
@@ -972,7 +972,7 @@ impl Sim {
                 let rows = plan.router_rows(l);
                 let mut rng = stream(plan.seed, SALT_SIM, l);
                 let mut project = |rows: &[f64]| {
-                    let a = Plan::gaussian(&mut rng, SIM_TOKENS, m, 1.0);
+                    let a = RoutingPlan::gaussian(&mut rng, SIM_TOKENS, m, 1.0);
                     let mut z = vec![0f64; SIM_TOKENS * e];
                     for (t, zt) in z.chunks_exact_mut(e).enumerate() {
                         let at = &a[t * m..(t + 1) * m];
@@ -1226,7 +1226,7 @@ mod tests {
         // residuals: the self head attends to itself, the context head
         // decays at the planned rate, the written slice has unit variance.
         let d = mla_dims();
-        let p = Plan::new(&d, Knobs::DEFAULT, 7).unwrap();
+        let p = RoutingPlan::new(&d, Knobs::DEFAULT, 7).unwrap();
         let m = d.mla.unwrap();
         let (h, l, qk) = (d.hidden, 1, m.nope + m.rope);
         let (qa, qb) = (p.matrix(Part::QA(l)), p.matrix(Part::QB(l)));
@@ -1314,7 +1314,7 @@ mod tests {
     #[test]
     fn calibration_meets_the_knobs_in_its_own_simulation() {
         for (e, k) in [(8, 2), (64, 8)] {
-            let p = Plan::new(&dims(e, k), Knobs::DEFAULT, 3).unwrap();
+            let p = RoutingPlan::new(&dims(e, k), Knobs::DEFAULT, 3).unwrap();
             let got = p.calibration.predicted;
             let want = Knobs::DEFAULT;
             for (want, got) in [
@@ -1333,7 +1333,9 @@ mod tests {
             top10_share: 0.05,
             ..Knobs::DEFAULT
         };
-        let e = Plan::new(&dims(64, 8), far, 1).unwrap_err().to_string();
+        let e = RoutingPlan::new(&dims(64, 8), far, 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("top10 share") && e.contains("reachable"), "{e}");
         // Left to its default, the same knob gives way to the nearest
         // value in reach, and says so.
@@ -1341,7 +1343,7 @@ mod tests {
             top10_share: true,
             ..Clamp::default()
         };
-        let (p, notes) = Plan::clamped(&dims(64, 8), far, clamp, 1).unwrap();
+        let (p, notes) = RoutingPlan::clamped(&dims(64, 8), far, clamp, 1).unwrap();
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].contains("top10 share") && notes[0].contains("used"));
         assert!(p.calibration.predicted.top10_share > 0.05);
@@ -1349,12 +1351,12 @@ mod tests {
             hidden: 40,
             ..dims(8, 2)
         };
-        assert!(Plan::new(&small, Knobs::DEFAULT, 1).is_err());
+        assert!(RoutingPlan::new(&small, Knobs::DEFAULT, 1).is_err());
     }
 
     #[test]
     fn the_router_reads_its_own_and_the_previous_slice() {
-        let p = Plan::new(&dims(8, 2), Knobs::DEFAULT, 1).unwrap();
+        let p = RoutingPlan::new(&dims(8, 2), Knobs::DEFAULT, 1).unwrap();
         let w = p.rows(Part::Router(2), 0, 8, 256);
         let nonzero = |r: Range<usize>| (0..8).any(|e| r.clone().any(|c| w[e * 256 + c] != 0.0));
         assert!(nonzero(0..1) && nonzero(p.layout.layer(1)) && nonzero(p.layout.layer(2)));

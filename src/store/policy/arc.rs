@@ -9,7 +9,7 @@
 //! State is per expert (list and stamp), sized at creation: no allocation
 //! per access; trimming a ghost scans the layer's experts.
 
-use super::{Policy, Slot, View};
+use super::{Evictor, Slot, View};
 
 const NONE: u8 = 0;
 const T1: u8 = 1;
@@ -101,7 +101,7 @@ impl Adaptive {
     }
 }
 
-impl Policy for Adaptive {
+impl Evictor for Adaptive {
     fn name(&self) -> &'static str {
         "arc"
     }
@@ -154,7 +154,7 @@ impl Policy for Adaptive {
         self.p = self.p.min(limit);
     }
 
-    fn clone_box(&self) -> Box<dyn Policy> {
+    fn clone_box(&self) -> Box<dyn Evictor> {
         Box::new(self.clone())
     }
 }

@@ -4,9 +4,9 @@
 //! slot). Over a layer's accesses this is the fewest misses any policy can
 //! have with that many slots: the ratio to it bounds what a better live
 //! policy could gain. It needs every access's next use
-//! ([`Policy::on_next_use`]), which only the replay knows.
+//! ([`Evictor::on_next_use`]), which only the replay knows.
 
-use super::{Policy, Slot, View};
+use super::{Evictor, Slot, View};
 
 /// The offline optimum.
 #[derive(Clone, Debug)]
@@ -28,7 +28,7 @@ impl Belady {
     }
 }
 
-impl Policy for Belady {
+impl Evictor for Belady {
     fn name(&self) -> &'static str {
         "belady"
     }
@@ -56,7 +56,7 @@ impl Policy for Belady {
         true
     }
 
-    fn clone_box(&self) -> Box<dyn Policy> {
+    fn clone_box(&self) -> Box<dyn Evictor> {
         Box::new(self.clone())
     }
 }

@@ -7,13 +7,13 @@
 //! least recently touched. This is our per-layer reading of the paper's
 //! policy (its cache spans layers).
 
-use super::{lowest, Policy, Slot, View};
+use super::{lowest, Evictor, Slot, View};
 
 /// The expert chosen the most tokens ago goes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LeastStale;
 
-impl Policy for LeastStale {
+impl Evictor for LeastStale {
     fn name(&self) -> &'static str {
         "least-stale"
     }
@@ -25,7 +25,7 @@ impl Policy for LeastStale {
         })
     }
 
-    fn clone_box(&self) -> Box<dyn Policy> {
+    fn clone_box(&self) -> Box<dyn Evictor> {
         Box::new(*self)
     }
 }

@@ -3,7 +3,7 @@
 //! `(heat << 8) | recent` with `recent = 255 − min(age, 255)`; the lowest
 //! score goes.
 
-use super::{lowest, Policy, Slot, View};
+use super::{lowest, Evictor, Slot, View};
 use crate::store::usage::Usage;
 
 /// The LFRU score of an expert with `u` at usage clock `now`.
@@ -16,7 +16,7 @@ pub fn lfru_score(u: Usage, now: u64) -> u64 {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Lfru;
 
-impl Policy for Lfru {
+impl Evictor for Lfru {
     fn name(&self) -> &'static str {
         "lfru"
     }
@@ -25,7 +25,7 @@ impl Policy for Lfru {
         lowest(slots, |s| lfru_score(view.of(s.key), view.now))
     }
 
-    fn clone_box(&self) -> Box<dyn Policy> {
+    fn clone_box(&self) -> Box<dyn Evictor> {
         Box::new(*self)
     }
 }

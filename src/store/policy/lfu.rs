@@ -2,13 +2,13 @@
 //! lifetime, the saved history included) goes; the least recently used of
 //! equally frequent ones first.
 
-use super::{lowest, Policy, Slot, View};
+use super::{lowest, Evictor, Slot, View};
 
 /// Least frequently used.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Lfu;
 
-impl Policy for Lfu {
+impl Evictor for Lfu {
     fn name(&self) -> &'static str {
         "lfu"
     }
@@ -17,7 +17,7 @@ impl Policy for Lfu {
         lowest(slots, |s| (view.of(s.key).count, s.last))
     }
 
-    fn clone_box(&self) -> Box<dyn Policy> {
+    fn clone_box(&self) -> Box<dyn Evictor> {
         Box::new(*self)
     }
 }

@@ -2,13 +2,13 @@
 //! own clock, so of one step's experts the lowest-numbered was touched
 //! first).
 
-use super::{lowest, Policy, Slot, View};
+use super::{lowest, Evictor, Slot, View};
 
 /// Least recently used.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Lru;
 
-impl Policy for Lru {
+impl Evictor for Lru {
     fn name(&self) -> &'static str {
         "lru"
     }
@@ -17,7 +17,7 @@ impl Policy for Lru {
         lowest(slots, |s| s.last)
     }
 
-    fn clone_box(&self) -> Box<dyn Policy> {
+    fn clone_box(&self) -> Box<dyn Evictor> {
         Box::new(*self)
     }
 }

@@ -1,12 +1,12 @@
 //! Eviction policies and pinning rules (SPEC §7).
 //!
-//! A [`Policy`] decides which expert a full layer cache evicts. The same
+//! An [`Evictor`] decides which expert a full layer cache evicts. The same
 //! policy objects drive the live cache ([`super::cache::SlotCache`] inside
 //! the store) and the offline replay (`crate::lab::replay`, which drives a
 //! `SlotCache<()>` from a recorded trace), so a replay of a run with the
 //! run's policy and slots reproduces its hits and misses exactly.
 //!
-//! A policy is one file here: its state, its [`Policy`] impl and its table
+//! A policy is one file here: its state, its [`Evictor`] impl and its table
 //! tests; [`EvictPolicy`] names the live ones, [`build`] every one by name.
 //!
 //! - `lru`: the least recently looked-up or inserted expert goes.
@@ -73,8 +73,8 @@ impl View<'_> {
 }
 
 /// An eviction policy of one layer's cache. The cache calls the hooks as
-/// things happen and [`Policy::victim`] when it must make room.
-pub trait Policy: Send {
+/// things happen and [`Evictor::victim`] when it must make room.
+pub trait Evictor: Send {
     /// The name `--policy` and `replay --policy` take.
     fn name(&self) -> &'static str;
 
@@ -98,13 +98,13 @@ pub trait Policy: Send {
     /// `key`, looked up now, is next looked up at access `at` (`u64::MAX`:
     /// never). Only the replay knows; the live cache never calls it.
     fn on_next_use(&mut self, _key: usize, _at: u64) {}
-    /// Whether the policy needs [`Policy::on_next_use`] (the future).
+    /// Whether the policy needs [`Evictor::on_next_use`] (the future).
     fn offline(&self) -> bool {
         false
     }
 
     /// A copy with the same state (the cache's dry runs use one).
-    fn clone_box(&self) -> Box<dyn Policy>;
+    fn clone_box(&self) -> Box<dyn Evictor>;
 }
 
 /// The unpinned slot with the lowest `score`, the earliest inserted among
@@ -159,7 +159,7 @@ impl EvictPolicy {
     }
 
     /// A fresh policy for a layer of `experts` experts.
-    pub fn build(self, experts: usize) -> Box<dyn Policy> {
+    pub fn build(self, experts: usize) -> Box<dyn Evictor> {
         match self {
             EvictPolicy::Lru => Box::new(Lru),
             EvictPolicy::Lfru => Box::new(Lfru),
@@ -175,7 +175,7 @@ pub const NAMES: [&str; 6] = ["lru", "lfru", "lfu", "least-stale", "arc", "belad
 
 /// A fresh policy named `name` for a layer of `experts` experts, offline
 /// ones included.
-pub fn build(name: &str, experts: usize) -> Option<Box<dyn Policy>> {
+pub fn build(name: &str, experts: usize) -> Option<Box<dyn Evictor>> {
     if name == "belady" {
         return Some(Box::new(Belady::new(experts)));
     }
