@@ -3,17 +3,19 @@
 //! off. Pure logic (no clock, no model): the session feeds each decode
 //! step's cost and outcome in, and asks before the next step.
 //!
-//! - Figures: moving averages ([`EMA_WEIGHT`]) of a plain step's and a
-//!   verify step's wall time and expert bytes read, of the tokens a verify
-//!   step produced, and of the acceptance at each draft position.
+//! - Figures: the medians of the last [`COST_WINDOW`] plain steps' and
+//!   verify steps' wall time and expert bytes read (a median, so one slow
+//!   read on a shared disk does not decide), and moving averages
+//!   ([`EMA_WEIGHT`]) of the tokens a verify step produced and of the
+//!   acceptance at each draft position.
 //! - Gain: tokens per verify step over the verify step's cost in plain
 //!   steps (`verify s / plain s`, at least 1: a verify is never cheaper
 //!   than a plain step, and a ratio below 1 is noise). The wall time
 //!   holds the verify's extra expert reads; their byte ratio is reported
 //!   beside it, not counted twice.
 //! - Warm-up: drafts on every step but one in [`PLAIN_SAMPLE_EVERY`] (the
-//!   plain samples) until [`WARMUP_VERIFY_STEPS`] verify and
-//!   [`WARMUP_PLAIN_STEPS`] plain steps are measured; then on while the
+//!   plain samples) until [`WARMUP_VERIFY_STEPS`] verify steps are
+//!   measured, then plain until [`WARMUP_PLAIN_STEPS`] are; then on while the
 //!   gain is at least [`GAIN_MIN`] (a plain step every
 //!   [`PLAIN_REFRESH_EVERY`] keeps the plain cost current), off below.
 //! - Off: plain steps, with one drafted probe after `probe_every` of them;
@@ -24,12 +26,14 @@
 //! Lossless whatever it decides: it only chooses whether drafts are fed,
 //! and every token still comes from the target's logits.
 
-/// Weight of the newest step in every moving average.
+/// Weight of the newest step in the acceptance moving averages.
 pub const EMA_WEIGHT: f64 = 0.25;
+/// Steps of each kind whose cost the medians are taken over.
+pub const COST_WINDOW: usize = 8;
 /// Verify steps measured before the first decision.
 pub const WARMUP_VERIFY_STEPS: u32 = 8;
 /// Plain steps measured before the first decision.
-pub const WARMUP_PLAIN_STEPS: u32 = 2;
+pub const WARMUP_PLAIN_STEPS: u32 = 3;
 /// During warm-up, one step in this many is plain (the plain cost sample).
 pub const PLAIN_SAMPLE_EVERY: u32 = 4;
 /// While on, one step in this many is plain (keeps the plain cost current
@@ -112,15 +116,44 @@ impl Ema {
     }
 }
 
+/// The last [`COST_WINDOW`] samples, for their median.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    samples: Vec<f64>,
+    next: usize,
+}
+
+impl Window {
+    fn add(&mut self, x: f64) {
+        if self.samples.len() < COST_WINDOW {
+            self.samples.push(x);
+        } else {
+            self.samples[self.next] = x;
+        }
+        self.next = (self.next + 1) % COST_WINDOW;
+    }
+
+    fn median(&self) -> Option<f64> {
+        let mut v = self.samples.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        match n {
+            0 => None,
+            _ if n % 2 == 1 => Some(v[n / 2]),
+            _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+        }
+    }
+}
+
 /// The gate of one session.
 #[derive(Clone, Debug)]
 pub struct Gate {
     phase: Phase,
-    plain_s: Ema,
-    plain_bytes: Ema,
+    plain_s: Window,
+    plain_bytes: Window,
     plain_n: u32,
-    verify_s: Ema,
-    verify_bytes: Ema,
+    verify_s: Window,
+    verify_bytes: Window,
     verify_n: u32,
     tokens: Ema,
     accept_at: Vec<Ema>,
@@ -139,11 +172,11 @@ impl Gate {
     pub fn new() -> Gate {
         Gate {
             phase: Phase::Warmup,
-            plain_s: Ema::default(),
-            plain_bytes: Ema::default(),
+            plain_s: Window::default(),
+            plain_bytes: Window::default(),
             plain_n: 0,
-            verify_s: Ema::default(),
-            verify_bytes: Ema::default(),
+            verify_s: Window::default(),
+            verify_bytes: Window::default(),
             verify_n: 0,
             tokens: Ema::default(),
             accept_at: Vec::new(),
@@ -159,6 +192,8 @@ impl Gate {
     /// Whether the next decode step drafts.
     pub fn decide(&mut self) -> Decision {
         let d = match self.phase {
+            // The verify steps are in: the plain samples still missing.
+            Phase::Warmup if self.verify_n >= WARMUP_VERIFY_STEPS => Decision::Plain,
             Phase::Warmup if self.plain_n < WARMUP_PLAIN_STEPS => {
                 plain_sample(self.since_plain, PLAIN_SAMPLE_EVERY)
             }
@@ -254,7 +289,7 @@ impl Gate {
     }
 
     fn time_ratio(&self) -> Option<f64> {
-        ratio(self.verify_s.0?, self.plain_s.0?)
+        ratio(self.verify_s.median()?, self.plain_s.median()?)
     }
 
     /// What the gate did, with its latest figures.
@@ -264,8 +299,8 @@ impl Gate {
             time_ratio: self.time_ratio(),
             bytes_ratio: self
                 .verify_bytes
-                .0
-                .zip(self.plain_bytes.0)
+                .median()
+                .zip(self.plain_bytes.median())
                 .and_then(|(v, p)| ratio(v, p)),
             tokens_per_verify: self.tokens.0,
             acceptance_at: self.accept_at.iter().filter_map(|a| a.0).collect(),
@@ -319,10 +354,11 @@ mod tests {
     #[test]
     fn warmup_samples_plain_steps_then_decides() {
         let mut g = Gate::new();
-        let d = run(&mut g, 12, 0);
-        // One plain step in PLAIN_SAMPLE_EVERY until two are measured.
-        let plain: Vec<usize> = (0..12).filter(|&i| d[i] == Decision::Plain).collect();
-        assert_eq!(&plain[..2], &[3, 7]);
+        let d = run(&mut g, 14, 0);
+        // One plain step in PLAIN_SAMPLE_EVERY until three are measured.
+        let plain: Vec<usize> = (0..14).filter(|&i| d[i] == Decision::Plain).collect();
+        // (the third right after the eighth verify step, at 9).
+        assert_eq!(&plain[..3], &[3, 7, 10]);
         // Never accepted: off once 8 verify steps are in.
         assert!(matches!(g.phase(), Phase::Off { .. }));
         let s = g.stats();
@@ -351,8 +387,8 @@ mod tests {
     #[test]
     fn off_probes_with_a_growing_interval() {
         let mut g = Gate::new();
-        // Off at the tenth step (the eighth verify).
-        run(&mut g, 10, 0);
+        // Off at the eleventh step (the eighth verify).
+        run(&mut g, 11, 0);
         assert_eq!(
             g.phase(),
             Phase::Off {
@@ -409,6 +445,23 @@ mod tests {
         }
         // Noise made verify look cheaper; zero acceptance still loses.
         assert_eq!(g.gain(), Some(1.0));
+        assert!(matches!(g.phase(), Phase::Off { .. }));
+    }
+
+    #[test]
+    fn one_slow_step_does_not_decide() {
+        let mut g = Gate::new();
+        g.record_plain(PLAIN);
+        // One plain step stalled on a slow read.
+        g.record_plain(StepCost {
+            seconds: 50.0,
+            bytes: 100,
+        });
+        g.record_plain(PLAIN);
+        for _ in 0..8 {
+            g.record_verify(VERIFY, 4, 0, 1);
+        }
+        assert_eq!(g.stats().time_ratio, Some(1.5));
         assert!(matches!(g.phase(), Phase::Off { .. }));
     }
 
