@@ -20,7 +20,7 @@ for round in $(seq 1 "$ROUNDS"); do
       "$BIN" run "tests/fixtures/trained/$model" -p "$PROMPT" -n "$TOKENS" --ignore-eos \
         --expert-cache 4 --io direct --no-history --speculate "$mode" --draft 4 --json 2>/dev/null |
         python3 -c '
-import json, sys
+import hashlib, json, sys
 d = json.load(sys.stdin); s = d["stats"]; sp = s.get("speculation") or {}
 g = sp.get("gate") or {}
 acc = [a / n if n else 0 for a, n in zip(sp.get("accepted_at", []), sp.get("drafted_at", []))]
@@ -31,7 +31,7 @@ print(json.dumps({"round": int(sys.argv[1]), "model": sys.argv[2], "mode": sys.a
   "acceptance_at": [round(a, 3) for a in acc],
   "tokens_per_verify": sp["tokens"] / sp["steps"] if sp.get("steps") else None,
   "gate": {k: g[k] for k in ("on_steps", "off_steps", "probes", "turned_off", "turned_on", "gain", "time_ratio", "bytes_ratio") if k in g},
-  "ids": d["token_ids"][:8]}))' "$round" "$model" "$mode"
+  "ids_sha256": hashlib.sha256(json.dumps(d["token_ids"]).encode()).hexdigest()[:16]}))' "$round" "$model" "$mode"
     done
   done
 done
