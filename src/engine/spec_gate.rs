@@ -19,8 +19,9 @@
 //!   gain is at least [`GAIN_MIN`] (a plain step every
 //!   [`PLAIN_REFRESH_EVERY`] keeps the plain cost current), off below.
 //! - Off: plain steps, with one drafted probe after `probe_every` of them;
-//!   a probe that lifts the gain to [`GAIN_RESUME`] turns drafting back
-//!   on, one that does not doubles `probe_every` (from
+//!   a probe (weighted [`PROBE_WEIGHT`] in the averages) that lifts the
+//!   gain to [`GAIN_RESUME`] turns drafting back on, one that does not
+//!   doubles `probe_every` (from
 //!   [`PROBE_EVERY_MIN`] up to [`PROBE_EVERY_MAX`]).
 //!
 //! Lossless whatever it decides: it only chooses whether drafts are fed,
@@ -28,6 +29,9 @@
 
 /// Weight of the newest step in the acceptance moving averages.
 pub const EMA_WEIGHT: f64 = 0.25;
+/// Weight of a probe's outcome in the acceptance averages: the figures
+/// are stale while off, and the probe is the freshest evidence.
+pub const PROBE_WEIGHT: f64 = 0.5;
 /// Steps of each kind whose cost the medians are taken over.
 pub const COST_WINDOW: usize = 8;
 /// Verify steps measured before the first decision.
@@ -108,9 +112,9 @@ pub struct GateStats {
 struct Ema(Option<f64>);
 
 impl Ema {
-    fn add(&mut self, x: f64) {
+    fn add(&mut self, x: f64, weight: f64) {
         self.0 = Some(match self.0 {
-            Some(v) => v + EMA_WEIGHT * (x - v),
+            Some(v) => v + weight * (x - v),
             None => x,
         });
     }
@@ -238,12 +242,16 @@ impl Gate {
         self.verify_bytes.add(cost.bytes as f64);
         self.verify_n += 1;
         self.since_plain += 1;
-        self.tokens.add(tokens as f64);
+        let weight = match self.phase {
+            Phase::Off { .. } => PROBE_WEIGHT,
+            _ => EMA_WEIGHT,
+        };
+        self.tokens.add(tokens as f64, weight);
         if self.accept_at.len() < drafted {
             self.accept_at.resize(drafted, Ema::default());
         }
         for (i, a) in self.accept_at.iter_mut().take(drafted).enumerate() {
-            a.add((i < accepted) as u8 as f64);
+            a.add((i < accepted) as u8 as f64, weight);
         }
         match self.phase {
             Phase::Off { probe_every, .. } => {
@@ -430,8 +438,9 @@ mod tests {
         let s = g.stats();
         assert_eq!((s.turned_off, s.turned_on), (1, 1));
         assert!(s.gain.unwrap() >= GAIN_RESUME);
-        // A few probes suffice (tokens 1 → 5 at weight 1/4: 2.0, 2.75 …).
-        assert!(s.probes <= 3, "{s:?}");
+        // One probe suffices (tokens 1 → 5 at PROBE_WEIGHT: 3.0, a gain
+        // of 2.0).
+        assert_eq!(s.probes, 1, "{s:?}");
     }
 
     #[test]
