@@ -8,7 +8,9 @@ mod common;
 use common::fixture;
 use moestream::engine::generate::{generate, GenOptions};
 use moestream::engine::sampler::SamplingParams;
-use moestream::engine::Speculation;
+use moestream::engine::spec_gate::WARMUP_VERIFY_STEPS;
+use moestream::engine::{DraftSource, Engine, Session, Speculation};
+use moestream::model::profile::Profile;
 use moestream::model::{LoadOptions, Model};
 use std::collections::HashMap;
 
@@ -221,4 +223,91 @@ fn bench_verify_prints_one_row_per_draft_length() {
     // of a plain step.
     let mb_ratio: f64 = rows[1].split_whitespace().last().unwrap().parse().unwrap();
     assert!(mb_ratio >= 1.0, "{}", out.stdout);
+}
+
+/// Drafts a token the target will not choose: the one after the plain
+/// greedy output's token at that position (so the gate sees acceptance 0).
+struct WrongDraft {
+    want: Vec<u32>,
+    prompt_len: usize,
+    vocab: u32,
+}
+
+impl DraftSource for WrongDraft {
+    fn propose(
+        &mut self,
+        _model: &Model,
+        history: &[u32],
+        k: usize,
+        out: &mut Vec<u32>,
+        _prof: &mut Profile,
+    ) -> moestream::error::Result<()> {
+        if let Some(&t) = self.want.get(history.len() - self.prompt_len) {
+            out.extend(std::iter::repeat_n((t + 1) % self.vocab, k));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn the_gate_stops_a_drafter_that_is_never_accepted() {
+    let model = load("qwen3_moe");
+    let greedy = SamplingParams::default();
+    let o = opts(120, greedy, Speculation::Off);
+    let plain = generate(&model, &PROMPT, &o, |_| Ok(())).unwrap().token_ids;
+    let engine = Engine::new(&model);
+    let mut s = Session::new(&model, &PROMPT, &o).unwrap();
+    let vocab = model.cfg.vocab_size as u32;
+    let draft = WrongDraft {
+        want: plain.clone(),
+        prompt_len: PROMPT.len(),
+        vocab,
+    };
+    s.set_drafter(Box::new(draft), 4);
+    s.gate_drafting();
+    let mut prof = Profile::default();
+    while !s.is_done() {
+        engine.step(&mut [&mut s], &mut prof).unwrap();
+    }
+    assert_eq!(s.tokens(), plain);
+    let st = s.spec_stats();
+    let g = st.gate.as_ref().expect("gate figures");
+    assert_eq!(st.accepted, 0);
+    // Off once the warm-up's verify steps are measured, never back on;
+    // after that only the probes draft, at a growing interval
+    // (8, 16, 32 plain steps: three in 120 tokens).
+    assert_eq!((g.turned_off, g.turned_on), (1, 0), "{g:?}");
+    assert_eq!(g.probes, 3, "{g:?}");
+    assert_eq!(
+        st.steps,
+        u64::from(WARMUP_VERIFY_STEPS) + g.probes,
+        "{st:?}"
+    );
+    assert_eq!(g.tokens_per_verify, Some(1.0));
+    assert!(g.off_steps > 90, "{g:?}");
+}
+
+#[test]
+fn auto_behind_the_gate_gives_the_plain_tokens() {
+    // qwen3_moe drafts by prompt lookup, deepseek_v3 with its MTP head;
+    // on random weights neither pays, and the gate turns them off.
+    for family in ["qwen3_moe", "deepseek_v3"] {
+        let model = load(family);
+        let greedy = SamplingParams::default();
+        let plain = generate(
+            &model,
+            &PROMPT,
+            &opts(100, greedy, Speculation::Off),
+            |_| Ok(()),
+        )
+        .unwrap();
+        let auto = Speculation::Auto { draft: 3 };
+        let g = generate(&model, &PROMPT, &opts(100, greedy, auto), |_| Ok(())).unwrap();
+        assert_eq!(g.token_ids, plain.token_ids, "{family}");
+        let sp = g.stats.speculation.clone().unwrap();
+        let gate = sp.gate.as_ref().expect("gate figures");
+        assert!(gate.on_steps + gate.off_steps > 0, "{family}: {sp:?}");
+        assert!(g.stats.line().contains("gate: drafting on"), "{family}");
+        eprintln!("{family}: {}", sp.line());
+    }
 }

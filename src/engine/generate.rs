@@ -150,7 +150,7 @@ impl crate::engine::SpecStats {
         let per: Vec<String> = (self.drafted_at.iter().zip(&self.accepted_at))
             .map(|(d, a)| format!("{:.0}%", rate(*a, *d)))
             .collect();
-        format!(
+        let line = format!(
             "[speculation] drafted {}, accepted {} ({:.0}%; by position {}), {:.2} tokens per verify step over {} steps",
             self.drafted,
             self.accepted,
@@ -158,6 +158,28 @@ impl crate::engine::SpecStats {
             per.join(" "),
             self.tokens as f64 / self.steps.max(1) as f64,
             self.steps,
+        );
+        match &self.gate {
+            Some(g) => format!("{line} | {}", g.line()),
+            None => line,
+        }
+    }
+}
+
+impl crate::engine::spec_gate::GateStats {
+    /// The gate's part of the speculation line.
+    pub fn line(&self) -> String {
+        let fig = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+        format!(
+            "gate: drafting on {} steps, off {} ({} probes; turned off {}, on {}), gain {}x (verify {}x a plain step's time, {}x its expert bytes)",
+            self.on_steps,
+            self.off_steps,
+            self.probes,
+            self.turned_off,
+            self.turned_on,
+            fig(self.gain),
+            fig(self.time_ratio),
+            fig(self.bytes_ratio),
         )
     }
 }

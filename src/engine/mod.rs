@@ -24,6 +24,7 @@
 //! ```
 
 use crate::engine::sampler::Sampler;
+use crate::engine::spec_gate::{Gate, StepCost};
 use crate::error::{Error, Result};
 use crate::model::kv::KvCache;
 use crate::model::profile::Profile;
@@ -39,6 +40,7 @@ mod logprobs;
 mod pool;
 pub mod runtime;
 pub mod sampler;
+pub mod spec_gate;
 mod speculate;
 pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};
@@ -107,6 +109,9 @@ pub struct Session {
     /// The positions fed by a decode step: the last token, then drafts.
     feed: Vec<u32>,
     spec_stats: SpecStats,
+    /// Whether this step drafts, from measured figures (`--speculate
+    /// auto`); `None`: every step with a drafter drafts.
+    gate: Option<Gate>,
     /// The output constraint's state, if any.
     grammar: Option<GrammarState>,
     /// A constraint that starts once the output holds its `after` text
@@ -149,6 +154,13 @@ impl Session {
             }
             None => (model.new_kv(positions), 0),
         };
+        // A constrained or biased session does not draft: its mask depends
+        // on every token before it, and a draft is verified against
+        // unbiased logits.
+        let drafter = match (&opts.constraint, opts.logit_bias.is_empty()) {
+            (None, true) => opts.speculation.source(model, positions)?,
+            _ => None,
+        };
         Ok(Session {
             prompt: prompt.to_vec(),
             fed,
@@ -161,13 +173,8 @@ impl Session {
             out: Vec::with_capacity(max_tokens),
             done: max_tokens == 0,
             logits: Vec::new(),
-            // A constrained or biased session does not draft: its mask
-            // depends on every token before it, and a draft is verified
-            // against unbiased logits.
-            drafter: match (&opts.constraint, opts.logit_bias.is_empty()) {
-                (None, true) => opts.speculation.source(model, positions)?,
-                _ => None,
-            },
+            gate: (drafter.is_some() && opts.speculation.gated()).then(Gate::new),
+            drafter,
             grammar: match &opts.constraint {
                 Some(c) if c.after.is_empty() => Some(c.grammars.start(&c.constraint)?),
                 _ => None,
@@ -360,6 +367,13 @@ impl Session {
     /// Stops drafting (a request that wants per-token logprobs).
     pub fn stop_speculating(&mut self) {
         self.drafter = None;
+        self.gate = None;
+    }
+
+    /// Puts drafting behind a fresh gate ([`spec_gate`]), as
+    /// `Speculation::Auto` does.
+    pub fn gate_drafting(&mut self) {
+        self.gate = Some(Gate::new());
     }
 
     /// What speculation did so far.
@@ -466,6 +480,8 @@ impl<'m> Engine<'m> {
             return Ok(produced);
         }
         let started = std::time::Instant::now();
+        let gated = active.iter().any(|&i| sessions[i].gate.is_some());
+        let bytes_before = gated.then(|| self.model.store.counters().bytes_read);
         let mut prefilled = 0;
         let mut fed = Vec::with_capacity(active.len());
         let prefilling = sessions
@@ -511,17 +527,39 @@ impl<'m> Engine<'m> {
         }
         let h = self.model.cfg.hidden_size;
         let mut row = 0;
+        // Decode steps: the session, its accepted drafts.
+        let mut decoded = Vec::with_capacity(active.len());
         for (&i, &n) in active.iter().zip(&fed) {
             let rows = &hidden[row * h..(row + n) * h];
             row += n;
             let s = &mut *sessions[i];
             let start = s.kv.len() - n;
-            produced[i] = if s.in_prefill() || s.drafts.is_empty() {
-                s.advance(n, self.model, &rows[(n - 1) * h..])?.is_some() as usize
+            let decoding = !s.in_prefill();
+            let accepted;
+            (produced[i], accepted) = if !decoding || s.drafts.is_empty() {
+                let n = s.advance(n, self.model, &rows[(n - 1) * h..])?.is_some() as usize;
+                (n, 0)
             } else {
                 s.verify(self.model, rows)?
             };
+            if decoding {
+                decoded.push((i, accepted));
+            }
             s.observe(self.model, rows, start, prof)?;
+        }
+        if let Some(before) = bytes_before {
+            let cost = StepCost {
+                seconds: started.elapsed().as_secs_f64(),
+                bytes: self
+                    .model
+                    .store
+                    .counters()
+                    .bytes_read
+                    .saturating_sub(before),
+            };
+            for (i, accepted) in decoded {
+                sessions[i].record_gate(cost, accepted, produced[i]);
+            }
         }
         Ok(produced)
     }

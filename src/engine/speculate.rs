@@ -8,6 +8,7 @@
 //! survives only when it is that token, and the KV of positions after the
 //! first rejection is rolled back.
 
+use super::spec_gate::{Decision, GateStats, StepCost};
 use super::Session;
 use crate::engine::sampler::argmax;
 use crate::error::Result;
@@ -25,7 +26,11 @@ impl Session {
         let Some(&last) = self.out.last() else {
             return Ok(());
         };
-        if let Some((source, k)) = &mut self.drafter {
+        let gated_off = self
+            .gate
+            .as_mut()
+            .is_some_and(|g| g.decide() == Decision::Plain);
+        if let (Some((source, k)), false) = (&mut self.drafter, gated_off) {
             let room = self.max_tokens - self.out.len() - 1;
             let mut history = std::mem::take(&mut self.feed);
             history.extend_from_slice(&self.prompt);
@@ -75,8 +80,9 @@ impl Session {
     /// hidden states): the token at each position, in order, from the
     /// target's logits there, until one differs from its draft (or the
     /// session ends); then the KV of the positions after the last kept
-    /// draft is rolled back. Returns the tokens produced.
-    pub(super) fn verify(&mut self, model: &Model, rows: &[f32]) -> Result<usize> {
+    /// draft is rolled back. Returns the tokens produced and the drafts
+    /// accepted.
+    pub(super) fn verify(&mut self, model: &Model, rows: &[f32]) -> Result<(usize, usize)> {
         let h = model.cfg.hidden_size;
         let k = self.drafts.len();
         let kv_before = self.kv.len() - (k + 1);
@@ -99,7 +105,20 @@ impl Session {
         }
         self.kv.truncate(kv_before + 1 + accepted);
         self.spec_stats.record(k, accepted, produced);
-        Ok(produced)
+        Ok((produced, accepted))
+    }
+
+    /// After a decode step that cost `cost` (the whole step: drafting,
+    /// the forward, the verify): tells the gate, if any, what it did.
+    pub(super) fn record_gate(&mut self, cost: StepCost, accepted: usize, produced: usize) {
+        let Some(gate) = &mut self.gate else {
+            return;
+        };
+        match self.drafts.len() {
+            0 => gate.record_plain(cost),
+            k => gate.record_verify(cost, k, accepted, produced),
+        }
+        self.spec_stats.gate = Some(gate.stats());
     }
 }
 
@@ -141,7 +160,9 @@ pub enum Speculation {
     Ngram { draft: usize },
     /// The model's own MTP head, recursively (DeepSeek-V3, GLM).
     Mtp { draft: usize },
-    /// MTP where the model has an MTP head, else prompt lookup.
+    /// MTP where the model has an MTP head, else prompt lookup, behind the
+    /// gate ([`crate::engine::spec_gate`]): drafting stops while the
+    /// measured acceptance does not pay for the measured verify cost.
     Auto { draft: usize },
 }
 
@@ -163,6 +184,11 @@ impl Speculation {
             }
         };
         Ok(Some(source))
+    }
+
+    /// Whether drafting is behind the gate.
+    pub fn gated(self) -> bool {
+        matches!(self, Speculation::Auto { .. })
     }
 }
 
@@ -287,7 +313,7 @@ pub fn ngram_propose(history: &[u32], k: usize, out: &mut Vec<u32>) {
 }
 
 /// What speculation did for a session.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SpecStats {
     /// Verify steps (forwards that carried drafts).
     pub steps: u64,
@@ -300,6 +326,8 @@ pub struct SpecStats {
     /// Tokens produced by verify steps (accepted drafts plus the target's
     /// own token of each step).
     pub tokens: u64,
+    /// What the gate did (`None` without one: `--speculate ngram|mtp`).
+    pub gate: Option<GateStats>,
 }
 
 impl SpecStats {
@@ -332,6 +360,18 @@ impl SpecStats {
         for i in 0..o.drafted_at.len() {
             self.drafted_at[i] += o.drafted_at[i];
             self.accepted_at[i] += o.accepted_at[i];
+        }
+        if let Some(og) = &o.gate {
+            let g = self.gate.get_or_insert_with(GateStats::default);
+            // Counters add; the figures are the latest session's.
+            *g = GateStats {
+                on_steps: g.on_steps + og.on_steps,
+                off_steps: g.off_steps + og.off_steps,
+                probes: g.probes + og.probes,
+                turned_off: g.turned_off + og.turned_off,
+                turned_on: g.turned_on + og.turned_on,
+                ..og.clone()
+            };
         }
     }
 }
