@@ -771,7 +771,7 @@ pub fn write(dir: &Path, spec: &GeometrySpec, progress: bool) -> Result<()> {
     )
 }
 
-/// [`write`], realistic routing's knobs that `clamp` names moved into the
+/// [`write()`], realistic routing's knobs that `clamp` names moved into the
 /// geometry's reach when out of it, each move told to `note` before the
 /// model is written.
 pub fn write_clamped(
