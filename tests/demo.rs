@@ -6,16 +6,19 @@ mod common;
 
 use std::process::Command;
 
+/// `moestream ARGS` with its cache directory at `cache`.
+fn demo(cache: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_moestream"))
+        .args(args)
+        .env("MOESTREAM_CACHE", cache)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn demo_prints_language_from_the_trained_model_with_experts_streamed() {
     let cache = tempfile::tempdir().unwrap();
-    let run = || {
-        Command::new(env!("CARGO_BIN_EXE_moestream"))
-            .args(["demo", "--max-tokens", "40"])
-            .env("MOESTREAM_CACHE", cache.path())
-            .output()
-            .unwrap()
-    };
+    let run = || demo(cache.path(), &["demo", "--max-tokens", "40"]);
     let first = run();
     let err = String::from_utf8_lossy(&first.stderr);
     assert!(first.status.success(), "{err}");
@@ -51,13 +54,7 @@ fn demo_prints_language_from_the_trained_model_with_experts_streamed() {
 #[test]
 fn demo_creates_the_model_then_reuses_it() {
     let cache = tempfile::tempdir().unwrap();
-    let run = || {
-        Command::new(env!("CARGO_BIN_EXE_moestream"))
-            .args(["demo", "--synthetic", "--max-tokens", "4"])
-            .env("MOESTREAM_CACHE", cache.path())
-            .output()
-            .unwrap()
-    };
+    let run = || demo(cache.path(), &["demo", "--synthetic", "--max-tokens", "4"]);
     let first = run();
     let err = String::from_utf8_lossy(&first.stderr);
     assert!(first.status.success(), "{err}");

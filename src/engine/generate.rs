@@ -230,8 +230,7 @@ pub fn generate(
     }
     let out = session.tokens().to_vec();
     let mut stats = probe.finish(model, prompt.len(), out.len());
-    stats.speculation =
-        (opts.speculation != Default::default()).then(|| session.spec_stats().clone());
+    stats.speculation = (opts.speculation != Default::default()).then(|| session.spec_stats());
     Ok(Generation {
         prompt_ids: prompt.to_vec(),
         token_ids: out,

@@ -376,9 +376,13 @@ impl Session {
         self.gate = Some(Gate::new());
     }
 
-    /// What speculation did so far.
-    pub fn spec_stats(&self) -> &SpecStats {
-        &self.spec_stats
+    /// What speculation did so far, with the gate's figures (taken here,
+    /// not per step, so a gated decode step allocates nothing for them).
+    pub fn spec_stats(&self) -> SpecStats {
+        SpecStats {
+            gate: self.gate.as_ref().map(Gate::stats),
+            ..self.spec_stats.clone()
+        }
     }
 }
 

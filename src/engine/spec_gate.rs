@@ -120,25 +120,25 @@ impl Ema {
     }
 }
 
-/// The last [`COST_WINDOW`] samples, for their median.
+/// The last [`COST_WINDOW`] samples, for their median (fixed size: a
+/// decode step allocates nothing).
 #[derive(Clone, Debug, Default)]
 struct Window {
-    samples: Vec<f64>,
+    samples: [f64; COST_WINDOW],
+    len: usize,
     next: usize,
 }
 
 impl Window {
     fn add(&mut self, x: f64) {
-        if self.samples.len() < COST_WINDOW {
-            self.samples.push(x);
-        } else {
-            self.samples[self.next] = x;
-        }
+        self.samples[self.next] = x;
+        self.len = (self.len + 1).min(COST_WINDOW);
         self.next = (self.next + 1) % COST_WINDOW;
     }
 
     fn median(&self) -> Option<f64> {
-        let mut v = self.samples.clone();
+        let mut copy = self.samples;
+        let v = &mut copy[..self.len];
         v.sort_by(f64::total_cmp);
         let n = v.len();
         match n {

@@ -118,7 +118,6 @@ impl Session {
             0 => gate.record_plain(cost),
             k => gate.record_verify(cost, k, accepted, produced),
         }
-        self.spec_stats.gate = Some(gate.stats());
     }
 }
 
