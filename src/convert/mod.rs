@@ -1,6 +1,9 @@
 //! `moestream convert`: a Hugging Face checkpoint (FP8 e4m3 with 128×128
 //! block scales, BF16, F16 or F32) into the moestream container
-//! (docs/FORMAT.md).
+//! (docs/FORMAT.md), or a GGUF kept as stored (its blocks bit for bit,
+//! each routed expert's three tensors coalesced into one aligned span;
+//! output files `model-0000i-of-0000N.safetensors`, metadata files derived
+//! from its header).
 //!
 //! Each input shard becomes one output file of the same name, written to a
 //! temporary name, synced, renamed, then read back and checked (header and a
@@ -33,7 +36,9 @@ use crate::error::{Error, Result};
 use crate::formats::config::ModelConfig;
 use crate::formats::quant::policy::{Class, Policy, Width};
 use crate::formats::tensor::{Mat, MatData};
-use crate::formats::weights::index::{scales_name, Resolved, Stored, QUANT_META_PREFIX};
+use crate::formats::weights::index::{
+    scales_name, Resolved, Stored, BLOCKS_META_PREFIX, QUANT_META_PREFIX,
+};
 use crate::formats::weights::WeightIndex;
 use moestream_io::ReadMode;
 use serde::{Deserialize, Serialize};
@@ -161,13 +166,22 @@ pub struct ShardPrint {
 }
 
 impl InputFingerprint {
-    /// The fingerprint of the checkpoint `index` was opened from.
+    /// The fingerprint of the checkpoint `index` was opened from (a GGUF:
+    /// its derived config.json, and each file's header up to its data).
     fn of(input: &Path, index: &WeightIndex) -> Result<InputFingerprint> {
-        let config = input.join("config.json");
-        let text = crate::fs::read_to_string(&config, crate::fs::read::JSON_SIDE_FILE)?;
+        let gguf = crate::formats::gguf::is_gguf(input);
+        let config = crate::formats::model_files::read(input, "config.json")?
+            .ok_or_else(|| Error::config(input.join("config.json"), "(file)", "missing"))?;
         let mut shards = Vec::with_capacity(index.shards.len());
         for shard in &index.shards {
-            let (bytes, header) = header_bytes(&shard.path)?;
+            if gguf && !shard.path.is_file() {
+                continue; // a shard derived in memory (MLA's kv_b_proj)
+            }
+            let (bytes, header) = if gguf {
+                gguf_header_bytes(&shard.path)?
+            } else {
+                header_bytes(&shard.path)?
+            };
             shards.push(ShardPrint {
                 name: file_name(&shard.path),
                 bytes,
@@ -176,7 +190,7 @@ impl InputFingerprint {
             });
         }
         Ok(InputFingerprint {
-            config_checksum: checksum_hex(text.as_bytes()),
+            config_checksum: checksum_hex(config.text.as_bytes()),
             shards,
         })
     }
@@ -232,11 +246,26 @@ fn header_bytes(path: &Path) -> Result<(u64, Vec<u8>)> {
     let mut n8 = [0u8; 8];
     f.read_exact(&mut n8).map_err(|e| Error::file(path, e))?;
     let n = u64::from_le_bytes(n8).min(size.saturating_sub(8));
-    let mut header = n8.to_vec();
-    f.take(n)
-        .read_to_end(&mut header)
+    Ok((size, [n8.to_vec(), prefix(path, 8, n)?].concat()))
+}
+
+/// A GGUF file's size and its header (every byte before its data).
+fn gguf_header_bytes(path: &Path) -> Result<(u64, Vec<u8>)> {
+    let g = crate::formats::gguf::file::GgufFile::open(path)?;
+    Ok((g.file_len, prefix(path, 0, g.data_offset)?))
+}
+
+/// Up to `n` bytes of `path` from byte `at`.
+fn prefix(path: &Path, at: u64, n: u64) -> Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = crate::fs::open(path)?;
+    f.seek(SeekFrom::Start(at))
         .map_err(|e| Error::file(path, e))?;
-    Ok((size, header))
+    let mut out = Vec::new();
+    f.take(n)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::file(path, e))?;
+    Ok(out)
 }
 
 /// What a conversion did.
@@ -290,6 +319,11 @@ impl Source {
                         rows as u64 * 4,
                     ),
                 ]
+            }
+            Encoding::Matrix(Width::Blocks(ty)) => {
+                let rb = ty.row_bytes(shape[1]).expect("a fitted width");
+                let len = (shape[0] * rb) as u64;
+                vec![(name, "U8".into(), vec![shape[0], rb], len)]
             }
             Encoding::Matrix(Width::Bf16) => vec![(name, "BF16".into(), shape, n as u64 * 2)],
             Encoding::Matrix(Width::F32) | Encoding::Vector => {
@@ -354,16 +388,21 @@ struct OutputPlan {
 }
 
 fn plan(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<OutputPlan> {
-    let sources = sources(index, layers, policy)?;
+    let gguf = crate::formats::gguf::is_gguf(&index.dir);
+    let sources = if gguf {
+        kept_sources(index, layers)?
+    } else {
+        sources(index, layers, policy)?
+    };
     let mut census = Census::default();
     let mut files = Vec::new();
+    let n = index.shards.len();
     for (i, (plain, groups)) in by_file(index, sources).into_iter().enumerate() {
-        let fname = index.shards[i]
-            .path
-            .file_name()
-            .expect("shard paths name files")
-            .to_string_lossy()
-            .to_string();
+        let fname = if gguf {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        } else {
+            file_name(&index.shards[i].path)
+        };
         let (layout, order) = file_layout(i, plain, groups, &mut census);
         files.push((fname, layout, order));
     }
@@ -401,11 +440,32 @@ fn sources(index: &WeightIndex, layers: usize, policy: &Policy) -> Result<Vec<So
         let res = index.resolve(name)?;
         let class = Class::of(name, &res.shape, layers);
         let encoding = if res.shape.len() == 2 {
-            Encoding::Matrix(policy.width(class))
+            Encoding::Matrix(policy.width(class).fitted(res.shape[1]))
         } else if matches!(res.stored, Stored::Fp8 { .. }) {
             unreachable!("resolve() refuses FP8 tensors that are not matrices")
         } else {
             Encoding::Vector
+        };
+        sources.push(Source {
+            res,
+            class,
+            encoding,
+        });
+    }
+    Ok(sources)
+}
+
+/// Every tensor of a GGUF `index` kept as stored: block tensors as their
+/// blocks (bit for bit), float tensors in their dtype; a type the kernels
+/// do not run is refused naming the tensor.
+fn kept_sources(index: &WeightIndex, layers: usize) -> Result<Vec<Source>> {
+    let mut sources = Vec::new();
+    for (name, _) in index.iter() {
+        let res = index.resolve(name)?;
+        let class = Class::of(name, &res.shape, layers);
+        let encoding = match res.stored {
+            Stored::Ggml(ty) => Encoding::Matrix(Width::Blocks(ty)),
+            _ => Encoding::Raw,
         };
         sources.push(Source {
             res,
@@ -478,12 +538,21 @@ fn file_layout(
         for (name, dtype, shape, len) in &outs {
             layout.push(name.clone(), dtype, shape.clone(), *len);
         }
-        if let Encoding::Matrix(Width::Int(q)) = s.encoding {
-            let meta = serde_json::json!({"bits": q.bits(), "cols": s.res.shape[1]});
-            layout.metadata.insert(
-                format!("{QUANT_META_PREFIX}{}", s.res.name),
-                meta.to_string(),
-            );
+        let cols = s.res.shape.get(1).copied().unwrap_or(0);
+        let meta = match s.encoding {
+            Encoding::Matrix(Width::Int(q)) => Some((
+                QUANT_META_PREFIX,
+                serde_json::json!({"bits": q.bits(), "cols": cols}),
+            )),
+            Encoding::Matrix(Width::Blocks(ty)) => Some((
+                BLOCKS_META_PREFIX,
+                serde_json::json!({"type": ty.name(), "cols": cols}),
+            )),
+            _ => None,
+        };
+        if let Some((prefix, meta)) = meta {
+            let key = format!("{prefix}{}", s.res.name);
+            layout.metadata.insert(key, meta.to_string());
         }
         let bytes: u64 = outs.iter().map(|o| o.3).sum();
         census.add(s.class.name(), &s.width_name(), bytes);
@@ -516,6 +585,12 @@ fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
             let v = index.read_f32(&r.name, &r.shape)?;
             vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()]
         }
+        Encoding::Matrix(Width::Blocks(ty)) if matches!(r.stored, Stored::Ggml(t) if t == *ty) => {
+            // GGUF blocks of the type asked for: kept bit for bit.
+            let e = &r.entry;
+            let bytes = index.shards[e.shard].reader.read(e.offset, e.len)?;
+            vec![bytes.bytes().to_vec()]
+        }
         Encoding::Matrix(w) => {
             let (rows, cols) = (r.shape[0], r.shape[1]);
             let m = Mat::encode(
@@ -531,7 +606,7 @@ fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
                     q.data.to_vec(),
                     q.scales.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 ],
-                MatData::Ggml { .. } => unreachable!("Mat::encode never makes GGUF blocks"),
+                MatData::Ggml { data, .. } => vec![data.to_vec()],
             }
         }
     })
@@ -689,7 +764,11 @@ fn convert_into(
     }
     bar.finish_and_clear();
     write_index_json(out, &plan)?;
-    copy_side_files(&opts.input, out)?;
+    if crate::formats::gguf::is_gguf(&opts.input) {
+        write_derived_files(&opts.input, out)?;
+    } else {
+        copy_side_files(&opts.input, out)?;
+    }
     manifest.census = Some(plan.census);
     save_manifest(&mpath, &manifest)?;
     Ok(report)
@@ -788,7 +867,7 @@ fn header_matches(path: &Path, layout: &Layout) -> Result<()> {
         let ok = found.get(t.name.as_str()).is_some_and(|e| {
             e.offset == start + t.offset
                 && e.len as u64 == t.len
-                && e.shape == t.shape
+                && header_shape(e) == t.shape
                 && format!("{:?}", e.stored) == t.dtype
         });
         if !ok {
@@ -805,6 +884,15 @@ fn header_matches(path: &Path, layout: &Layout) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The shape `e`'s header spells: a block tensor's `[rows, row bytes]`
+/// (its entry holds the logical `[rows, cols]`).
+fn header_shape(e: &crate::formats::weights::TensorEntry) -> Vec<usize> {
+    match (e.ggml, e.shape.first()) {
+        (Some(_), Some(&rows)) if rows > 0 => vec![rows, e.len / rows],
+        _ => e.shape.clone(),
+    }
 }
 
 /// Reads a written file back: header as planned, data checksum as written.
@@ -849,6 +937,17 @@ fn write_index_json(out: &Path, plan: &OutputPlan) -> Result<()> {
         &path,
         &serde_json::to_vec_pretty(&v).expect("JSON serializes"),
     )
+}
+
+/// Writes the metadata files a GGUF's header derives (config.json,
+/// tokenizer.json, tokenizer_config.json with the chat template).
+fn write_derived_files(input: &Path, out: &Path) -> Result<()> {
+    for name in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        if let Some(doc) = crate::formats::model_files::read(input, name)? {
+            crate::fs::write(&out.join(name), doc.text.as_bytes())?;
+        }
+    }
+    Ok(())
 }
 
 /// Copies config and tokenizer files (every regular file but the shards

@@ -112,7 +112,8 @@ impl Mat {
     }
 
     /// Stores row-major f32 `w` `(rows, cols)` at `width`: the one encoder
-    /// of the converter and the runtime quantizer.
+    /// of the converter and the runtime quantizer. A block width must be
+    /// [`Width::fitted`] to `cols` (whole blocks).
     pub fn encode(w: Vec<f32>, rows: usize, cols: usize, width: Width) -> Mat {
         match width {
             Width::F32 => Mat::f32(rows, cols, w),
@@ -126,17 +127,20 @@ impl Mat {
                 ),
             },
             Width::Int(bits) => Mat::quant(QMatrix::quantize(&w, rows, cols, bits)),
+            Width::Blocks(ty) => {
+                let data = crate::formats::quant::kquant::quantize(ty, &w, rows, cols, None);
+                Mat::ggml(ty, rows, cols, data.into()).expect("whole blocks")
+            }
         }
     }
 
-    /// The container width the matrix is kept at; `None` for GGUF blocks,
-    /// which no container width describes.
+    /// The container width the matrix is kept at.
     pub fn width(&self) -> Option<Width> {
         match &self.data {
             MatData::F32(_) => Some(Width::F32),
             MatData::Bf16(_) => Some(Width::Bf16),
             MatData::Q(q) => Some(Width::Int(q.bits)),
-            MatData::Ggml { .. } => None,
+            MatData::Ggml { ty, .. } => Some(Width::Blocks(*ty)),
         }
     }
 

@@ -4,6 +4,7 @@
 //! f32 whatever the policy says: they are tiny and routing is sensitive.
 
 use super::QBits;
+use crate::kernels::ggml::BlockType;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -106,10 +107,14 @@ pub fn layer_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// A stored width: an integer width of the container, BF16 or f32.
+/// A stored width: an integer width of the container, llama.cpp blocks,
+/// BF16 or f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Width {
     Int(QBits),
+    /// ggml blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), see
+    /// [`crate::formats::quant::kquant`].
+    Blocks(BlockType),
     Bf16,
     F32,
 }
@@ -124,12 +129,36 @@ impl Width {
         }
     }
 
-    /// Bits per weight.
-    pub fn bits(self) -> u32 {
-        match self {
-            Width::Int(q) => q.bits(),
-            Width::Bf16 => 16,
-            Width::F32 => 32,
+    /// From a bit count (see [`Width::from_bits`]) or a block type as
+    /// llama.cpp spells it (`q4_k`, `Q8_0`).
+    pub fn parse(s: &str) -> Option<Width> {
+        match s.parse() {
+            Ok(bits) => Width::from_bits(bits),
+            Err(_) => BlockType::parse(s).map(Width::Blocks),
+        }
+    }
+
+    /// The width a matrix of `cols` columns is stored at: block types need
+    /// whole blocks, so a K type over columns that are not a multiple of
+    /// 256 falls back to the 32-value block of at least its bits (Q4_K →
+    /// Q4_0, Q5_K and Q6_K → Q8_0), and a block type over columns that
+    /// are not a multiple of 32 to int8 (as llama.cpp's quantizer falls
+    /// back; the census shows what was stored).
+    pub fn fitted(self, cols: usize) -> Width {
+        let Width::Blocks(ty) = self else {
+            return self;
+        };
+        if ty.row_bytes(cols).is_some() {
+            return self;
+        }
+        let small = if ty == BlockType::Q4K {
+            BlockType::Q4_0
+        } else {
+            BlockType::Q8_0
+        };
+        match small.row_bytes(cols) {
+            Some(_) => Width::Blocks(small),
+            None => Width::Int(QBits::Int8),
         }
     }
 }
@@ -138,6 +167,7 @@ impl fmt::Display for Width {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Width::Int(q) => write!(f, "int{}", q.bits()),
+            Width::Blocks(t) => write!(f, "{}", t.name().to_lowercase()),
             Width::Bf16 => write!(f, "bf16"),
             Width::F32 => write!(f, "f32"),
         }
@@ -185,25 +215,25 @@ impl Policy {
         self.widths[&class]
     }
 
-    /// The width tensor `name` of `shape` gets in a model of `layers` layers.
+    /// The width tensor `name` of `shape` gets in a model of `layers`
+    /// layers ([`Width::fitted`] to its columns).
     pub fn width_of(&self, name: &str, shape: &[usize], layers: usize) -> Width {
-        self.width(Class::of(name, shape, layers))
+        let cols = shape.get(1).copied().unwrap_or(0);
+        self.width(Class::of(name, shape, layers)).fitted(cols)
     }
 
     /// Parses `CLASS=BITS` and applies it.
     pub fn apply_override(&mut self, spec: &str) -> Result<(), String> {
-        let (c, b) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("`{spec}`: expected CLASS=BITS, e.g. attention=4"))?;
+        let (c, b) = spec.split_once('=').ok_or_else(|| {
+            format!("`{spec}`: expected CLASS=BITS, e.g. attention=4 or expert=q4_k")
+        })?;
         let class = Class::parse(c).ok_or_else(|| {
             let names: Vec<_> = Class::ALL.iter().map(|c| c.name()).collect();
             format!("`{c}`: unknown class (classes: {})", names.join(", "))
         })?;
-        let width = b
-            .parse()
-            .ok()
-            .and_then(Width::from_bits)
-            .ok_or_else(|| format!("`{b}`: bits must be 2, 4, 8, 16 or 32"))?;
+        let width = Width::parse(b).ok_or_else(|| {
+            format!("`{b}`: bits must be 2, 4, 8, 16 or 32, or a block type (q8_0, q4_0, q4_k, q5_k, q6_k)")
+        })?;
         self.set(class, width)
     }
 
@@ -287,5 +317,23 @@ mod tests {
             .contains("unknown class"));
         assert!(p.apply_override("expert=3").unwrap_err().contains("bits"));
         assert!(p.apply_override("expert").is_err());
+        p.apply_override("expert=q4_k").unwrap();
+        assert_eq!(p.width(Class::Expert), Width::Blocks(BlockType::Q4K));
+        assert!(p
+            .apply_override("expert=q3_k")
+            .unwrap_err()
+            .contains("q6_k"));
+    }
+
+    #[test]
+    fn block_widths_fall_back_on_columns_of_partial_blocks() {
+        let k = |t| Width::Blocks(t);
+        assert_eq!(k(BlockType::Q4K).fitted(512), k(BlockType::Q4K));
+        assert_eq!(k(BlockType::Q4K).fitted(192), k(BlockType::Q4_0));
+        assert_eq!(k(BlockType::Q6K).fitted(96), k(BlockType::Q8_0));
+        assert_eq!(k(BlockType::Q5K).fitted(100), Width::Int(QBits::Int8));
+        assert_eq!(k(BlockType::Q8_0).fitted(64), k(BlockType::Q8_0));
+        assert_eq!(Width::Int(QBits::Int4).fitted(7), Width::Int(QBits::Int4));
+        assert_eq!(k(BlockType::Q5K).to_string(), "q5_k");
     }
 }

@@ -56,6 +56,11 @@ pub struct QuantMeta {
 /// maps to `{"bits": B, "cols": C}`.
 pub const QUANT_META_PREFIX: &str = "moestream.quant.";
 
+/// Header-metadata key prefix of a tensor of llama.cpp blocks:
+/// `moestream.blocks.<name>` maps to `{"type": "Q4_K", "cols": C}` (the
+/// stored tensor is `U8 [rows, row_bytes(cols)]`, ggml's blocks as they are).
+pub const BLOCKS_META_PREFIX: &str = "moestream.blocks.";
+
 /// Name of the per-row scales of packed tensor `name`.
 pub fn scales_name(name: &str) -> String {
     format!("{name}.scales")
@@ -195,9 +200,13 @@ impl WeightIndex {
         self.at_load = at_load;
     }
 
-    /// Whether any tensor is a packed container tensor.
+    /// Whether any tensor is a packed or block tensor of the container.
     pub fn is_container(&self) -> bool {
-        self.tensors.values().any(|e| e.quant.is_some())
+        !crate::formats::gguf::is_gguf(&self.dir)
+            && self
+                .tensors
+                .values()
+                .any(|e| e.quant.is_some() || e.ggml.is_some())
     }
 
     /// The entry for `name`, or a `MissingTensor` error.
@@ -501,6 +510,7 @@ impl WeightIndex {
             (Stored::Ggml(_), _) => r.entry.len as u64,
             (Stored::Quant { meta, .. }, _) => packed(meta.bits),
             (_, Some(Width::Int(q))) => packed(q),
+            (_, Some(Width::Blocks(ty))) => (rows * ty.row_bytes(cols).unwrap_or(0)) as u64,
             (_, Some(Width::Bf16)) | (Stored::Float(DType::BF16), None) => n as u64 * 2,
             _ => n as u64 * 4,
         }
@@ -751,6 +761,7 @@ pub fn parse_header(
         .map_err(|e| shard_err(format!("bad safetensors header: {e}")))?;
     let data_start = 8 + header.len() as u64;
     let quant = quant_metadata(&meta).map_err(shard_err)?;
+    let blocks = block_metadata(&meta).map_err(shard_err)?;
     let mut out = Vec::new();
     for (name, info) in meta.tensors() {
         let (begin, end) = info.data_offsets;
@@ -761,18 +772,79 @@ pub fn parse_header(
             )));
         }
         let q = quant.get(&name).copied();
-        out.push((
-            name,
-            TensorEntry {
-                shard: 0,
-                stored: info.dtype,
-                shape: info.shape.clone(),
-                offset: data_start + begin as u64,
-                len: end - begin,
-                quant: q,
-                ggml: None,
-            },
+        let mut entry = TensorEntry {
+            shard: 0,
+            stored: info.dtype,
+            shape: info.shape.clone(),
+            offset: data_start + begin as u64,
+            len: end - begin,
+            quant: q,
+            ggml: None,
+        };
+        if let Some(&(ty, cols)) = blocks.get(&name) {
+            as_blocks(&name, &mut entry, ty, cols).map_err(shard_err)?;
+        }
+        out.push((name, entry));
+    }
+    Ok(out)
+}
+
+/// Makes `e` (tensor `name`) the block tensor its metadata declares:
+/// stored `U8 [rows, row_bytes(cols)]`, logical shape `[rows, cols]`.
+fn as_blocks(
+    name: &str,
+    e: &mut TensorEntry,
+    ty: BlockType,
+    cols: usize,
+) -> std::result::Result<(), String> {
+    let rows = e.shape.first().copied().unwrap_or(0);
+    let Some(rb) = ty.row_bytes(cols) else {
+        return Err(format!(
+            "tensor `{name}`: {} blocks hold {} values, but its metadata says {cols} columns (not whole blocks)",
+            ty.name(),
+            ty.block_elems()
         ));
+    };
+    if e.quant.is_some() || e.stored != safetensors::Dtype::U8 || e.shape != [rows, rb] {
+        return Err(format!(
+            "tensor `{name}`: {} blocks of {cols} columns must be U8 [rows, {rb}] ({} blocks a row), header says {:?} {:?}",
+            ty.name(),
+            cols / ty.block_elems(),
+            e.stored,
+            e.shape
+        ));
+    }
+    e.shape = vec![rows, cols];
+    e.ggml = Some(ty.ggml_id());
+    Ok(())
+}
+
+/// The block tensors a header's `__metadata__` declares: name → (type, cols).
+fn block_metadata(
+    meta: &safetensors::tensor::Metadata,
+) -> std::result::Result<HashMap<String, (BlockType, usize)>, String> {
+    let mut out = HashMap::new();
+    for (k, v) in meta.metadata().iter().flat_map(|m| m.iter()) {
+        let Some(name) = k.strip_prefix(BLOCKS_META_PREFIX) else {
+            continue;
+        };
+        let bad = |why: &str| format!("metadata `{k}` = `{v}`: {why}");
+        let j: serde_json::Value =
+            serde_json::from_str(v).map_err(|e| bad(&format!("not JSON: {e}")))?;
+        let names: Vec<&str> = BlockType::ALL.iter().map(|t| t.name()).collect();
+        let ty = j
+            .get("type")
+            .and_then(|t| t.as_str())
+            .and_then(BlockType::parse)
+            .ok_or_else(|| bad(&format!("`type` must be one of {}", names.join(", "))))?;
+        let cols = j
+            .get("cols")
+            .and_then(|c| c.as_u64())
+            .ok_or_else(|| bad("`cols` missing"))? as usize;
+        if meta.info(name).is_none() {
+            return Err(bad("names a tensor the header does not hold"));
+        }
+        out.insert(name.to_string(), (ty, cols));
     }
     Ok(out)
 }

@@ -307,23 +307,42 @@ fn encode_q8_0(x: &[f32], blk: &mut [u8]) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    blk[q8_0::D..q8_0::D + 2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
-    for (o, &v) in blk[q8_0::QS..].iter_mut().zip(x) {
-        *o = (v * id).round() as i8 as u8;
+    let qs = std::array::from_fn(|i| (x[i] * id).round() as i8);
+    pack_q8_0(f32_to_f16(d), &qs, blk);
+}
+
+/// Writes a Q8_0 block: f16 bits `d`, then the 32 levels.
+pub(super) fn pack_q8_0(d: u16, qs: &[i8; QK], blk: &mut [u8]) {
+    blk[q8_0::D..q8_0::D + 2].copy_from_slice(&d.to_le_bytes());
+    for (o, &q) in blk[q8_0::QS..q8_0::BYTES].iter_mut().zip(qs) {
+        *o = q as u8;
     }
 }
 
-/// A K-type super-block with per-sub-block scale and min, planned as the
-/// module doc describes: `(d, dmin, sc, m, levels)` for `nmax` = 15 or 31.
-struct KMinPlan {
-    d: u16,
-    dmin: u16,
-    sc: [u8; 8],
-    m: [u8; 8],
-    levels: [u8; QK_K],
+/// A planned Q4_K/Q5_K super-block: value `v` decodes to `d·sc[v/32]·
+/// levels[v] − dmin·m[v/32]` (levels ≤ 15 for Q4_K, ≤ 31 for Q5_K; scales
+/// and mins ≤ 63).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KMinBlock {
+    /// f16 bits of the super-block scale and min scale.
+    pub d: u16,
+    pub dmin: u16,
+    pub sc: [u8; 8],
+    pub m: [u8; 8],
+    pub levels: [u8; QK_K],
 }
 
-fn plan_kmin(x: &[f32], nmax: u8) -> KMinPlan {
+/// A planned Q6_K super-block: value `v` decodes to `d·sc[v/16]·(levels[v]
+/// − 32)` (levels ≤ 63).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Q6Block {
+    /// f16 bits of the super-block scale.
+    pub d: u16,
+    pub sc: [i8; 16],
+    pub levels: [u8; QK_K],
+}
+
+fn plan_kmin(x: &[f32], nmax: u8) -> KMinBlock {
     let mut step = [0f32; 8];
     let mut neg_lo = [0f32; 8];
     for (j, sub) in x.chunks_exact(32).enumerate() {
@@ -357,7 +376,7 @@ fn plan_kmin(x: &[f32], nmax: u8) -> KMinPlan {
             *l = nearest_int(((x[v] + ml) / dl).clamp(0.0, nmax as f32)) as u8;
         }
     }
-    KMinPlan {
+    KMinBlock {
         d,
         dmin,
         sc,
@@ -367,7 +386,11 @@ fn plan_kmin(x: &[f32], nmax: u8) -> KMinPlan {
 }
 
 fn encode_q4_k(x: &[f32], blk: &mut [u8]) {
-    let p = plan_kmin(x, 15);
+    pack_q4_k(&plan_kmin(x, 15), blk)
+}
+
+/// Writes a planned Q4_K block.
+pub(super) fn pack_q4_k(p: &KMinBlock, blk: &mut [u8]) {
     blk[q4_k::D..q4_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
     blk[q4_k::DMIN..q4_k::DMIN + 2].copy_from_slice(&p.dmin.to_le_bytes());
     pack_scales_k4(&p.sc, &p.m, &mut blk[q4_k::SCALES..q4_k::QS]);
@@ -380,7 +403,11 @@ fn encode_q4_k(x: &[f32], blk: &mut [u8]) {
 }
 
 fn encode_q5_k(x: &[f32], blk: &mut [u8]) {
-    let p = plan_kmin(x, 31);
+    pack_q5_k(&plan_kmin(x, 31), blk)
+}
+
+/// Writes a planned Q5_K block.
+pub(super) fn pack_q5_k(p: &KMinBlock, blk: &mut [u8]) {
     blk[q5_k::D..q5_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
     blk[q5_k::DMIN..q5_k::DMIN + 2].copy_from_slice(&p.dmin.to_le_bytes());
     pack_scales_k4(&p.sc, &p.m, &mut blk[q5_k::SCALES..q5_k::QH]);
@@ -400,26 +427,32 @@ fn encode_q6_k(x: &[f32], blk: &mut [u8]) {
     let df = f16_to_f32(d);
     let sc = s.map(|s| {
         if df > 0.0 {
-            nearest_int((s / df).clamp(-127.0, 127.0))
+            nearest_int((s / df).clamp(-127.0, 127.0)) as i8
         } else {
             0
         }
     });
-    blk.fill(0);
-    blk[q6_k::D..q6_k::D + 2].copy_from_slice(&d.to_le_bytes());
-    for (j, &sc) in sc.iter().enumerate() {
-        blk[q6_k::SCALES + j] = sc as i8 as u8;
-    }
-    for (v, &xv) in x.iter().enumerate() {
+    let levels = std::array::from_fn(|v| {
         let dl = df * sc[v / 16] as f32;
-        let q = if dl != 0.0 {
-            nearest_int((xv / dl).clamp(-32.0, 31.0)) + 32
+        if dl != 0.0 {
+            (nearest_int((x[v] / dl).clamp(-32.0, 31.0)) + 32) as u8
         } else {
             32
-        };
+        }
+    });
+    pack_q6_k(&Q6Block { d, sc, levels }, blk);
+}
+
+/// Writes a planned Q6_K block.
+pub(super) fn pack_q6_k(p: &Q6Block, blk: &mut [u8]) {
+    blk.fill(0);
+    blk[q6_k::D..q6_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
+    for (j, &sc) in p.sc.iter().enumerate() {
+        blk[q6_k::SCALES + j] = sc as u8;
+    }
+    for (v, &q) in p.levels.iter().enumerate() {
         let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
-        let nib = (q as u8 & 15) << (4 * (s / 2));
-        blk[q6_k::QL + 64 * h + 32 * (s % 2) + l] |= nib;
-        blk[q6_k::QH + 32 * h + l] |= (q as u8 >> 4) << (2 * s);
+        blk[q6_k::QL + 64 * h + 32 * (s % 2) + l] |= (q & 15) << (4 * (s / 2));
+        blk[q6_k::QH + 32 * h + l] |= (q >> 4) << (2 * s);
     }
 }

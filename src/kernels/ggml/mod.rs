@@ -45,13 +45,14 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 use super::cpu::{self, Isa};
 use super::par_row_blocks;
+pub use codec::{KMinBlock, Q6Block};
 use codec::{QK, QK_K};
 use scalar::ActRow;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
 /// A GGUF block type this engine runs directly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BlockType {
     Q4_0,
     Q8_0,
@@ -88,6 +89,13 @@ impl BlockType {
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
         }
+    }
+
+    /// The type ggml names `name` (either case: `Q4_K`, `q4_k`).
+    pub fn parse(name: &str) -> Option<BlockType> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// Values per block.
@@ -168,6 +176,44 @@ pub fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
         x.len()
     );
     codec::quantize_row(ty, x, out)
+}
+
+/// A planned block, as [`pack_block`] writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Planned {
+    /// Q8_0: f16 bits of `d`, value `i` decodes to `d·qs[i]`.
+    Q8_0 {
+        d: u16,
+        qs: [i8; 32],
+    },
+    /// Q4_K or Q5_K.
+    KMin(KMinBlock),
+    Q6K(Q6Block),
+}
+
+/// Writes `p` as one `ty` block into `out` (`ty.block_bytes()` bytes).
+/// Panics when `p` is not a plan of `ty` or a level, scale or min does not
+/// fit its field (a programmer error of the quantizer).
+pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
+    assert_eq!(out.len(), ty.block_bytes(), "{}: one block", ty.name());
+    match (ty, p) {
+        (BlockType::Q8_0, Planned::Q8_0 { d, qs }) => codec::pack_q8_0(*d, qs, out),
+        (BlockType::Q4K | BlockType::Q5K, Planned::KMin(b)) => {
+            let nmax = if ty == BlockType::Q4K { 15 } else { 31 };
+            assert!(b.levels.iter().all(|&l| l <= nmax), "{}: levels", ty.name());
+            assert!(b.sc.iter().chain(&b.m).all(|&s| s < 64), "6-bit scales");
+            if ty == BlockType::Q4K {
+                codec::pack_q4_k(b, out)
+            } else {
+                codec::pack_q5_k(b, out)
+            }
+        }
+        (BlockType::Q6K, Planned::Q6K(b)) => {
+            assert!(b.levels.iter().all(|&l| l < 64), "Q6_K: levels");
+            codec::pack_q6_k(b, out)
+        }
+        _ => panic!("{}: a plan of another type", ty.name()),
+    }
 }
 
 /// `Y[t, r] = W[r, :] · X[t, :]` for a row-major `(rows, cols)` matrix of

@@ -1,0 +1,273 @@
+//! `convert --input X.gguf`: the container keeps the GGUF's blocks bit for
+//! bit with each routed expert one aligned span, runs token-identical to
+//! `--model X.gguf` (greedy tokens and teacher-forced logits of every
+//! position bit-identical), and bad GGUFs are refused naming the tensor.
+//! Also `convert --quant` of a float checkpoint into block formats.
+
+mod common;
+
+use common::{assert_clean_failure, fixture, ids, moestream, oracle_at, u32s};
+use moestream::formats::quant::policy::{Class, Width};
+use moestream::formats::weights::index::Stored;
+use moestream::formats::weights::WeightIndex;
+use moestream::kernels::ggml::BlockType;
+use moestream_io::ReadMode;
+use std::path::{Path, PathBuf};
+
+fn gguf(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name)
+}
+
+fn convert(input: &Path, out: &Path, extra: &[&str]) -> common::Out {
+    let mut args = vec!["convert", "--input", input.to_str().unwrap()];
+    args.extend(["--output", out.to_str().unwrap(), "--quiet"]);
+    args.extend(extra);
+    moestream(&args)
+}
+
+fn greedy(model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    let (p, n) = (ids(prompt), n.to_string());
+    let out = moestream(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &p,
+        "--max-tokens",
+        &n,
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(out.ok, "{}: {}", model.display(), out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    u32s(&v["token_ids"])
+}
+
+/// The teacher-forced logits of every position of `prompt`, as saved bytes.
+fn logits(model: &Path, prompt: &[u32], at: &Path) -> Vec<u8> {
+    let p = ids(prompt);
+    let out = moestream(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &p,
+        "--save-logits",
+        at.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.ok, "{}: {}", model.display(), out.stderr);
+    std::fs::read(at).unwrap()
+}
+
+fn check_same_model(name: &str) {
+    let src = gguf(name);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c");
+    let c = convert(&src, &out, &[]);
+    assert!(c.ok, "{name}: {}", c.stderr);
+    let o: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.with_extension("json")).unwrap())
+            .unwrap();
+    let prompt = u32s(&o["prompt_ids"]);
+    let want = greedy(&src, &prompt, 12);
+    assert_eq!(greedy(&out, &prompt, 12), want, "{name}: greedy tokens");
+    let eval: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+    let a = logits(&src, &eval, &dir.path().join("a.bin"));
+    let b = logits(&out, &eval, &dir.path().join("b.bin"));
+    assert!(
+        a.len() > 1000 && a == b,
+        "{name}: teacher-forced logits differ"
+    );
+}
+
+#[test]
+fn a_converted_q4_k_m_gguf_runs_token_identical() {
+    check_same_model("qwen3moe-Q4_K_M.gguf");
+}
+
+#[test]
+fn converted_q8_0_q4_0_and_q5_k_m_ggufs_run_token_identical() {
+    for name in [
+        "qwen3moe-Q8_0.gguf",
+        "qwen3moe-Q4_0.gguf",
+        "qwen3moe-Q5_K_M.gguf",
+    ] {
+        check_same_model(name);
+    }
+}
+
+/// Every tensor's bytes in the container equal the GGUF's, and each routed
+/// expert's gate, up and down are one aligned contiguous span.
+#[test]
+fn spans_hold_the_gguf_tensor_bytes_bit_for_bit() {
+    let src = gguf("qwen3moe-Q4_K_M.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let c = convert(&src, dir.path(), &[]);
+    assert!(c.ok, "{}", c.stderr);
+    let g = WeightIndex::open(&src, ReadMode::Buffered).unwrap();
+    let m = WeightIndex::open(dir.path(), ReadMode::Buffered).unwrap();
+    assert!(m.is_container() && !g.is_container());
+    let bytes = |ix: &WeightIndex, name: &str| {
+        let e = ix.entry(name).unwrap();
+        ix.shards[e.shard]
+            .reader
+            .read(e.offset, e.len)
+            .unwrap()
+            .bytes()
+            .to_vec()
+    };
+    let mut types = std::collections::BTreeSet::new();
+    for (name, _) in g.iter() {
+        let (rg, rm) = (g.resolve(name).unwrap(), m.resolve(name).unwrap());
+        assert_eq!(rg.shape, rm.shape, "{name}: shape");
+        if let (Stored::Ggml(a), Stored::Ggml(b)) = (&rg.stored, &rm.stored) {
+            assert_eq!(a, b, "{name}: block type");
+            types.insert(a.name());
+        }
+        assert!(bytes(&g, name) == bytes(&m, name), "{name}: bytes differ");
+    }
+    assert!(
+        types.contains("Q4_K") && types.contains("Q6_K"),
+        "{types:?}"
+    );
+    let mut experts = 0;
+    for (name, e) in m.iter() {
+        let Some(prefix) = name.strip_suffix("gate_proj.weight") else {
+            continue;
+        };
+        if !prefix.contains(".experts.") {
+            continue;
+        }
+        experts += 1;
+        assert_eq!(e.offset % 4096, 0, "{name} starts aligned");
+        let mut end = e.offset;
+        for part in ["gate_proj", "up_proj", "down_proj"] {
+            let t = m.entry(&format!("{prefix}{part}.weight")).unwrap();
+            assert!(t.ggml.is_some(), "{prefix}{part}: blocks");
+            assert_eq!(
+                (t.shard, t.offset),
+                (e.shard, end),
+                "{prefix}{part}: contiguous"
+            );
+            end += t.len as u64;
+        }
+    }
+    assert!(experts >= 8, "{experts} experts");
+}
+
+/// Byte offset of tensor `name`'s type field in a GGUF header.
+fn type_field(bytes: &[u8], name: &str) -> usize {
+    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(name.as_bytes());
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap()
+        + needle.len();
+    let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    at + 4 + 8 * dims
+}
+
+#[test]
+fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(gguf("qwen3moe-Q4_K_M.gguf")).unwrap();
+    let at = type_field(&bytes, "blk.0.ffn_down_exps.weight");
+    // Q2_K (10): a type of the same block size the kernels do not run.
+    bytes[at..at + 4].copy_from_slice(&10u32.to_le_bytes());
+    let bad = dir.path().join("bad.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+    let out = convert(&bad, &dir.path().join("o"), &[]);
+    assert_clean_failure(&out, &["down_proj", "does not compute"]);
+    let out = convert(
+        &gguf("qwen3moe-Q8_0.gguf"),
+        &dir.path().join("o2"),
+        &["--quant", "q4_k"],
+    );
+    assert_clean_failure(&out, &["--quant", "GGUF", "as stored"]);
+    let src = fixture("qwen3_moe");
+    let out = convert(&src, &dir.path().join("o3"), &["--quant", "q3_k"]);
+    assert_clean_failure(&out, &["--quant q3_k", "q6_k"]);
+}
+
+/// Metadata naming a width the stored bytes do not have is refused naming
+/// the tensor (a lying header).
+#[test]
+fn a_lying_block_header_is_refused_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = convert(&gguf("qwen3moe-Q4_K_M.gguf"), dir.path(), &[]);
+    assert!(c.ok, "{}", c.stderr);
+    let shard = common::shard_of(dir.path(), "model.layers.0.mlp.experts.0.up_proj.weight");
+    let (mut header, data) = common::read_shard(&shard);
+    let key = "moestream.blocks.model.layers.0.mlp.experts.0.up_proj.weight";
+    let meta = header["__metadata__"][key].as_str().unwrap().to_string();
+    let lie = meta.replace("Q4_K", "Q5_K").replace("Q6_K", "Q5_K");
+    header["__metadata__"][key] = lie.into();
+    common::write_shard(&shard, &header, &data);
+    let out = moestream(&[
+        "run",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "1",
+    ]);
+    assert_clean_failure(&out, &["experts.0.up_proj.weight", "Q5_K", "blocks"]);
+}
+
+/// `convert --quant` (and `--bits CLASS=TYPE`) store their classes as
+/// blocks, fitted to each matrix's columns, and the container runs.
+#[test]
+fn convert_quant_stores_blocks_fitted_to_the_columns_and_runs() {
+    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trained");
+    let cases = [
+        (
+            "qwen3_moe",
+            vec!["--quant", "q8_0"],
+            "expert",
+            BlockType::Q8_0,
+        ),
+        (
+            "deepseek_v3",
+            vec!["--quant", "q4_k"],
+            "expert",
+            BlockType::Q4K,
+        ),
+        (
+            "deepseek_v3",
+            vec!["--bits", "dense=q6_k"],
+            "dense",
+            BlockType::Q6K,
+        ),
+    ];
+    let mut kept_k = 0;
+    for (family, flags, class, ty) in cases {
+        let src = trained.join(family);
+        let dir = tempfile::tempdir().unwrap();
+        let c = convert(&src, dir.path(), &flags);
+        assert!(c.ok, "{flags:?}: {}", c.stderr);
+        let m = WeightIndex::open(dir.path(), ReadMode::Buffered).unwrap();
+        let layers = moestream::formats::config::ModelConfig::load(&src)
+            .unwrap()
+            .num_layers;
+        let mut n = 0;
+        for (name, e) in m.iter() {
+            if e.shape.len() != 2 || Class::of(name, &e.shape, layers).name() != class {
+                continue;
+            }
+            let want = Width::Blocks(ty).fitted(e.shape[1]);
+            let got = m.read_mat(name, e.shape[0], e.shape[1]).unwrap().width();
+            assert_eq!(got, Some(want), "{flags:?}: {name} {:?}", e.shape);
+            kept_k += usize::from(want == Width::Blocks(ty) && ty != BlockType::Q8_0);
+            n += 1;
+        }
+        assert!(n > 0, "{flags:?}: no {class} matrices");
+        let prompt = u32s(&oracle_at(&src)["prompt_ids"]);
+        assert_eq!(greedy(dir.path(), &prompt, 4).len(), 4, "{flags:?}: runs");
+    }
+    assert!(kept_k > 0, "some matrix kept a K type");
+}
