@@ -62,18 +62,22 @@ fn logits(model: &Path, prompt: &[u32], at: &Path) -> Vec<u8> {
     std::fs::read(at).unwrap()
 }
 
-fn check_same_model(name: &str) {
+/// The prompt of a quantized fixture's llama.cpp oracle.
+fn oracle_prompt(name: &str) -> Vec<u32> {
+    let path = gguf(name).with_extension("json");
+    let o: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    u32s(&o["prompt_ids"])
+}
+
+fn check_same_model(name: &str, prompt: &[u32]) {
     let src = gguf(name);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("c");
     let c = convert(&src, &out, &[]);
     assert!(c.ok, "{name}: {}", c.stderr);
-    let o: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.with_extension("json")).unwrap())
-            .unwrap();
-    let prompt = u32s(&o["prompt_ids"]);
-    let want = greedy(&src, &prompt, 12);
-    assert_eq!(greedy(&out, &prompt, 12), want, "{name}: greedy tokens");
+    let want = greedy(&src, prompt, 12);
+    assert_eq!(greedy(&out, prompt, 12), want, "{name}: greedy tokens");
     let eval: Vec<u32> = prompt.iter().chain(&want).copied().collect();
     let a = logits(&src, &eval, &dir.path().join("a.bin"));
     let b = logits(&out, &eval, &dir.path().join("b.bin"));
@@ -85,7 +89,21 @@ fn check_same_model(name: &str) {
 
 #[test]
 fn a_converted_q4_k_m_gguf_runs_token_identical() {
-    check_same_model("qwen3moe-Q4_K_M.gguf");
+    let name = "qwen3moe-Q4_K_M.gguf";
+    check_same_model(name, &oracle_prompt(name));
+}
+
+/// F32 with MLA's rebuilt `kv_b_proj` (DeepSeek-V3), BF16 with permuted q/k
+/// (Mixtral) and a split set (OLMoE).
+#[test]
+fn float_mla_and_split_ggufs_run_token_identical() {
+    for name in [
+        "deepseek_v3-f32.gguf",
+        "mixtral-bf16.gguf",
+        "olmoe-split-00001-of-00003.gguf",
+    ] {
+        check_same_model(name, &[1, 5, 9, 33]);
+    }
 }
 
 #[test]
@@ -95,7 +113,7 @@ fn converted_q8_0_q4_0_and_q5_k_m_ggufs_run_token_identical() {
         "qwen3moe-Q4_0.gguf",
         "qwen3moe-Q5_K_M.gguf",
     ] {
-        check_same_model(name);
+        check_same_model(name, &oracle_prompt(name));
     }
 }
 
