@@ -12,6 +12,7 @@ use moestream::formats::weights::index::Stored;
 use moestream::formats::weights::WeightIndex;
 use moestream::kernels::ggml::BlockType;
 use moestream_io::ReadMode;
+use serde_json::json;
 use std::path::{Path, PathBuf};
 
 fn gguf(name: &str) -> PathBuf {
@@ -211,30 +212,53 @@ fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
     assert_clean_failure(&out, &["--quant q3_k", "q6_k"]);
 }
 
-/// Metadata naming a width the stored bytes do not have is refused naming
-/// the tensor (a lying header).
+/// Metadata that disagrees with the stored bytes (another type, a column
+/// count of partial blocks, an unknown type, a tensor the header lacks) is
+/// refused naming the tensor or the key (a lying header).
 #[test]
 fn a_lying_block_header_is_refused_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let c = convert(&gguf("qwen3moe-Q4_K_M.gguf"), dir.path(), &[]);
     assert!(c.ok, "{}", c.stderr);
-    let shard = common::shard_of(dir.path(), "model.layers.0.mlp.experts.0.up_proj.weight");
-    let (mut header, data) = common::read_shard(&shard);
-    let key = "moestream.blocks.model.layers.0.mlp.experts.0.up_proj.weight";
-    let meta = header["__metadata__"][key].as_str().unwrap().to_string();
-    let lie = meta.replace("Q4_K", "Q5_K").replace("Q6_K", "Q5_K");
-    header["__metadata__"][key] = lie.into();
-    common::write_shard(&shard, &header, &data);
-    let out = moestream(&[
-        "run",
-        "--model",
-        dir.path().to_str().unwrap(),
-        "--prompt-ids",
-        "1,2",
-        "--max-tokens",
-        "1",
-    ]);
-    assert_clean_failure(&out, &["experts.0.up_proj.weight", "Q5_K", "blocks"]);
+    let name = "model.layers.0.mlp.experts.0.up_proj.weight";
+    let shard = common::shard_of(dir.path(), name);
+    let (header, data) = common::read_shard(&shard);
+    let key = format!("moestream.blocks.{name}");
+    let meta: serde_json::Value =
+        serde_json::from_str(header["__metadata__"][&key].as_str().unwrap()).unwrap();
+    let other = if meta["type"] == "Q5_K" {
+        "Q4_K"
+    } else {
+        "Q5_K"
+    };
+    let lies: [(&str, serde_json::Value, Vec<&str>); 4] = [
+        (
+            &key,
+            json!({"type": other, "cols": meta["cols"]}),
+            vec![name, other, "blocks"],
+        ),
+        (
+            &key,
+            json!({"type": meta["type"], "cols": 100}),
+            vec![name, "100 columns", "not whole blocks"],
+        ),
+        (
+            &key,
+            json!({"type": "Q3_K", "cols": meta["cols"]}),
+            vec![&key, "`type` must be one of"],
+        ),
+        (
+            "moestream.blocks.no.such.weight",
+            meta.clone(),
+            vec!["no.such.weight", "does not hold"],
+        ),
+    ];
+    for (k, lie, needles) in lies {
+        let mut h = header.clone();
+        h["__metadata__"][k] = lie.to_string().into();
+        common::write_shard(&shard, &h, &data);
+        assert_clean_failure(&common::run_json(dir.path(), &[]), &needles);
+    }
 }
 
 /// `convert --quant` (and `--bits CLASS=TYPE`) store their classes as
