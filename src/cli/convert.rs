@@ -11,22 +11,38 @@ pub(super) struct ConvertArgs {
     /// Output directory (created).
     #[arg(long)]
     output: PathBuf,
-    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32).
-    #[arg(long, default_value_t = 4)]
-    expert_bits: u32,
-    /// Bits of attention, dense MLP and shared experts.
-    #[arg(long, default_value_t = 8)]
-    dense_bits: u32,
-    /// Bits of the token embeddings and lm_head.
-    #[arg(long, default_value_t = 8)]
-    io_bits: u32,
-    /// Bits of the multi-token-prediction layers.
-    #[arg(long, default_value_t = 8)]
-    mtp_bits: u32,
-    /// Per-class override CLASS=BITS (expert, shared, attention, dense,
-    /// embed, lm_head, mtp, other); repeatable; applied last.
+    /// The widths of every tensor class, by name (`moestream plan --recipes
+    /// --model DIR` shows each one's bytes per token): default (routed
+    /// experts int4, the rest int8), bf16, int8, down8 (routed down int8),
+    /// tiny (routed gate/up int2). The flags below change it.
+    #[arg(long, default_value = "default", value_name = "NAME")]
+    recipe: String,
+    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32), over the recipe.
+    #[arg(long)]
+    expert_bits: Option<u32>,
+    /// Bits of attention, dense MLP and shared experts, over the recipe.
+    #[arg(long)]
+    dense_bits: Option<u32>,
+    /// Bits of the token embeddings and lm_head, over the recipe.
+    #[arg(long)]
+    io_bits: Option<u32>,
+    /// Bits of the multi-token-prediction layers, over the recipe.
+    #[arg(long)]
+    mtp_bits: Option<u32>,
+    /// Per-class override CLASS=BITS or CLASS=WIDTH (expert, expert_gate_up,
+    /// expert_down, shared, attention, dense, embed, lm_head, mtp, other);
+    /// repeatable; applied last.
     #[arg(long = "bits")]
     overrides: Vec<String>,
+    /// Weigh each integer matrix's rounding error by its input's importance
+    /// from `moestream calibrate --out FILE` (inputs it lacks, and routed
+    /// experts it saw fewer than --importance-min-rows times, are
+    /// quantized unweighted).
+    #[arg(long, value_name = "FILE")]
+    importance: Option<PathBuf>,
+    /// The fewest calibration rows an input must have seen to be weighted.
+    #[arg(long, default_value_t = 32, requires = "importance")]
+    importance_min_rows: u64,
     /// Continue an interrupted conversion into --output.
     #[arg(long)]
     resume: bool,
@@ -40,9 +56,11 @@ pub(super) struct ConvertArgs {
 }
 
 pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
-    let mut policy = Policy::default();
-    let classes: [(&[Class], u32, &str); 4] = [
-        (&[Class::Expert], a.expert_bits, "--expert-bits"),
+    let mut policy = moestream::formats::quant::recipe::Recipe::find(&a.recipe)
+        .map_err(|e| anyhow::anyhow!("--recipe {e}"))?
+        .policy();
+    let classes: [(&[Class], Option<u32>, &str); 4] = [
+        (&Class::ROUTED, a.expert_bits, "--expert-bits"),
         (
             &[Class::Attention, Class::Dense, Class::Shared],
             a.dense_bits,
@@ -52,6 +70,7 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
         (&[Class::Mtp], a.mtp_bits, "--mtp-bits"),
     ];
     for (cs, bits, flag) in classes {
+        let Some(bits) = bits else { continue };
         let w = width(bits, flag)?;
         for c in cs {
             policy.set(*c, w).map_err(anyhow::Error::msg)?;
@@ -61,7 +80,15 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
         policy.apply_override(o).map_err(anyhow::Error::msg)?;
     }
     eprintln!("moestream convert: policy {}", policy.summary());
+    let importance = match &a.importance {
+        Some(path) => Some(moestream::convert::Weighting {
+            file: moestream::formats::quant::importance::Importance::read(path)?,
+            min_rows: a.importance_min_rows,
+        }),
+        None => None,
+    };
     let opts = ConvertOptions {
+        importance,
         input: a.input.clone(),
         output: a.output.clone(),
         policy,
@@ -88,6 +115,9 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
         );
     }
     println!("{}", report.census.table().trim_end());
+    if let Some((weighted, total)) = report.weighted {
+        eprintln!("importance: {weighted} of {total} integer matrices weighted");
+    }
     eprintln!("wrote {} (verified)", a.output.display());
     Ok(())
 }

@@ -129,6 +129,25 @@ impl Mat {
         }
     }
 
+    /// [`Mat::encode`] weighting each column's rounding error by
+    /// `importance` (one per column; see
+    /// [`crate::formats::quant::quantize_row_weighted`]). Float widths do
+    /// not round, and are stored as [`Mat::encode`] stores them.
+    pub fn encode_weighted(
+        w: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        width: Width,
+        importance: &[f32],
+    ) -> Mat {
+        match width {
+            Width::Int(bits) => {
+                Mat::quant(QMatrix::quantize_weighted(&w, rows, cols, bits, importance))
+            }
+            _ => Mat::encode(w, rows, cols, width),
+        }
+    }
+
     /// The container width the matrix is kept at; `None` for GGUF blocks,
     /// which no container width describes.
     pub fn width(&self) -> Option<Width> {

@@ -10,8 +10,10 @@ use std::fmt;
 /// What a tensor is, for the bit policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Class {
-    /// A routed expert's gate, up or down projection.
-    Expert,
+    /// A routed expert's gate or up projection.
+    ExpertGateUp,
+    /// A routed expert's down projection.
+    ExpertDown,
     /// Shared (always-on) experts.
     Shared,
     /// Attention projections, including MLA and the DSA indexer.
@@ -34,8 +36,9 @@ pub enum Class {
 
 impl Class {
     /// Every class, in census order.
-    pub const ALL: [Class; 10] = [
-        Class::Expert,
+    pub const ALL: [Class; 11] = [
+        Class::ExpertGateUp,
+        Class::ExpertDown,
         Class::Shared,
         Class::Attention,
         Class::Dense,
@@ -50,7 +53,8 @@ impl Class {
     /// The name used on the command line (`--bits CLASS=BITS`) and in the census.
     pub fn name(self) -> &'static str {
         match self {
-            Class::Expert => "expert",
+            Class::ExpertGateUp => "expert_gate_up",
+            Class::ExpertDown => "expert_down",
             Class::Shared => "shared",
             Class::Attention => "attention",
             Class::Dense => "dense",
@@ -63,9 +67,21 @@ impl Class {
         }
     }
 
+    /// The routed experts' classes (`expert` on the command line).
+    pub const ROUTED: [Class; 2] = [Class::ExpertGateUp, Class::ExpertDown];
+
     /// Parses [`Class::name`].
     pub fn parse(s: &str) -> Option<Class> {
         Class::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// The classes a command-line name stands for: one class by its
+    /// [`Class::name`], or `expert` for both routed classes.
+    pub fn group(s: &str) -> Option<Vec<Class>> {
+        match s {
+            "expert" => Some(Class::ROUTED.to_vec()),
+            _ => Class::parse(s).map(|c| vec![c]),
+        }
     }
 
     /// The class of tensor `name` of `shape` in a model of `layers` decoder
@@ -83,7 +99,12 @@ impl Class {
         } else if mtp {
             Class::Mtp
         } else if name.contains(".experts.") {
-            Class::Expert
+            let down = name.ends_with(".down_proj.weight") || name.ends_with(".w2.weight");
+            if down {
+                Class::ExpertDown
+            } else {
+                Class::ExpertGateUp
+            }
         } else if name.contains("shared_expert") {
             Class::Shared
         } else if name.contains(".self_attn.") {
@@ -124,6 +145,20 @@ impl Width {
         }
     }
 
+    /// Parses the spelling [`Width`]'s `Display` writes (`int4`, `bf16`,
+    /// `f32`, …).
+    pub fn parse(s: &str) -> Option<Width> {
+        match s {
+            "bf16" => Some(Width::Bf16),
+            "f32" => Some(Width::F32),
+            _ => s
+                .strip_prefix("int")
+                .and_then(|b| b.parse().ok())
+                .and_then(QBits::from_bits)
+                .map(Width::Int),
+        }
+    }
+
     /// Bits per weight.
     pub fn bits(self) -> u32 {
         match self {
@@ -151,13 +186,13 @@ pub struct Policy {
 }
 
 impl Default for Policy {
-    /// Experts int4; attention, dense, shared experts, embeddings, lm_head
-    /// and MTP int8; routers and norms f32.
+    /// Routed experts int4; attention, dense, shared experts, embeddings,
+    /// lm_head and MTP int8; routers and norms f32.
     fn default() -> Self {
         let mut widths = BTreeMap::new();
         for c in Class::ALL {
             let w = match c {
-                Class::Expert => Width::Int(QBits::Int4),
+                Class::ExpertGateUp | Class::ExpertDown => Width::Int(QBits::Int4),
                 Class::Router | Class::Norm => Width::F32,
                 _ => Width::Int(QBits::Int8),
             };
@@ -180,6 +215,11 @@ impl Policy {
         Ok(())
     }
 
+    /// Sets the width of every class of `classes`.
+    pub fn set_all(&mut self, classes: &[Class], width: Width) -> Result<(), String> {
+        classes.iter().try_for_each(|c| self.set(*c, width))
+    }
+
     /// The width of `class`.
     pub fn width(&self, class: Class) -> Width {
         self.widths[&class]
@@ -195,16 +235,19 @@ impl Policy {
         let (c, b) = spec
             .split_once('=')
             .ok_or_else(|| format!("`{spec}`: expected CLASS=BITS, e.g. attention=4"))?;
-        let class = Class::parse(c).ok_or_else(|| {
+        let classes = Class::group(c).ok_or_else(|| {
             let names: Vec<_> = Class::ALL.iter().map(|c| c.name()).collect();
-            format!("`{c}`: unknown class (classes: {})", names.join(", "))
+            format!(
+                "`{c}`: unknown class (classes: expert, {})",
+                names.join(", ")
+            )
         })?;
-        let width = b
-            .parse()
-            .ok()
-            .and_then(Width::from_bits)
-            .ok_or_else(|| format!("`{b}`: bits must be 2, 4, 8, 16 or 32"))?;
-        self.set(class, width)
+        let width = Width::parse(b)
+            .or_else(|| b.parse().ok().and_then(Width::from_bits))
+            .ok_or_else(|| {
+                format!("`{b}`: bits must be 2, 4, 8, 16 or 32 (or a width: int4, bf16, …)")
+            })?;
+        self.set_all(&classes, width)
     }
 
     /// One line: `expert=int4 shared=int8 …`.
@@ -227,11 +270,19 @@ mod tests {
         let cases = [
             (
                 "model.layers.0.mlp.experts.3.gate_proj.weight",
-                Class::Expert,
+                Class::ExpertGateUp,
+            ),
+            (
+                "model.layers.0.mlp.experts.3.down_proj.weight",
+                Class::ExpertDown,
             ),
             (
                 "model.layers.0.block_sparse_moe.experts.3.w2.weight",
-                Class::Expert,
+                Class::ExpertDown,
+            ),
+            (
+                "model.layers.0.block_sparse_moe.experts.3.w3.weight",
+                Class::ExpertGateUp,
             ),
             ("model.layers.0.mlp.gate.weight", Class::Router),
             ("model.layers.0.block_sparse_moe.gate.weight", Class::Router),
@@ -275,7 +326,14 @@ mod tests {
     #[test]
     fn the_default_policy_and_its_overrides() {
         let mut p = Policy::default();
-        assert_eq!(p.width(Class::Expert), Width::Int(QBits::Int4));
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Int(QBits::Int4));
+        assert_eq!(p.width(Class::ExpertDown), Width::Int(QBits::Int4));
+        p.apply_override("expert=8").unwrap();
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Int(QBits::Int8));
+        assert_eq!(p.width(Class::ExpertDown), Width::Int(QBits::Int8));
+        p.apply_override("expert_down=2").unwrap();
+        assert_eq!(p.width(Class::ExpertDown), Width::Int(QBits::Int2));
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Int(QBits::Int8));
         assert_eq!(p.width(Class::Attention), Width::Int(QBits::Int8));
         assert_eq!(p.width(Class::Router), Width::F32);
         p.apply_override("attention=16").unwrap();
