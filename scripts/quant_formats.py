@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-# (label, convert flags, census class whose bytes and widths the row reports)
+# (label, convert flags, census class (prefix) whose bytes and widths the row reports)
 ROWS = [
     ("experts int4 per-row (default)", [], "expert"),
     ("experts q4_0", ["--quant", "q4_0"], "expert"),
@@ -57,7 +57,13 @@ def main():
                 out = os.path.join(tmp, "c")
                 run([a.bin, "convert", "--input", d, "--output", out, "--quiet"] + flags)
                 census = json.load(open(os.path.join(out, "moestream-convert.json")))["census"]["rows"]
-                widths = census.get(cls, {})
+                widths = {}  # routed experts are two classes: expert_gate_up, expert_down
+                for c, ws in census.items():
+                    for w, r in ws.items():
+                        if c.startswith(cls):
+                            t = widths.setdefault(w, {"tensors": 0, "bytes": 0})
+                            t["tensors"] += r["tensors"]
+                            t["bytes"] += r["bytes"]
                 if not widths:
                     run(["rm", "-rf", out])
                     continue

@@ -105,6 +105,15 @@ pub enum Error {
     /// another model); it is recomputed, never used.
     #[error("{path}: KV file refused: {reason}")]
     KvFile { path: PathBuf, reason: String },
+    /// An importance file (`calibrate`'s output) that cannot be read or
+    /// does not fit the tensors it is applied to; `at` names the tensor or
+    /// the field.
+    #[error("{}: importance file refused at {at}: {reason}", path.display())]
+    Importance {
+        path: PathBuf,
+        at: String,
+        reason: String,
+    },
     /// A chat template that cannot be loaded or rendered: bad syntax, a
     /// `raise_exception` from the template itself, an unknown filter or
     /// method. `origin` names where the template came from (a file, or a

@@ -24,6 +24,7 @@ fn convert_to(src: &Path, out: &Path, policy: &Policy) -> convert::ConvertReport
         resume: false,
         force: false,
         progress: false,
+        importance: None,
     })
     .expect("convert")
 }
@@ -68,7 +69,9 @@ fn fp8_tensors_dequantize_bit_for_bit_like_torch() {
 #[test]
 fn converter_and_runtime_quantizer_give_identical_bytes() {
     let mut mixed = Policy::default();
-    mixed.set(Class::Expert, Width::Int(QBits::Int2)).unwrap();
+    mixed
+        .set(Class::ExpertGateUp, Width::Int(QBits::Int2))
+        .unwrap();
     mixed.set(Class::Attention, Width::Bf16).unwrap();
     mixed.set(Class::Dense, Width::Int(QBits::Int4)).unwrap();
     for (family, policy) in [
@@ -409,4 +412,64 @@ fn packed_experts_are_windows_of_their_read_slab() {
             assert_eq!(q, o, "{mode}: {name}");
         }
     }
+}
+
+/// The census of `dst`'s manifest: class → the widths stored in it.
+fn census_widths(dst: &Path) -> std::collections::BTreeMap<String, Vec<String>> {
+    let text = std::fs::read_to_string(dst.join(MANIFEST)).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = m["census"]["rows"].as_object().expect("a census").clone();
+    rows.into_iter()
+        .map(|(class, widths)| {
+            let w = widths.as_object().unwrap().keys().cloned().collect();
+            (class, w)
+        })
+        .collect()
+}
+
+/// `convert --recipe` stores every class at the recipe's width (flags
+/// over it), unknown recipes are refused, and `plan --recipes` prices each
+/// recipe's bytes per token in the order of its widths.
+#[test]
+fn a_recipe_writes_the_widths_it_names_and_plan_prices_each() {
+    let (_t, dst) = quant_container("qwen3_moe", &["--recipe", "down8"]);
+    let c = census_widths(&dst);
+    assert_eq!(c["expert_gate_up"], ["int4"]);
+    assert_eq!(c["expert_down"], ["int8"]);
+    assert_eq!(c["attention"], ["int8"]);
+    assert_eq!(c["router"], ["f32"]);
+    let (_t, dst) = quant_container(
+        "qwen3_moe",
+        &["--recipe", "tiny", "--bits", "expert_down=int8"],
+    );
+    let c = census_widths(&dst);
+    assert_eq!(c["expert_gate_up"], ["int2"]);
+    assert_eq!(c["expert_down"], ["int8"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = cli_convert(
+        &fixture("qwen3_moe"),
+        &tmp.path().join("x"),
+        &["--recipe", "q9"],
+    );
+    assert_clean_failure(&bad, &["--recipe", "unknown recipe", "down8"]);
+    let plan = moestream(&[
+        "plan",
+        "--recipes",
+        "--json",
+        "--model",
+        fixture("qwen3_moe").to_str().unwrap(),
+    ]);
+    assert!(plan.ok, "{}", plan.stderr);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&plan.stdout).unwrap();
+    let per_token = |name: &str| {
+        let r = rows.iter().find(|r| r["recipe"] == name).expect(name);
+        r["expert_bytes_per_token"].as_u64().unwrap()
+    };
+    assert!(per_token("tiny") < per_token("default"));
+    assert!(per_token("default") < per_token("down8"));
+    assert!(per_token("down8") < per_token("int8"));
+    assert!(per_token("int8") < per_token("bf16"));
+    // A container is quantized already.
+    let refused = moestream(&["plan", "--recipes", "--model", dst.to_str().unwrap()]);
+    assert_clean_failure(&refused, &["container"]);
 }

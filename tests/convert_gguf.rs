@@ -298,7 +298,7 @@ fn convert_quant_stores_blocks_fitted_to_the_columns_and_runs() {
             .num_layers;
         let mut n = 0;
         for (name, e) in m.iter() {
-            if e.shape.len() != 2 || Class::of(name, &e.shape, layers).name() != class {
+            if e.shape.len() != 2 || !Class::of(name, &e.shape, layers).name().starts_with(class) {
                 continue;
             }
             let want = Width::Blocks(ty).fitted(e.shape[1]);

@@ -64,6 +64,7 @@ fn reads_recycle_warmed_buffers_whatever_the_cache_size() {
         resume: false,
         force: false,
         progress: false,
+        importance: None,
     })
     .expect("convert");
     let prompt = [3, 14, 15, 92, 65, 35];

@@ -13,28 +13,44 @@ pub(super) struct ConvertArgs {
     /// Output directory (created).
     #[arg(long)]
     output: PathBuf,
-    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32) [default: 4].
+    /// The widths of every tensor class, by name (`moestream plan --recipes
+    /// --model DIR` shows each one's bytes per token): default (routed
+    /// experts int4, the rest int8), bf16, int8, down8 (routed down int8),
+    /// tiny (routed gate/up int2). The flags below change it.
+    #[arg(long, default_value = "default", value_name = "NAME")]
+    recipe: String,
+    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32), over the recipe.
     #[arg(long, conflicts_with = "quant")]
     expert_bits: Option<u32>,
-    /// Routed experts as llama.cpp blocks: q8_0, q4_0, q4_k, q5_k or q6_k
-    /// (K types fall back to q4_0 / q8_0 on rows that are not whole
-    /// 256-value blocks; docs/FORMAT.md).
+    /// Routed experts as llama.cpp blocks: q8_0, q4_0, q4_k, q5_k or q6_k,
+    /// over the recipe (K types fall back to q4_0 / q8_0 on rows that are
+    /// not whole 256-value blocks; docs/FORMAT.md).
     #[arg(long)]
     quant: Option<String>,
-    /// Bits of attention, dense MLP and shared experts [default: 8].
+    /// Bits of attention, dense MLP and shared experts, over the recipe.
     #[arg(long)]
     dense_bits: Option<u32>,
-    /// Bits of the token embeddings and lm_head [default: 8].
+    /// Bits of the token embeddings and lm_head, over the recipe.
     #[arg(long)]
     io_bits: Option<u32>,
-    /// Bits of the multi-token-prediction layers [default: 8].
+    /// Bits of the multi-token-prediction layers, over the recipe.
     #[arg(long)]
     mtp_bits: Option<u32>,
-    /// Per-class override CLASS=WIDTH (classes expert, shared, attention,
-    /// dense, embed, lm_head, mtp, other; widths 2, 4, 8, 16, 32 or a
-    /// block type such as q6_k); repeatable; applied last.
+    /// Per-class override CLASS=BITS or CLASS=WIDTH (expert, expert_gate_up,
+    /// expert_down, shared, attention, dense, embed, lm_head, mtp, other;
+    /// widths int4, bf16, … or a block type such as q6_k); repeatable;
+    /// applied last.
     #[arg(long = "bits")]
     overrides: Vec<String>,
+    /// Weigh each integer matrix's rounding error by its input's importance
+    /// from `moestream calibrate --out FILE` (inputs it lacks, and routed
+    /// experts it saw fewer than --importance-min-rows times, are
+    /// quantized unweighted).
+    #[arg(long, value_name = "FILE")]
+    importance: Option<PathBuf>,
+    /// The fewest calibration rows an input must have seen to be weighted.
+    #[arg(long, default_value_t = 32, requires = "importance")]
+    importance_min_rows: u64,
     /// Continue an interrupted conversion into --output.
     #[arg(long)]
     resume: bool,
@@ -54,7 +70,15 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
     } else {
         eprintln!("moestream convert: policy {}", policy.summary());
     }
+    let importance = match &a.importance {
+        Some(path) => Some(moestream::convert::Weighting {
+            file: moestream::formats::quant::importance::Importance::read(path)?,
+            min_rows: a.importance_min_rows,
+        }),
+        None => None,
+    };
     let opts = ConvertOptions {
+        importance,
         input: a.input.clone(),
         output: a.output.clone(),
         policy,
@@ -81,15 +105,18 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
         );
     }
     println!("{}", report.census.table().trim_end());
+    if let Some((weighted, total)) = report.weighted {
+        eprintln!("importance: {weighted} of {total} integer matrices weighted");
+    }
     eprintln!("wrote {} (verified)", a.output.display());
     Ok(())
 }
 
-/// The bit policy the flags ask for; a GGUF input takes none of them.
+/// The bit policy the flags ask for (the recipe, then the flags); a GGUF
+/// input takes none of them.
 fn policy(a: &ConvertArgs) -> Result<Policy> {
-    let mut policy = Policy::default();
     let classes: [(&[Class], Option<u32>, &str); 4] = [
-        (&[Class::Expert], a.expert_bits, "--expert-bits"),
+        (&Class::ROUTED, a.expert_bits, "--expert-bits"),
         (
             &[Class::Attention, Class::Dense, Class::Shared],
             a.dense_bits,
@@ -98,17 +125,21 @@ fn policy(a: &ConvertArgs) -> Result<Policy> {
         (&[Class::Embed, Class::LmHead], a.io_bits, "--io-bits"),
         (&[Class::Mtp], a.mtp_bits, "--mtp-bits"),
     ];
-    let gguf = moestream::formats::gguf::is_gguf(&a.input);
     let given = classes.iter().find(|c| c.1.is_some()).map(|c| c.2);
     let given = given
         .or(a.quant.as_ref().map(|_| "--quant"))
-        .or((!a.overrides.is_empty()).then_some("--bits"));
-    if let (true, Some(flag)) = (gguf, given) {
+        .or((!a.overrides.is_empty()).then_some("--bits"))
+        .or((a.recipe != "default").then_some("--recipe"))
+        .or(a.importance.as_ref().map(|_| "--importance"));
+    if let (true, Some(flag)) = (moestream::formats::gguf::is_gguf(&a.input), given) {
         bail!(
             "{flag}: {} is a GGUF, converted as stored (its blocks kept bit for bit); no width flag applies",
             a.input.display()
         );
     }
+    let mut policy = moestream::formats::quant::recipe::Recipe::find(&a.recipe)
+        .map_err(|e| anyhow::anyhow!("--recipe {e}"))?
+        .policy();
     for (cs, bits, flag) in classes {
         let Some(bits) = bits else { continue };
         let w = width(bits, flag)?;
@@ -119,9 +150,11 @@ fn policy(a: &ConvertArgs) -> Result<Policy> {
     if let Some(q) = &a.quant {
         let ty = moestream::kernels::ggml::BlockType::parse(q)
             .with_context(|| format!("--quant {q}: one of q8_0, q4_0, q4_k, q5_k, q6_k"))?;
-        policy
-            .set(Class::Expert, Width::Blocks(ty))
-            .map_err(anyhow::Error::msg)?;
+        for c in Class::ROUTED {
+            policy
+                .set(c, Width::Blocks(ty))
+                .map_err(anyhow::Error::msg)?;
+        }
     }
     for o in &a.overrides {
         policy.apply_override(o).map_err(anyhow::Error::msg)?;

@@ -23,6 +23,7 @@ mod bench;
 mod bench_io;
 mod bench_serve;
 mod bench_verify;
+mod calibrate;
 mod chat;
 mod config;
 mod convert;
@@ -87,6 +88,9 @@ enum Cmd {
     Eval(EvalArgs),
     /// Multiple-choice accuracy (acc, acc_norm) over a JSONL file of tasks.
     Score(ScoreArgs),
+    /// Record each linear layer's per-column input importance over a text
+    /// (llama.cpp's imatrix idea) into a file for `convert --importance`.
+    Calibrate(calibrate::CalibrateArgs),
     /// An OpenAI-compatible HTTP server (chat and text completions,
     /// streaming, continuous batching, KV kept between turns).
     #[command(after_help = PRECEDENCE)]
@@ -717,6 +721,7 @@ pub fn main() -> ExitCode {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Eval(a) => cmd_eval(a),
         Cmd::Score(a) => cmd_score(a),
+        Cmd::Calibrate(a) => calibrate::cmd_calibrate(a),
         Cmd::Serve(a) => serve::cmd_serve(a),
         Cmd::Chat(a) => chat::cmd_chat(a),
         Cmd::Demo(a) => cmd_demo(a),
@@ -805,6 +810,7 @@ fn resolve_model(cmd: &mut Cmd) -> Result<()> {
         Cmd::Run(a) => &mut a.model,
         Cmd::Eval(a) => &mut a.model,
         Cmd::Score(a) => &mut a.model,
+        Cmd::Calibrate(a) => &mut a.model,
         Cmd::Serve(a) => &mut a.model,
         Cmd::Chat(a) => &mut a.model,
         Cmd::Bench(BenchCmd::Decode(a)) => &mut a.model,
@@ -949,7 +955,7 @@ fn request(m: &ModelArgs) -> Result<Requested> {
         None => None,
         Some(bits) => {
             let mut p = Policy::default();
-            p.set(Class::Expert, width(bits, "--quantize-at-load")?)
+            p.set_all(&Class::ROUTED, width(bits, "--quantize-at-load")?)
                 .map_err(anyhow::Error::msg)?;
             Some(p)
         }

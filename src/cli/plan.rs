@@ -23,6 +23,61 @@ pub(super) struct PlanArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Instead of the plan: for every `convert --recipe` of this
+    /// checkpoint, the routed experts' bytes read per token (nothing
+    /// cached), the resident weights and the smallest budget.
+    #[arg(long)]
+    recipes: bool,
+}
+
+/// One recipe's sizes, as `plan --recipes` prints them.
+#[derive(serde::Serialize)]
+struct RecipeRow {
+    recipe: &'static str,
+    about: &'static str,
+    expert_bytes: u64,
+    expert_bytes_per_token: u64,
+    resident_bytes: u64,
+    smallest_ram_gb: f64,
+}
+
+/// `plan --recipes`: each recipe planned as `--quantize-at-load` would
+/// store it, which is what `convert --recipe` writes.
+fn print_recipes(a: &PlanArgs, req: &moestream::engine::runtime::Requested) -> Result<()> {
+    let dir = &a.model.model;
+    let mut rows = Vec::new();
+    for r in moestream::formats::quant::recipe::RECIPES {
+        let mut req = req.clone();
+        req.model.quantize_at_load = Some(r.policy());
+        let opts = super::planning_options(Some(dir), &req);
+        let p = plan::plan(dir, &opts).map_err(|e| refusal(e, dir, &opts))?;
+        let e = &p.experts;
+        rows.push(RecipeRow {
+            recipe: r.name,
+            about: r.about,
+            expert_bytes: e.ram_bytes,
+            expert_bytes_per_token: e.ram_bytes * (e.top_k * e.moe_layers) as u64,
+            resident_bytes: p.resident_total_bytes,
+            smallest_ram_gb: gb_at_least(p.smallest_budget_bytes),
+        });
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
+    println!("recipe    expert     per token  resident   smallest --ram-gb");
+    for r in &rows {
+        println!(
+            "{:<9} {:<10} {:<10} {:<10} {:.2}  ({})",
+            r.recipe,
+            human(r.expert_bytes),
+            human(r.expert_bytes_per_token),
+            human(r.resident_bytes),
+            r.smallest_ram_gb,
+            r.about
+        );
+    }
+    Ok(())
 }
 
 /// The plan and its prediction, as `--json` prints them.
@@ -48,6 +103,15 @@ pub(super) fn cmd_plan(a: PlanArgs) -> Result<()> {
     )?;
     let req = super::request(&a.model)?;
     let dir = &a.model.model;
+    if a.recipes {
+        let (index, _) = moestream::formats::weights::WeightIndex::open_headers(dir)?;
+        anyhow::ensure!(
+            !index.is_container(),
+            "{} is a moestream container, quantized already: --recipes plans `convert` of a checkpoint",
+            dir.display()
+        );
+        return print_recipes(&a, &req);
+    }
     let opts = super::planning_options(Some(dir), &req);
     let plan = match plan::plan(dir, &opts) {
         Ok(p) => p,

@@ -34,6 +34,7 @@ pub mod writer;
 
 use crate::error::{Error, Result};
 use crate::formats::config::ModelConfig;
+use crate::formats::quant::importance::Importance;
 use crate::formats::quant::policy::{Class, Policy, Width};
 use crate::formats::tensor::{Mat, MatData};
 use crate::formats::weights::index::{
@@ -64,6 +65,35 @@ pub struct ConvertOptions {
     pub force: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Weigh each integer matrix's rounding error by its input's
+    /// calibrated importance (`convert --importance`).
+    pub importance: Option<Weighting>,
+}
+
+/// An importance file and the fewest calibration rows an input must have
+/// seen to be weighted by it (a rarely routed expert is quantized
+/// unweighted: a few rows say little of its inputs).
+#[derive(Clone, Debug)]
+pub struct Weighting {
+    pub file: Importance,
+    pub min_rows: u64,
+}
+
+impl Weighting {
+    /// The column weights of matrix `name` of `cols` columns, if weighted.
+    fn of(&self, name: &str, cols: usize) -> Result<Option<&[f32]>> {
+        self.file.weights_for(name, cols, self.min_rows)
+    }
+
+    /// What the manifest records, so a resume with another file is refused.
+    fn summary(&self) -> String {
+        format!(
+            " importance={} ({} tokens, min rows {})",
+            self.file.origin.display(),
+            self.file.tokens,
+            self.min_rows
+        )
+    }
 }
 
 /// One census row: tensors and bytes stored in one class at one width.
@@ -76,7 +106,7 @@ pub struct CensusRow {
 /// Bytes and share of the model per class and width (padding excluded).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Census {
-    /// `(class, width)` → row, e.g. `("expert", "int4")`.
+    /// `(class, width)` → row, e.g. `("expert_down", "int4")`.
     pub rows: BTreeMap<String, BTreeMap<String, CensusRow>>,
     pub total_bytes: u64,
     pub padding_bytes: u64,
@@ -98,20 +128,20 @@ impl Census {
     /// The census as an aligned text table.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{:<10} {:<6} {:>8} {:>16} {:>7}\n",
+            "{:<14} {:<6} {:>8} {:>16} {:>7}\n",
             "class", "width", "tensors", "bytes", "share"
         );
         for (class, widths) in &self.rows {
             for (width, row) in widths {
                 let share = 100.0 * row.bytes as f64 / self.total_bytes.max(1) as f64;
                 s += &format!(
-                    "{class:<10} {width:<6} {:>8} {:>16} {share:>6.2}%\n",
+                    "{class:<14} {width:<6} {:>8} {:>16} {share:>6.2}%\n",
                     row.tensors, row.bytes
                 );
             }
         }
         s += &format!(
-            "{:<10} {:<6} {:>8} {:>16} {:>7}\n",
+            "{:<14} {:<6} {:>8} {:>16} {:>7}\n",
             "total", "", "", self.total_bytes, "100%"
         );
         s += &format!("(alignment padding: {} bytes)\n", self.padding_bytes);
@@ -274,6 +304,9 @@ pub struct ConvertReport {
     pub written: Vec<String>,
     pub skipped: Vec<String>,
     pub census: Census,
+    /// With an importance file: how many integer matrices it weighted, of
+    /// how many.
+    pub weighted: Option<(usize, usize)>,
 }
 
 /// How one source tensor is stored.
@@ -569,8 +602,29 @@ fn file_layout(
     (layout, order)
 }
 
+/// With an importance file, how many of the plan's integer and block matrices it
+/// weights, of how many; every matrix it has an input for is checked
+/// against it first, so a file of another model is refused before any
+/// byte is written.
+fn weighted_count(
+    plan: &OutputPlan,
+    weighting: Option<&Weighting>,
+) -> Result<Option<(usize, usize)>> {
+    let Some(wt) = weighting else {
+        return Ok(None);
+    };
+    let (mut weighted, mut total) = (0, 0);
+    for s in plan.files.iter().flat_map(|f| f.2.iter()) {
+        if let Encoding::Matrix(Width::Int(_) | Width::Blocks(_)) = s.encoding {
+            total += 1;
+            weighted += usize::from(wt.of(&s.res.name, s.res.shape[1])?.is_some());
+        }
+    }
+    Ok(Some((weighted, total)))
+}
+
 /// The stored bytes of `s`: its output tensors' bytes in layout order.
-fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
+fn encode(index: &WeightIndex, s: &Source, weighting: Option<&Weighting>) -> Result<Vec<Vec<u8>>> {
     let r = &s.res;
     Ok(match &s.encoding {
         Encoding::Raw => {
@@ -593,12 +647,15 @@ fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
         }
         Encoding::Matrix(w) => {
             let (rows, cols) = (r.shape[0], r.shape[1]);
-            let m = Mat::encode(
-                index.read_mat(&r.name, rows, cols)?.to_f32(),
-                rows,
-                cols,
-                *w,
-            );
+            let f = index.read_mat(&r.name, rows, cols)?.to_f32();
+            let weights = match weighting {
+                Some(wt) => wt.of(&r.name, cols)?,
+                None => None,
+            };
+            let m = match weights {
+                Some(imp) => Mat::encode_weighted(f, rows, cols, *w, imp),
+                None => Mat::encode(f, rows, cols, *w),
+            };
             match m.data {
                 MatData::F32(v) => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
                 MatData::Bf16(v) => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
@@ -727,6 +784,7 @@ fn convert_into(
         written: Vec::new(),
         skipped: Vec::new(),
         census: plan.census.clone(),
+        weighted: weighted_count(&plan, opts.importance.as_ref())?,
     };
     for (fname, layout, order) in &plan.files {
         let path = out.join(fname);
@@ -744,7 +802,8 @@ fn convert_into(
         for s in order {
             while w.write_padding()? {}
             let outs = s.outputs();
-            for ((name, ..), bytes) in outs.iter().zip(encode(index, s)?) {
+            for ((name, ..), bytes) in outs.iter().zip(encode(index, s, opts.importance.as_ref())?)
+            {
                 w.write(name, &bytes)?;
             }
             bar.inc(s.input_bytes());
@@ -799,7 +858,12 @@ fn load_manifest(
     let fresh = Manifest {
         format: FORMAT_VERSION.into(),
         input: opts.input.clone(),
-        policy: opts.policy.summary(),
+        policy: opts.policy.summary()
+            + &opts
+                .importance
+                .as_ref()
+                .map(Weighting::summary)
+                .unwrap_or_default(),
         ..Manifest::default()
     };
     if !path.exists() {

@@ -31,6 +31,7 @@ use crate::model::profile::Profile;
 use crate::model::{Model, PassProgress, PREFILL_CHUNK};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod calibrate;
 pub mod gbnf;
 pub mod gen_config;
 pub mod generate;

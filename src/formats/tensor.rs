@@ -134,6 +134,30 @@ impl Mat {
         }
     }
 
+    /// [`Mat::encode`] weighting each column's rounding error by
+    /// `importance` (one per column; see
+    /// [`crate::formats::quant::quantize_row_weighted`]). Float widths do
+    /// not round, and are stored as [`Mat::encode`] stores them.
+    pub fn encode_weighted(
+        w: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        width: Width,
+        importance: &[f32],
+    ) -> Mat {
+        match width {
+            Width::Int(bits) => {
+                Mat::quant(QMatrix::quantize_weighted(&w, rows, cols, bits, importance))
+            }
+            Width::Blocks(ty) => {
+                let q =
+                    crate::formats::quant::kquant::quantize(ty, &w, rows, cols, Some(importance));
+                Mat::ggml(ty, rows, cols, q.into()).expect("whole blocks")
+            }
+            _ => Mat::encode(w, rows, cols, width),
+        }
+    }
+
     /// The container width the matrix is kept at.
     pub fn width(&self) -> Option<Width> {
         match &self.data {

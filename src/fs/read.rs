@@ -69,6 +69,12 @@ pub const SIDE_FILE: Cap = Cap {
     what: "model side file",
     bytes: 4 << 30,
 };
+/// An importance file (`calibrate --out`): one f32 per column of every
+/// calibrated input.
+pub const IMPORTANCE: Cap = Cap {
+    what: "importance file",
+    bytes: 16 << 30,
+};
 /// A saved KV file: its header and every row.
 pub const KV_FILE: Cap = Cap {
     what: "KV file",

@@ -3,6 +3,7 @@
 
 use crate::formats::tensor::Mat;
 use crate::layers::scratch::Scratch;
+use crate::layers::tap::{self, Block, Part};
 
 /// Gate, up and down projections, row-major, each in its kept element type.
 pub struct Mlp {
@@ -28,16 +29,19 @@ impl Mlp {
         self.gate.bytes() + self.up.bytes() + self.down.bytes()
     }
 
-    /// Applies the block to `n` rows of `x` `(n, hidden)` into `out` `(n, hidden)`.
-    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
+    /// Applies the block to `n` rows of `x` `(n, hidden)` into `out` `(n, hidden)`;
+    /// `block` names it for calibration taps.
+    pub fn forward(&self, block: Block, x: &[f32], n: usize, out: &mut [f32]) {
         let i = self.inter;
         let mut g = Scratch::zeroed(n * i); // (n, inter)
         let mut u = Scratch::zeroed(n * i); // (n, inter)
+        tap::record(Part::MlpIn(block), x, self.hidden);
         self.gate.matmul(x, n, &mut g);
         self.up.matmul(x, n, &mut u);
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = silu(*gv) * uv;
         }
+        tap::record(Part::MlpDown(block), &g, i);
         self.down.matmul(&g, n, out);
     }
 }

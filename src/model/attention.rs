@@ -10,6 +10,7 @@ use crate::formats::config::{ModelConfig, QkNorm};
 use crate::formats::tensor::Mat;
 use crate::kernels::f32::dot;
 use crate::layers::scratch::Scratch;
+use crate::layers::tap::{self, Part};
 use crate::model::kv::LayerKv;
 use std::ops::Range;
 
@@ -144,6 +145,7 @@ impl Attention {
             let first = self.window.map_or(0, |w| len.saturating_sub(w));
             attend(s, q_row, kc, vc, first..len, &mut ctx[t * qd..(t + 1) * qd]);
         }
+        tap::record(Part::AttnOut, &ctx, qd);
         self.wo.matmul(&ctx, n, out);
         add_bias(out, &self.bo);
     }

@@ -25,6 +25,7 @@ use crate::formats::config::MlaConfig;
 use crate::formats::tensor::Mat;
 use crate::kernels::f32::{dot, matmul};
 use crate::layers::scratch::{self, Scratch};
+use crate::layers::tap::{self, Part};
 use crate::model::kv::LayerKv;
 
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
@@ -215,6 +216,7 @@ impl MlaAttention {
                 }
             }
         });
+        tap::record(Part::AttnOut, &ctx, vd);
         self.wo.matmul(&ctx, n, out);
         add_bias(out, &self.bo);
     }
@@ -233,6 +235,7 @@ impl MlaAttention {
                 for (a, o) in qa.chunks_exact(rank).zip(normed.chunks_exact_mut(rank)) {
                     rms_norm(a, &ql.norm, LORA_NORM_EPS, o);
                 }
+                tap::record(Part::QLatent, &normed, rank);
                 ql.wb.matmul(&normed, n, &mut q);
                 (Some(normed), q)
             }

@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::formats::config::ModelConfig;
 use crate::formats::tensor::Mat;
 use crate::layers::scratch::Scratch;
+use crate::layers::tap::{self, Block, Part};
 use crate::model::kv::{KvCache, KvLayout, LayerKv};
 use crate::model::profile::Profile;
 use crate::model::progress::Work;
@@ -360,6 +361,7 @@ impl Model {
                 let at = out.len();
                 out.resize(at + rows.len() / h * self.cfg.vocab_size, 0.0);
                 let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+                tap::record_head(rows, h);
                 head.matmul(rows, rows.len() / h, &mut out[at..]);
             }
         }
@@ -449,6 +451,7 @@ impl Model {
         logits.clear();
         logits.resize(m * v, 0.0); // (m, vocab)
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        tap::record_head(hidden, h);
         head.matmul(hidden, m, logits);
     }
 
@@ -485,6 +488,8 @@ impl Model {
         let mut xn = Scratch::zeroed(x.len()); // (n, hidden) normed input
         let mut y = Scratch::zeroed(x.len()); // (n, hidden) block output
         self.norm_rows(x, &layer.input_norm, &mut xn);
+        tap::at_layer(l);
+        tap::record(Part::AttnIn, &xn, h);
         let t0 = Instant::now();
         let mut at = 0;
         for s in segs.iter_mut() {
@@ -516,7 +521,7 @@ impl Model {
             self.look_ahead(l, x, Variant::Attn);
         }
         match &layer.ffn {
-            Ffn::Dense(mlp) => mlp.forward(&xn, n, &mut y),
+            Ffn::Dense(mlp) => mlp.forward(Block::Dense, &xn, n, &mut y),
             Ffn::Moe(block) => block.forward(l, &self.store, &xn, n, prof, &mut y)?,
         }
         add(x, &y);

@@ -9,6 +9,7 @@ use super::router::{Lean, Route, Router};
 use crate::error::Result;
 use crate::kernels::f32::dot;
 use crate::layers::scratch::Scratch;
+use crate::layers::tap::Block;
 use crate::model::profile::Profile;
 use crate::store::{ExpertStore, Routes};
 use std::cell::RefCell;
@@ -102,7 +103,7 @@ impl MoeBlock {
         let mut apply = |e: usize, expert: &Mlp| {
             let std::ops::Range { start: lo, end: hi } = routes.pairs_of(e);
             let start = Instant::now();
-            apply_expert(expert, x, h, &pairs[lo..hi], &mut ys[lo * h..hi * h]);
+            apply_expert(e, expert, x, h, &pairs[lo..hi], &mut ys[lo * h..hi * h]);
             prof.expert_matmul += start.elapsed();
         };
         if store.schedule.pipeline {
@@ -159,7 +160,7 @@ impl MoeBlock {
         let shared = self.shared.as_ref()?;
         let h = x.len() / n;
         let mut ys = Scratch::zeroed(n * h);
-        shared.mlp.forward(x, n, &mut ys);
+        shared.mlp.forward(Block::Shared, x, n, &mut ys);
         if let Some(gw) = &shared.gate {
             for (xr, yr) in x.chunks_exact(h).zip(ys.chunks_exact_mut(h)) {
                 let g = 1.0 / (1.0 + (-dot(gw, xr)).exp());
@@ -191,13 +192,20 @@ thread_local! {
     static WORK: RefCell<Work> = RefCell::new(Work::default());
 }
 
-/// Runs `expert` on the tokens of `pairs` (its rows of `x`), writing one
-/// `(hidden)` row per pair into `ys`.
-fn apply_expert(expert: &Mlp, x: &[f32], h: usize, pairs: &[(usize, usize, f32)], ys: &mut [f32]) {
+/// Runs `expert` (routed expert `e`) on the tokens of `pairs` (its rows of
+/// `x`), writing one `(hidden)` row per pair into `ys`.
+fn apply_expert(
+    e: usize,
+    expert: &Mlp,
+    x: &[f32],
+    h: usize,
+    pairs: &[(usize, usize, f32)],
+    ys: &mut [f32],
+) {
     let m = pairs.len();
     let mut xs = Scratch::zeroed(m * h); // (m, hidden) gathered rows
     for (i, &(_, t, _)) in pairs.iter().enumerate() {
         xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
     }
-    expert.forward(&xs, m, ys);
+    expert.forward(Block::Expert(e as u32), &xs, m, ys);
 }

@@ -11,8 +11,10 @@ use std::fmt;
 /// What a tensor is, for the bit policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Class {
-    /// A routed expert's gate, up or down projection.
-    Expert,
+    /// A routed expert's gate or up projection.
+    ExpertGateUp,
+    /// A routed expert's down projection.
+    ExpertDown,
     /// Shared (always-on) experts.
     Shared,
     /// Attention projections, including MLA and the DSA indexer.
@@ -35,8 +37,9 @@ pub enum Class {
 
 impl Class {
     /// Every class, in census order.
-    pub const ALL: [Class; 10] = [
-        Class::Expert,
+    pub const ALL: [Class; 11] = [
+        Class::ExpertGateUp,
+        Class::ExpertDown,
         Class::Shared,
         Class::Attention,
         Class::Dense,
@@ -51,7 +54,8 @@ impl Class {
     /// The name used on the command line (`--bits CLASS=BITS`) and in the census.
     pub fn name(self) -> &'static str {
         match self {
-            Class::Expert => "expert",
+            Class::ExpertGateUp => "expert_gate_up",
+            Class::ExpertDown => "expert_down",
             Class::Shared => "shared",
             Class::Attention => "attention",
             Class::Dense => "dense",
@@ -64,9 +68,21 @@ impl Class {
         }
     }
 
+    /// The routed experts' classes (`expert` on the command line).
+    pub const ROUTED: [Class; 2] = [Class::ExpertGateUp, Class::ExpertDown];
+
     /// Parses [`Class::name`].
     pub fn parse(s: &str) -> Option<Class> {
         Class::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// The classes a command-line name stands for: one class by its
+    /// [`Class::name`], or `expert` for both routed classes.
+    pub fn group(s: &str) -> Option<Vec<Class>> {
+        match s {
+            "expert" => Some(Class::ROUTED.to_vec()),
+            _ => Class::parse(s).map(|c| vec![c]),
+        }
     }
 
     /// The class of tensor `name` of `shape` in a model of `layers` decoder
@@ -84,7 +100,12 @@ impl Class {
         } else if mtp {
             Class::Mtp
         } else if name.contains(".experts.") {
-            Class::Expert
+            let down = name.ends_with(".down_proj.weight") || name.ends_with(".w2.weight");
+            if down {
+                Class::ExpertDown
+            } else {
+                Class::ExpertGateUp
+            }
         } else if name.contains("shared_expert") {
             Class::Shared
         } else if name.contains(".self_attn.") {
@@ -129,12 +150,29 @@ impl Width {
         }
     }
 
-    /// From a bit count (see [`Width::from_bits`]) or a block type as
-    /// llama.cpp spells it (`q4_k`, `Q8_0`).
+    /// Parses the spelling [`Width`]'s `Display` writes (`int4`, `bf16`,
+    /// `f32`, …, and block types as llama.cpp spells them: `q4_k`, `Q8_0`).
     pub fn parse(s: &str) -> Option<Width> {
-        match s.parse() {
-            Ok(bits) => Width::from_bits(bits),
-            Err(_) => BlockType::parse(s).map(Width::Blocks),
+        match s {
+            "bf16" => Some(Width::Bf16),
+            "f32" => Some(Width::F32),
+            _ => s
+                .strip_prefix("int")
+                .and_then(|b| b.parse().ok())
+                .and_then(QBits::from_bits)
+                .map(Width::Int)
+                .or_else(|| BlockType::parse(s).map(Width::Blocks)),
+        }
+    }
+
+    /// Whole bits per weight (a block type's storage per weight, scales
+    /// included, rounded down: Q8_0 8, Q6_K 6, Q4_K 4).
+    pub fn bits(self) -> u32 {
+        match self {
+            Width::Int(q) => q.bits(),
+            Width::Blocks(t) => (t.block_bytes() * 8 / t.block_elems()) as u32,
+            Width::Bf16 => 16,
+            Width::F32 => 32,
         }
     }
 
@@ -181,13 +219,13 @@ pub struct Policy {
 }
 
 impl Default for Policy {
-    /// Experts int4; attention, dense, shared experts, embeddings, lm_head
-    /// and MTP int8; routers and norms f32.
+    /// Routed experts int4; attention, dense, shared experts, embeddings,
+    /// lm_head and MTP int8; routers and norms f32.
     fn default() -> Self {
         let mut widths = BTreeMap::new();
         for c in Class::ALL {
             let w = match c {
-                Class::Expert => Width::Int(QBits::Int4),
+                Class::ExpertGateUp | Class::ExpertDown => Width::Int(QBits::Int4),
                 Class::Router | Class::Norm => Width::F32,
                 _ => Width::Int(QBits::Int8),
             };
@@ -210,6 +248,11 @@ impl Policy {
         Ok(())
     }
 
+    /// Sets the width of every class of `classes`.
+    pub fn set_all(&mut self, classes: &[Class], width: Width) -> Result<(), String> {
+        classes.iter().try_for_each(|c| self.set(*c, width))
+    }
+
     /// The width of `class`.
     pub fn width(&self, class: Class) -> Width {
         self.widths[&class]
@@ -224,17 +267,22 @@ impl Policy {
 
     /// Parses `CLASS=BITS` and applies it.
     pub fn apply_override(&mut self, spec: &str) -> Result<(), String> {
-        let (c, b) = spec.split_once('=').ok_or_else(|| {
-            format!("`{spec}`: expected CLASS=BITS, e.g. attention=4 or expert=q4_k")
-        })?;
-        let class = Class::parse(c).ok_or_else(|| {
+        let (c, b) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("`{spec}`: expected CLASS=BITS, e.g. attention=4"))?;
+        let classes = Class::group(c).ok_or_else(|| {
             let names: Vec<_> = Class::ALL.iter().map(|c| c.name()).collect();
-            format!("`{c}`: unknown class (classes: {})", names.join(", "))
+            format!(
+                "`{c}`: unknown class (classes: expert, {})",
+                names.join(", ")
+            )
         })?;
-        let width = Width::parse(b).ok_or_else(|| {
-            format!("`{b}`: bits must be 2, 4, 8, 16 or 32, or a block type (q8_0, q4_0, q4_k, q5_k, q6_k)")
-        })?;
-        self.set(class, width)
+        let width = Width::parse(b)
+            .or_else(|| b.parse().ok().and_then(Width::from_bits))
+            .ok_or_else(|| {
+                format!("`{b}`: bits must be 2, 4, 8, 16 or 32 (or a width: int4, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)")
+            })?;
+        self.set_all(&classes, width)
     }
 
     /// One line: `expert=int4 shared=int8 …`.
@@ -257,11 +305,19 @@ mod tests {
         let cases = [
             (
                 "model.layers.0.mlp.experts.3.gate_proj.weight",
-                Class::Expert,
+                Class::ExpertGateUp,
+            ),
+            (
+                "model.layers.0.mlp.experts.3.down_proj.weight",
+                Class::ExpertDown,
             ),
             (
                 "model.layers.0.block_sparse_moe.experts.3.w2.weight",
-                Class::Expert,
+                Class::ExpertDown,
+            ),
+            (
+                "model.layers.0.block_sparse_moe.experts.3.w3.weight",
+                Class::ExpertGateUp,
             ),
             ("model.layers.0.mlp.gate.weight", Class::Router),
             ("model.layers.0.block_sparse_moe.gate.weight", Class::Router),
@@ -305,7 +361,14 @@ mod tests {
     #[test]
     fn the_default_policy_and_its_overrides() {
         let mut p = Policy::default();
-        assert_eq!(p.width(Class::Expert), Width::Int(QBits::Int4));
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Int(QBits::Int4));
+        assert_eq!(p.width(Class::ExpertDown), Width::Int(QBits::Int4));
+        p.apply_override("expert=8").unwrap();
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Int(QBits::Int8));
+        assert_eq!(p.width(Class::ExpertDown), Width::Int(QBits::Int8));
+        p.apply_override("expert_down=2").unwrap();
+        assert_eq!(p.width(Class::ExpertDown), Width::Int(QBits::Int2));
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Int(QBits::Int8));
         assert_eq!(p.width(Class::Attention), Width::Int(QBits::Int8));
         assert_eq!(p.width(Class::Router), Width::F32);
         p.apply_override("attention=16").unwrap();
@@ -318,7 +381,7 @@ mod tests {
         assert!(p.apply_override("expert=3").unwrap_err().contains("bits"));
         assert!(p.apply_override("expert").is_err());
         p.apply_override("expert=q4_k").unwrap();
-        assert_eq!(p.width(Class::Expert), Width::Blocks(BlockType::Q4K));
+        assert_eq!(p.width(Class::ExpertDown), Width::Blocks(BlockType::Q4K));
         assert!(p
             .apply_override("expert=q3_k")
             .unwrap_err()

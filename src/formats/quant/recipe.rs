@@ -1,0 +1,100 @@
+//! Named conversion recipes (`convert --recipe NAME`): a width for every
+//! tensor class, written as a table so that a recipe reads as what it
+//! stores. Routers and norms stay f32 in every recipe (see [`Policy`]).
+//! The evidence behind them: routers and the MTP head at 8 bits or more;
+//! attention and shared experts (always read) at 8; routed experts, the
+//! bytes every token reads from disk, at 4, where the down projection
+//! suffers most from narrowing (llama.cpp's MoE recipes keep it a step
+//! above gate and up).
+
+use super::policy::{Class, Policy, Width};
+
+/// One recipe: its name, what it is for, and `(class or "expert",
+/// width)` pairs over the default policy.
+#[derive(Clone, Copy, Debug)]
+pub struct Recipe {
+    pub name: &'static str,
+    pub about: &'static str,
+    widths: &'static [(&'static str, &'static str)],
+}
+
+/// Every recipe, smallest routed experts last.
+pub const RECIPES: &[Recipe] = &[
+    Recipe {
+        name: "default",
+        about: "routed experts int4; attention, shared, dense, embeddings, lm_head, MTP int8",
+        widths: &[],
+    },
+    Recipe {
+        name: "bf16",
+        about: "every matrix BF16: the quality reference (routers and norms f32)",
+        widths: &[
+            ("expert", "bf16"),
+            ("shared", "bf16"),
+            ("attention", "bf16"),
+            ("dense", "bf16"),
+            ("embed", "bf16"),
+            ("lm_head", "bf16"),
+            ("mtp", "bf16"),
+            ("other", "bf16"),
+        ],
+    },
+    Recipe {
+        name: "int8",
+        about: "every matrix int8",
+        widths: &[("expert", "int8")],
+    },
+    Recipe {
+        name: "down8",
+        about: "routed gate/up int4, routed down int8 (down a step above); the rest int8",
+        widths: &[("expert_down", "int8")],
+    },
+    Recipe {
+        name: "tiny",
+        about: "routed gate/up int2, routed down int4 (experimental: the fewest bytes per token)",
+        widths: &[("expert_gate_up", "int2")],
+    },
+];
+
+impl Recipe {
+    /// The recipe called `name`; the error lists every name.
+    pub fn find(name: &str) -> Result<&'static Recipe, String> {
+        RECIPES.iter().find(|r| r.name == name).ok_or_else(|| {
+            let names: Vec<_> = RECIPES.iter().map(|r| r.name).collect();
+            format!("`{name}`: unknown recipe (recipes: {})", names.join(", "))
+        })
+    }
+
+    /// The recipe's policy: the default policy with its widths applied.
+    pub fn policy(&self) -> Policy {
+        let mut p = Policy::default();
+        for (class, width) in self.widths {
+            let classes = Class::group(class).expect("recipes name known classes");
+            let width = Width::parse(width).expect("recipes name known widths");
+            p.set_all(&classes, width)
+                .expect("recipes leave routers and norms f32");
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::QBits;
+
+    #[test]
+    fn every_recipe_builds_and_the_default_is_the_default_policy() {
+        for r in RECIPES {
+            let p = r.policy();
+            assert_eq!(p.width(Class::Router), Width::F32, "{}", r.name);
+            assert!(p.width(Class::Mtp).bits() >= 8, "{}: MTP ≥ 8 bits", r.name);
+        }
+        assert_eq!(Recipe::find("default").unwrap().policy(), Policy::default());
+        let down8 = Recipe::find("down8").unwrap().policy();
+        assert_eq!(down8.width(Class::ExpertDown), Width::Int(QBits::Int8));
+        assert_eq!(down8.width(Class::ExpertGateUp), Width::Int(QBits::Int4));
+        let e = Recipe::find("q4").unwrap_err();
+        assert!(e.contains("down8") && e.contains("unknown recipe"), "{e}");
+    }
+}
