@@ -145,6 +145,41 @@ fn required_tool_calls_parse_and_match_their_schema_in_every_format() {
     }
 }
 
+/// A streamed answer's calls as OpenAI's clients gather them (each call's
+/// pieces by index), checked; its content; its last chunk.
+fn streamed_calls(s: &Server, body: &Value) -> (Vec<(String, Value)>, String, Value) {
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let chunks = s.stream("/v1/chat/completions", &stream_body);
+    let mut calls: Vec<Value> = Vec::new();
+    let mut content = String::new();
+    for c in &chunks {
+        let delta = &c["choices"][0]["delta"];
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+        for d in delta["tool_calls"].as_array().into_iter().flatten() {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if calls.len() <= i {
+                calls.push(json!({"id": "", "type": "function", "function": {"name": "", "arguments": ""}}));
+            }
+            let call = &mut calls[i];
+            for (field, at) in [
+                ("id", "/id"),
+                ("name", "/function/name"),
+                ("arguments", "/function/arguments"),
+            ] {
+                let piece = match field {
+                    "id" => d["id"].as_str(),
+                    _ => d["function"][field].as_str(),
+                };
+                let slot = call.pointer_mut(at).unwrap();
+                *slot = json!(format!("{}{}", slot.as_str().unwrap(), piece.unwrap_or("")));
+            }
+        }
+    }
+    let got = calls.iter().map(check_call).collect();
+    (got, content, chunks.last().unwrap().clone())
+}
+
 #[test]
 fn streamed_tool_calls_concatenate_to_the_whole_answer() {
     let s = Server::start_with_template(&fixture("trained/qwen3_moe"), &hermes(), &[]);
@@ -152,43 +187,116 @@ fn streamed_tool_calls_concatenate_to_the_whole_answer() {
         let body = tool_request(json!("required"), seed);
         let whole = s.post("/v1/chat/completions", &body);
         let want = calls_of(&whole.json);
-        let mut stream_body = body.clone();
-        stream_body["stream"] = json!(true);
-        let chunks = s.stream("/v1/chat/completions", &stream_body);
-        // Every call's pieces by index, as OpenAI's clients gather them.
-        let mut calls: Vec<Value> = Vec::new();
-        let mut content = String::new();
-        for c in &chunks {
-            let delta = &c["choices"][0]["delta"];
-            content.push_str(delta["content"].as_str().unwrap_or(""));
-            for d in delta["tool_calls"].as_array().into_iter().flatten() {
-                let i = d["index"].as_u64().unwrap() as usize;
-                if calls.len() <= i {
-                    calls.push(json!({"id": "", "type": "function", "function": {"name": "", "arguments": ""}}));
-                }
-                let call = &mut calls[i];
-                for (field, at) in [
-                    ("id", "/id"),
-                    ("name", "/function/name"),
-                    ("arguments", "/function/arguments"),
-                ] {
-                    let piece = match field {
-                        "id" => d["id"].as_str(),
-                        _ => d["function"][field].as_str(),
-                    };
-                    let slot = call.pointer_mut(at).unwrap();
-                    *slot = json!(format!("{}{}", slot.as_str().unwrap(), piece.unwrap_or("")));
-                }
-            }
-        }
-        let last = chunks.last().unwrap();
+        let (got, content, last) = streamed_calls(&s, &body);
         assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{last}");
-        let got: Vec<(String, Value)> = calls.iter().map(check_call).collect();
         assert_eq!(got, want, "seed {seed}");
         let whole_content = whole.json["choices"][0]["message"]["content"]
             .as_str()
             .unwrap_or("");
         assert_eq!(content, whole_content, "seed {seed}");
+    }
+}
+
+/// DeepSeek's tool-call tokens, as its tokenizer has them.
+const DEEPSEEK_MARKERS: [&str; 5] = [
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+];
+
+/// A copy of the trained Qwen3 fixture whose tokenizer has `markers` as
+/// added tokens (`special` or not), as a model's tool tokens are: each
+/// takes the id of the token of one of the last merges (which no other
+/// merge uses), so the model's logits cover it. Their ids, in order.
+fn with_marker_tokens(markers: &[&str], special: bool) -> (tempfile::TempDir, Vec<u32>) {
+    let dir = common::copy_fixture("trained/qwen3_moe");
+    let path = dir.path().join("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut ids = Vec::new();
+    for m in markers {
+        let merge = t["model"]["merges"].as_array_mut().unwrap().pop().unwrap();
+        let piece = format!(
+            "{}{}",
+            merge[0].as_str().unwrap(),
+            merge[1].as_str().unwrap()
+        );
+        let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+        let id = vocab.remove(&piece).unwrap();
+        vocab.insert(m.to_string(), id.clone());
+        let added = json!({"id": id, "content": m, "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": special});
+        t["added_tokens"].as_array_mut().unwrap().push(added);
+        ids.push(id.as_u64().unwrap() as u32);
+    }
+    std::fs::write(&path, t.to_string()).unwrap();
+    (dir, ids)
+}
+
+#[test]
+fn special_tool_tokens_are_written_out_for_the_parser_and_nothing_else_is() {
+    use moestream::formats::chat::tool_calls::ToolFormat;
+    use moestream::formats::tokenizer::{TextStream, Tokenizer};
+    let (dir, ids) = with_marker_tokens(&DEEPSEEK_MARKERS, true);
+    let tok = Tokenizer::load(dir.path()).unwrap();
+    let kept = tok.special_ids_of(ToolFormat::DeepSeek.marker_texts());
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(kept, sorted, "every marker is a special token of its own");
+    let text = format!(
+        "{}get_weather{}{{}}<|endoftext|>",
+        DEEPSEEK_MARKERS[2], DEEPSEEK_MARKERS[4]
+    );
+    let encoded = tok.encode_raw(&text).unwrap();
+    assert_eq!(encoded[0], ids[2]);
+    assert_eq!(
+        tok.decode(&encoded).unwrap(),
+        "get_weather{}",
+        "skipped, as before"
+    );
+    let want = text.strip_suffix("<|endoftext|>").unwrap();
+    assert_eq!(
+        tok.decode_keeping(&encoded, &kept).unwrap(),
+        want,
+        "EOS still skipped"
+    );
+    let mut stream = TextStream::keeping(&tok, kept);
+    let streamed: String = encoded.iter().map(|&t| stream.push(t).unwrap()).collect();
+    assert_eq!(streamed, want);
+}
+
+#[test]
+fn an_auto_call_the_model_opens_is_held_to_the_schema_through_special_tokens() {
+    // The marker made likely (logit_bias), the model opens a call with
+    // the marker's own token; the rest of it is held to the schemas, and
+    // the parser sees the markers, whole and streamed: DeepSeek's special
+    // tokens, and Qwen3's `<tool_call>` (an added token, not special).
+    let cases = [
+        (
+            &DEEPSEEK_MARKERS[..],
+            true,
+            compact_templates()[1].1.clone(),
+        ),
+        (&["<tool_call>", "</tool_call>"][..], false, hermes()),
+    ];
+    for (markers, special, template) in cases {
+        let (model, ids) = with_marker_tokens(markers, special);
+        let s = Server::start_with_template(model.path(), &template, &[]);
+        for seed in 0..6 {
+            let mut body = tool_request(json!("auto"), seed);
+            body["logit_bias"] = json!({ids[0].to_string(): 100});
+            let whole = s.post("/v1/chat/completions", &body);
+            assert_eq!(
+                whole.status, 200,
+                "{} seed {seed}: {}",
+                markers[0], whole.json
+            );
+            let want = calls_of(&whole.json);
+            let (got, _, last) = streamed_calls(&s, &body);
+            assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{last}");
+            assert_eq!(got, want, "{} seed {seed}", markers[0]);
+        }
     }
 }
 

@@ -192,28 +192,45 @@ fn chat_survives_overflow_bad_bytes_and_unknown_commands() {
     assert!(!stderr.contains("never read"), "{stderr}");
 }
 
+/// The seed a sampling run printed on stderr (`seed: N (...)`).
+fn printed_seed(stderr: &str) -> Option<String> {
+    let line = stderr.lines().find_map(|l| l.strip_prefix("seed: "))?;
+    Some(line.split_whitespace().next()?.to_string())
+}
+
 #[test]
-fn chat_with_a_seed_samples_the_same_answer() {
+fn chat_with_a_seed_samples_the_same_answer_and_without_one_prints_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("chat.jinja");
     std::fs::write(&template, CHATML).unwrap();
-    let answer = |seed: &str| {
-        let flags = ["--temperature", "1", "--seed", seed, "--max-tokens", "12"];
+    // (answer, stderr) with `seed` (None: no --seed).
+    let answer = |seed: Option<&str>| {
+        let mut flags = vec!["--temperature", "1", "--max-tokens", "12"];
+        flags.extend(seed.map(|s| ["--seed", s]).into_iter().flatten());
         let mut child = chat_with(&fixture("qwen3_moe"), &template, &flags)
             .spawn()
             .unwrap();
         child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        (String::from_utf8(out.stdout).unwrap(), stderr)
     };
-    let a = answer("7");
+    let (a, stderr) = answer(Some("7"));
     assert!(!a.trim().is_empty());
-    assert_eq!(a, answer("7"));
-    let others = [answer("8"), answer("9")];
+    assert_eq!(printed_seed(&stderr), None, "a given seed is not echoed");
+    assert_eq!(a, answer(Some("7")).0);
+    let others = [answer(Some("8")).0, answer(Some("9")).0];
     assert!(others.iter().any(|o| *o != a), "three seeds, one text: {a}");
+    // Without --seed: a fresh seed each time, printed, and it repeats.
+    let (first, stderr) = answer(None);
+    let seed = printed_seed(&stderr).unwrap_or_else(|| panic!("no seed printed: {stderr}"));
+    let (_, stderr2) = answer(None);
+    assert_ne!(
+        printed_seed(&stderr2),
+        Some(seed.clone()),
+        "two fresh seeds"
+    );
+    let again = answer(Some(&seed)).0;
+    assert_eq!(again, first, "--seed {seed} repeats the unseeded chat");
 }

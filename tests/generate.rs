@@ -77,6 +77,38 @@ fn seeded_sampling_reproduces_and_top_k_one_is_greedy() {
 }
 
 #[test]
+fn an_unseeded_sampled_run_draws_a_fresh_seed_prints_it_and_repeats_with_it() {
+    let dir = tiny_model();
+    let sample = ["--max-tokens", "24", "--ignore-eos", "--temperature", "1.5"];
+    let seed_of = |stderr: &str| {
+        let line = stderr.lines().find_map(|l| l.strip_prefix("seed: "));
+        line.and_then(|l| l.split_whitespace().next())
+            .map(str::to_string)
+    };
+    let (a, b) = (run_out(dir.path(), &sample), run_out(dir.path(), &sample));
+    let (sa, sb) = (seed_of(&a.stderr).unwrap(), seed_of(&b.stderr).unwrap());
+    assert_ne!(sa, sb, "two runs, one seed");
+    let ids =
+        |o: &common::Out| serde_json::from_str::<Value>(&o.stdout).unwrap()["token_ids"].clone();
+    assert_ne!(ids(&a), ids(&b), "two unseeded runs gave one sample");
+    let again = run_out(dir.path(), &[&sample[..], &["--seed", &sa]].concat());
+    assert_eq!(ids(&again), ids(&a), "--seed {sa} repeats the run");
+    assert_eq!(seed_of(&again.stderr), None, "a given seed is not echoed");
+    let greedy = run_out(dir.path(), &["--max-tokens", "4"]);
+    assert_eq!(seed_of(&greedy.stderr), None, "greedy needs no seed");
+}
+
+/// `run --json` with `extra` (as [`run_json`], stdout and stderr kept).
+fn run_out(dir: &Path, extra: &[&str]) -> common::Out {
+    let d = dir.to_str().unwrap();
+    let mut args = vec!["run", "--model", d, "--prompt-ids", "5,6,7", "--json"];
+    args.extend(extra);
+    let out = moestream(&args);
+    assert!(out.ok, "{}", out.stderr);
+    out
+}
+
+#[test]
 fn text_mode_streams_then_prints_the_stats_line() {
     let dir = tiny_model();
     let out = moestream(&[

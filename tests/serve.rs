@@ -1341,3 +1341,184 @@ fn guard_refusals_on_the_messages_api_have_anthropics_shape() {
     assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
     assert_eq!(v["type"], "error", "{v}");
 }
+
+/// A greedy completion of prompt ids `prompt`: (text, cached prompt tokens).
+fn greedy_ids(s: &Server, prompt: &[u32], max_tokens: usize) -> (String, u64) {
+    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                      "ignore_eos": true});
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.json);
+    let cached = &r.json["usage"]["prompt_tokens_details"]["cached_tokens"];
+    (text_of(&r), cached.as_u64().unwrap())
+}
+
+#[test]
+fn a_slot_saved_by_name_erased_and_restored_continues_its_prefix() {
+    let kv = tempfile::tempdir().unwrap();
+    let kv_dir = kv.path().to_str().unwrap();
+    let s = Server::start(&fixture("qwen3_moe"), &["--slots", "1", "--kv-dir", kv_dir]);
+    let prompt: Vec<u32> = (5..45).collect();
+    let longer: Vec<u32> = prompt.iter().copied().chain([7, 9, 11]).collect();
+    // One token: the slot then holds exactly the prompt's positions.
+    assert_eq!(greedy_ids(&s, &prompt, 1).1, 0);
+    let file = json!({"filename": "conversation"});
+    let saved = s.post("/slots/0?action=save", &file);
+    assert_eq!(saved.status, 200, "{}", saved.json);
+    assert_eq!(saved.json["filename"], "conversation");
+    assert_eq!(saved.json["n_saved"], prompt.len());
+    let bytes = saved.json["n_written"].as_u64().unwrap();
+    assert_eq!(
+        std::fs::metadata(kv.path().join("conversation"))
+            .unwrap()
+            .len(),
+        bytes
+    );
+    assert!(saved.json["timings"]["save_ms"].as_f64().unwrap() >= 0.0);
+    let erased = s.post("/slots/0?action=erase", &json!({}));
+    assert_eq!(erased.json["n_erased"], prompt.len(), "{}", erased.json);
+    // Erased: the longer prompt is computed whole (the reference answer).
+    let (want, cached) = greedy_ids(&s, &longer, 6);
+    assert_eq!(cached, 0, "nothing kept after the erase");
+    assert_eq!(
+        s.post("/slots/0?action=erase", &json!({})).json["n_erased"],
+        longer.len() + 5
+    );
+    let restored = s.post("/slots/0?action=restore", &file);
+    assert_eq!(restored.status, 200, "{}", restored.json);
+    assert_eq!(restored.json["n_restored"], prompt.len());
+    assert_eq!(restored.json["n_read"], bytes);
+    // Restored: only the three new tokens are prefilled, the same answer.
+    let prefilled = s.metric("prefill_tokens_total");
+    let (got, cached) = greedy_ids(&s, &longer, 6);
+    assert_eq!(cached as usize, prompt.len());
+    assert_eq!(s.metric("prefill_tokens_total") - prefilled, 3.0);
+    assert_eq!(
+        got, want,
+        "the restored KV gives the greedy answer computed whole"
+    );
+    assert!(common::listing(kv.path()).contains(&"conversation".to_string()));
+}
+
+#[test]
+fn slot_actions_refuse_bad_names_slots_files_and_servers_without_a_kv_dir() {
+    let kv = tempfile::tempdir().unwrap();
+    let kv_dir = kv.path().to_str().unwrap();
+    let s = Server::start(
+        &fixture("qwen3_moe"),
+        &["--slots", "1", "--kv-dir", kv_dir, "--api-key", "k"],
+    );
+    let key = [("Authorization", "Bearer k")];
+    let post = |path: &str, body: Value| s.post_with(path, &body, &key);
+    assert_eq!(s.post("/slots/0?action=erase", &json!({})).status, 401);
+    for bad in [
+        "",
+        "..",
+        "../escape",
+        "a/b",
+        ".hidden",
+        "0123456789abcdef.kv",
+    ] {
+        let r = post("/slots/0?action=save", json!({"filename": bad}));
+        assert_eq!(r.status, 400, "{bad:?}: {}", r.json);
+        assert_eq!(r.json["error"]["param"], "filename", "{bad:?}");
+    }
+    assert!(!kv.path().parent().unwrap().join("escape").exists());
+    let r = post("/slots/0?action=copy", json!({"filename": "x"}));
+    assert_eq!(
+        (r.status, r.json["error"]["param"].clone()),
+        (400, json!("action"))
+    );
+    let r = post("/slots/3?action=erase", json!({}));
+    assert_eq!(
+        (r.status, r.json["error"]["param"].clone()),
+        (400, json!("id_slot"))
+    );
+    // Nothing ran yet: nothing to save; a missing file names itself.
+    let r = post("/slots/0?action=save", json!({"filename": "empty"}));
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(r.json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("holds no KV"));
+    let r = post("/slots/0?action=restore", json!({"filename": "missing"}));
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(r.json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("missing"));
+    // A file of another model is refused, naming why.
+    let body = json!({"prompt": [5, 6, 7, 8], "max_tokens": 1, "temperature": 0});
+    assert_eq!(post("/v1/completions", body.clone()).status, 200);
+    assert_eq!(
+        post("/slots/0?action=save", json!({"filename": "mine"})).status,
+        200
+    );
+    let other_kv = tempfile::tempdir().unwrap();
+    std::fs::copy(kv.path().join("mine"), other_kv.path().join("theirs")).unwrap();
+    let other_dir = other_kv.path().to_str().unwrap();
+    let other = Server::start(&fixture("trained/qwen3_moe"), &["--kv-dir", other_dir]);
+    let r = other.post("/slots/0?action=restore", &json!({"filename": "theirs"}));
+    assert_eq!(r.status, 400, "{}", r.json);
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("theirs") && msg.contains("saved by model"),
+        "{msg}"
+    );
+    // Without --kv-dir, save and restore say what they need.
+    let plain = Server::start(&fixture("qwen3_moe"), &[]);
+    let r = plain.post("/slots/0?action=save", &json!({"filename": "x"}));
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(r.json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--kv-dir"));
+}
+
+#[test]
+fn n_choices_prefill_the_prompt_once_and_fork_its_kv() {
+    let s = Server::start(&fixture("qwen3_moe"), &["--slots", "3"]);
+    let prompt: Vec<u32> = (60..100).collect();
+    let body = |n: u64, temperature: u64, seed: u64| {
+        json!({"prompt": prompt, "max_tokens": 8, "temperature": temperature, "seed": seed,
+               "n": n, "ignore_eos": true})
+    };
+    let texts = |r: &common::server::Reply| -> Vec<String> {
+        assert_eq!(r.status, 200, "{}", r.json);
+        let choices = r.json["choices"].as_array().unwrap();
+        choices
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before = s.metric("prefill_tokens_total");
+    let sampled = s.post("/v1/completions", &body(3, 1, 11));
+    assert_eq!(
+        s.metric("prefill_tokens_total") - before,
+        prompt.len() as f64,
+        "three choices, one prefill of the prompt"
+    );
+    assert_eq!(sampled.json["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(
+        sampled.json["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    assert_eq!(sampled.json["usage"]["completion_tokens"], 24);
+    let sampled = texts(&sampled);
+    assert!(
+        sampled[1..].iter().any(|t| *t != sampled[0]),
+        "choices on their own seeds differ: {sampled:?}"
+    );
+    // Each choice is what its seed gives alone.
+    for (i, want) in sampled.iter().enumerate() {
+        assert_eq!(
+            texts(&s.post("/v1/completions", &body(1, 1, 11 + i as u64)))[0],
+            *want
+        );
+    }
+    // Greedy: every choice is the single-choice answer.
+    let greedy = texts(&s.post("/v1/completions", &body(1, 0, 0))).remove(0);
+    assert_eq!(
+        texts(&s.post("/v1/completions", &body(3, 0, 0))),
+        vec![greedy; 3]
+    );
+}

@@ -102,7 +102,7 @@ pub(super) fn cmd_chat(a: ChatArgs) -> Result<()> {
     let defaults = GenerationDefaults::load(&dir)?;
     let opts = GenOptions {
         max_tokens: a.max_tokens,
-        sampling: defaults.sampling(&SamplingParams::default(), &a.sampling.overrides()),
+        sampling: a.sampling.sampling(&defaults),
         eos_ids: defaults.eos_ids.clone(),
         speculation: a.spec.speculation(),
         ..GenOptions::default()

@@ -663,12 +663,29 @@ struct SamplingArgs {
     /// the flag: generation_config.json's `repetition_penalty`, else 1.
     #[arg(long)]
     repetition_penalty: Option<f32>,
-    /// Seed of the sampler's generator (default 0).
+    /// Seed of the sampler's generator. Without it `run` and `chat` draw
+    /// a fresh one, printed on stderr when sampling so the run can be
+    /// repeated with `--seed N`; `serve` draws one per request.
     #[arg(short = 's', long)]
     seed: Option<u64>,
 }
 
 impl SamplingArgs {
+    /// The sampling settings of a `run` or `chat`: the flags, else
+    /// `defaults` (generation_config.json), else greedy; without `--seed`
+    /// a fresh seed, printed on stderr when it matters (temperature > 0).
+    fn sampling(&self, defaults: &GenerationDefaults) -> SamplingParams {
+        let base = SamplingParams {
+            seed: moestream::engine::sampler::fresh_seed(),
+            ..SamplingParams::default()
+        };
+        let p = defaults.sampling(&base, &self.overrides());
+        if self.seed.is_none() && p.temperature > 0.0 {
+            eprintln!("seed: {} (--seed {} repeats this run)", p.seed, p.seed);
+        }
+        p
+    }
+
     /// The settings given on the command line.
     fn overrides(&self) -> Overrides {
         Overrides {
@@ -1058,7 +1075,7 @@ fn gen_options(g: &GenArgs, dir: &Path) -> Result<GenOptions> {
     let defaults = GenerationDefaults::load(dir)?;
     Ok(GenOptions {
         max_tokens: g.max_tokens,
-        sampling: defaults.sampling(&SamplingParams::default(), &g.sampling.overrides()),
+        sampling: g.sampling.sampling(&defaults),
         ignore_eos: g.ignore_eos,
         eos_ids: defaults.eos_ids,
         speculation: g.spec.speculation(),

@@ -98,6 +98,13 @@ impl Grammars {
         }
     }
 
+    /// The id of the special token whose text is `text` (llguidance
+    /// takes every added `<...>` token as one), if the tokenizer has it:
+    /// a grammar literal never matches it, a `<[id]>` does.
+    pub fn special_token(&self, text: &str) -> Option<u32> {
+        self.factory.tok_env().tok_trie().get_special_token(text)
+    }
+
     /// [`Grammars::start`], with `bytes` of output already taken in (the
     /// rest of the token that opened the constrained part); an error when
     /// they do not start the constraint's language.

@@ -57,6 +57,11 @@ impl Head {
         &self.header.tokens
     }
 
+    /// The file's length in bytes.
+    pub fn file_bytes(&self) -> u64 {
+        self.rows_at + self.rows_len
+    }
+
     /// The model directory recorded by the writer ("" for older files).
     pub fn model_dir(&self) -> &str {
         &self.header.model_dir
@@ -129,13 +134,13 @@ fn rows_of(kv: &mut KvCache) -> Vec<u8> {
 }
 
 /// Saves `kv` (whose filled positions hold `tokens`) for the model keyed
-/// `model_key` in `model_dir`.
+/// `model_key` in `model_dir`; returns the bytes written.
 pub fn save(
     path: &Path,
     (model_key, model_dir): (u64, &str),
     tokens: &[u32],
     kv: &mut KvCache,
-) -> Result<()> {
+) -> Result<u64> {
     assert_eq!(
         tokens.len(),
         kv.len(),
@@ -155,7 +160,8 @@ pub fn save(
     bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
     bytes.extend_from_slice(&header);
     bytes.extend_from_slice(&rows);
-    crate::fs::write(path, &bytes)
+    crate::fs::write(path, &bytes)?;
+    Ok(bytes.len() as u64)
 }
 
 /// Reads the header of `path` (a regular file, through the bounded

@@ -122,6 +122,9 @@ pub struct Session {
     tail: Vec<u8>,
     /// Added to these logits before each choice.
     logit_bias: Vec<(u32, f32)>,
+    /// With forks wanted ([`Session::want_forks`]): the last prompt
+    /// position's hidden row, once the prompt is in.
+    fork_row: Option<Vec<f32>>,
 }
 
 impl Session {
@@ -143,8 +146,7 @@ impl Session {
         opts: &GenOptions,
         prefix: Option<Prefix>,
     ) -> Result<Session> {
-        let max_tokens = Self::check(model, prompt, opts)?;
-        let positions = prompt.len() + max_tokens;
+        let positions = prompt.len() + Self::check(model, prompt, opts)?;
         let (kv, fed) = match prefix {
             Some(p) => {
                 let reused = p.reusable(prompt);
@@ -155,6 +157,19 @@ impl Session {
             }
             None => (model.new_kv(positions), 0),
         };
+        Self::build(model, prompt, opts, kv, fed)
+    }
+
+    /// A session whose `kv` holds its prompt's first `fed` positions.
+    fn build(
+        model: &Model,
+        prompt: &[u32],
+        opts: &GenOptions,
+        kv: KvCache,
+        fed: usize,
+    ) -> Result<Session> {
+        let max_tokens = Self::check(model, prompt, opts)?;
+        let positions = prompt.len() + max_tokens;
         // A constrained or biased session does not draft: its mask depends
         // on every token before it, and a draft is verified against
         // unbiased logits.
@@ -186,7 +201,40 @@ impl Session {
             feed: Vec::new(),
             spec_stats: SpecStats::default(),
             logit_bias: opts.logit_bias.clone(),
+            fork_row: None,
         })
+    }
+
+    /// Keeps the last prompt position's hidden row once the prompt is in,
+    /// so that [`Session::fork`] can start sequences from it.
+    pub fn want_forks(&mut self, hidden: usize) {
+        self.fork_row = Some(Vec::with_capacity(hidden));
+    }
+
+    /// A new sequence continuing this one's prompt by `opts` (another
+    /// choice of one request): a copy of the prompt's KV and its first
+    /// token sampled from the kept last row with its own sampler, so the
+    /// prompt is computed once for every choice. Call right after the
+    /// step that took the prompt in, on a session that
+    /// [wanted forks](Session::want_forks). A fork does not draft (a
+    /// drafter's state follows the rows it observed).
+    pub fn fork(&mut self, model: &Model, opts: &GenOptions) -> Result<Session> {
+        assert!(
+            !self.in_prefill() && self.kv.len() == self.prompt.len(),
+            "a session forks right after its prompt is in"
+        );
+        let row = self.fork_row.take().expect("forks were wanted");
+        let positions = self.prompt.len() + Self::check(model, &self.prompt, opts)?;
+        let kv = self.kv.fork(positions);
+        let built = Self::build(model, &self.prompt, opts, kv, self.prompt.len());
+        let result = built.and_then(|mut fork| {
+            fork.reused = self.reused;
+            fork.stop_speculating();
+            fork.advance(0, model, &row)?;
+            Ok(fork)
+        });
+        self.fork_row = Some(row);
+        result
     }
 
     /// What [`Session::new`] refuses, without allocating anything (for a
@@ -286,6 +334,10 @@ impl Session {
             self.fed += fed;
             if self.in_prefill() {
                 return Ok(None);
+            }
+            if let Some(row) = &mut self.fork_row {
+                row.clear();
+                row.extend_from_slice(last_row);
             }
         }
         self.logits_of(model, last_row)?;

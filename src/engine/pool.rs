@@ -1,6 +1,10 @@
 //! [`SessionPool`]: many requests over one engine, admitted, queued and
 //! batched by the scheduler crate's policy, with finished sessions' KV
-//! kept as prefixes that later requests continue from.
+//! kept as prefixes that later requests continue from. The choices of
+//! one request share its prompt: the first prefills it, the others hold a
+//! slot until then and fork its KV ([`SessionPool::submit_fork`]). What a
+//! slot last left can be saved, erased, or restored from a file
+//! (llama-server's `/slots/{id}` actions).
 
 use super::{token_logprobs, Engine, Prefix, Session, TokenLogprobs};
 use crate::engine::generate::GenOptions;
@@ -73,6 +77,9 @@ pub struct SessionPool<'m> {
     running: HashMap<RequestId, Session>,
     /// Requests waiting for a slot: checked, nothing allocated yet.
     waiting: HashMap<RequestId, (Vec<u32>, GenOptions)>,
+    /// Choices holding a slot until their leader's prompt is in (then
+    /// they fork from it): the leader and the choice's options.
+    forks: HashMap<RequestId, (RequestId, GenOptions)>,
     finished: HashMap<RequestId, Finished>,
     /// Requests that want log-probabilities, with how many alternatives.
     logprobs: HashMap<RequestId, usize>,
@@ -83,6 +90,9 @@ pub struct SessionPool<'m> {
     /// Events of work done between steps (a cancel promoting a request
     /// that then failed to start), handed out by the next step.
     pending: Vec<PoolEvent>,
+    /// Per slot, the tokens of the prefix its last session left (or a
+    /// restore put there): what `/slots/{id}?action=save` saves.
+    slot_tokens: Vec<Option<Vec<u32>>>,
     start: Instant,
 }
 
@@ -94,12 +104,14 @@ impl<'m> SessionPool<'m> {
             scheduler: Scheduler::new(config),
             running: HashMap::new(),
             waiting: HashMap::new(),
+            forks: HashMap::new(),
             finished: HashMap::new(),
             logprobs: HashMap::new(),
             prefixes: Vec::new(),
             prefixes_max: 0,
             prefix_generation: 0,
             pending: Vec::new(),
+            slot_tokens: vec![None; config.kv_slots],
             start: Instant::now(),
         }
     }
@@ -149,6 +161,46 @@ impl<'m> SessionPool<'m> {
         Ok(admission)
     }
 
+    /// Admits another choice of request `leader` (the same prompt, `opts`
+    /// its own sampling): while the leader prefills, the choice holds a
+    /// slot and waits; once the leader's prompt is in, the choice starts
+    /// from a copy of its KV, its first token sampled from the same last
+    /// row ([`Session::fork`]), so the prompt is prefilled once for every
+    /// choice. A leader queued or past its prompt leaves the choice to
+    /// start on its own (continuing a kept prefix if one fits).
+    pub fn submit_fork(
+        &mut self,
+        id: RequestId,
+        leader: RequestId,
+        opts: &GenOptions,
+    ) -> std::result::Result<Admission, PoolError> {
+        let prompt = match (self.running.get(&leader), self.waiting.get(&leader)) {
+            (Some(s), _) => s.prompt().to_vec(),
+            (None, Some((p, _))) => p.clone(),
+            (None, None) => {
+                let msg = format!("request {leader} is neither running nor waiting");
+                return Err(Error::Request(msg).into());
+            }
+        };
+        if !self.running.get(&leader).is_some_and(Session::in_prefill) {
+            return self.submit(id, &prompt, opts);
+        }
+        let model = self.engine.model();
+        Session::check(model, &prompt, opts)?;
+        let admission = self.scheduler.submit(id, prompt.len(), self.now_ms())?;
+        match admission {
+            Admission::Running { .. } => {
+                let session = self.running.get_mut(&leader).expect("checked above");
+                session.want_forks(model.cfg.hidden_size);
+                self.forks.insert(id, (leader, opts.clone()));
+            }
+            Admission::Queued { .. } => {
+                self.waiting.insert(id, (prompt, opts.clone()));
+            }
+        }
+        Ok(admission)
+    }
+
     /// The most sessions of up to `positions` KV positions each that fit
     /// the model's RAM plan at once (at least 1), capped at `wanted`.
     pub fn slots_within_budget(model: &Model, positions: usize, wanted: usize) -> usize {
@@ -168,20 +220,30 @@ impl<'m> SessionPool<'m> {
         let needed = prefix
             .as_ref()
             .map_or(positions, |p| p.kv.capacity().max(positions));
-        if let Some(budget) = model.context_budget {
-            while self.positions_in_use() + needed > budget && !self.prefixes.is_empty() {
-                self.prefixes.remove(0);
-                self.prefix_generation += 1;
-            }
-            let in_use = self.positions_in_use();
-            if in_use + needed > budget {
-                return Err(Error::Request(format!(
-                    "{} running sessions hold {in_use} KV positions; another {needed} would pass the {budget} the RAM plan reserved",
-                    self.running.len(),
-                )));
-            }
-        }
+        self.make_room(0, needed)?;
         Session::resume(model, prompt, opts, prefix)
+    }
+
+    /// Makes room for a session of `needed` KV positions within the RAM
+    /// plan's, `outside` positions being held by sessions out of
+    /// `running` (a step's batch): drops the least recently used prefixes
+    /// while they are in the way, refuses when the running ones are.
+    fn make_room(&mut self, outside: usize, needed: usize) -> Result<()> {
+        let Some(budget) = self.engine.model().context_budget else {
+            return Ok(());
+        };
+        while outside + self.positions_in_use() + needed > budget && !self.prefixes.is_empty() {
+            self.prefixes.remove(0);
+            self.prefix_generation += 1;
+        }
+        let in_use = outside + self.positions_in_use();
+        if in_use + needed > budget {
+            return Err(Error::Request(format!(
+                "{} running sessions hold {in_use} KV positions; another {needed} would pass the {budget} the RAM plan reserved",
+                self.running.len(),
+            )));
+        }
+        Ok(())
     }
 
     /// KV positions held by running sessions and kept prefixes.
@@ -238,7 +300,7 @@ impl<'m> SessionPool<'m> {
 
     /// Whether nothing is running or waiting.
     pub fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty()
+        self.running.is_empty() && self.waiting.is_empty() && self.forks.is_empty()
     }
 
     /// One batched step of the scheduler's next batch; returns what
@@ -258,7 +320,11 @@ impl<'m> SessionPool<'m> {
             self.logprobs.remove(&id);
             events.push(PoolEvent::Expired(id));
         }
-        let batch: Vec<RequestId> = self.scheduler.next_batch().iter().map(|b| b.0).collect();
+        // Choices waiting for their leader's prompt hold a slot, no session.
+        let batch: Vec<RequestId> = (self.scheduler.next_batch().iter())
+            .map(|b| b.0)
+            .filter(|id| !self.forks.contains_key(id))
+            .collect();
         let mut sessions: Vec<(RequestId, Session)> = batch
             .iter()
             .map(|id| {
@@ -276,13 +342,18 @@ impl<'m> SessionPool<'m> {
             Ok(p) => p,
             Err(e) => {
                 for (id, _) in sessions {
-                    self.logprobs.remove(&id);
-                    events.push(PoolEvent::Failed(id, e.to_string()));
-                    self.retire(id, &mut events);
+                    let forks = self.forks_of(id);
+                    for id in std::iter::once(id).chain(forks) {
+                        self.forks.remove(&id);
+                        self.logprobs.remove(&id);
+                        events.push(PoolEvent::Failed(id, e.to_string()));
+                        self.retire(id, &mut events);
+                    }
                 }
                 return events;
             }
         };
+        let forked = self.fork_choices(&mut sessions);
         for ((id, session), n) in sessions.into_iter().zip(produced) {
             let tokens = session.tokens();
             for &t in &tokens[tokens.len() - n..] {
@@ -302,7 +373,78 @@ impl<'m> SessionPool<'m> {
                 self.running.insert(id, session);
             }
         }
+        for (id, fork) in forked {
+            self.start_fork(id, fork, &mut events);
+        }
         events
+    }
+
+    /// The choices waiting for `leader`'s prompt, by id.
+    fn forks_of(&self, leader: RequestId) -> Vec<RequestId> {
+        let mut ids: Vec<RequestId> = (self.forks.iter())
+            .filter(|(_, f)| f.0 == leader)
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Forks the waiting choices of every session of a step's batch
+    /// whose prompt is now in (within the RAM plan's positions).
+    fn fork_choices(
+        &mut self,
+        batch: &mut [(RequestId, Session)],
+    ) -> Vec<(RequestId, Result<Session>)> {
+        let mut out = Vec::new();
+        if self.forks.is_empty() {
+            return out;
+        }
+        let model = self.engine.model();
+        for i in 0..batch.len() {
+            if batch[i].1.in_prefill() {
+                continue;
+            }
+            for id in self.forks_of(batch[i].0) {
+                let (_, opts) = self.forks.remove(&id).expect("listed by forks_of");
+                let outside: usize = batch.iter().map(|(_, s)| s.kv_positions()).sum();
+                let forked: usize = (out.iter())
+                    .filter_map(|(_, f): &(RequestId, Result<Session>)| f.as_ref().ok())
+                    .map(Session::kv_positions)
+                    .sum();
+                let leader = &mut batch[i].1;
+                let fork = Session::check(model, leader.prompt(), &opts)
+                    .and_then(|n| self.make_room(outside + forked, leader.prompt().len() + n))
+                    .and_then(|()| leader.fork(model, &opts));
+                out.push((id, fork));
+            }
+        }
+        out
+    }
+
+    /// Runs a forked choice from its first token (or fails it).
+    fn start_fork(&mut self, id: RequestId, fork: Result<Session>, events: &mut Vec<PoolEvent>) {
+        let session = match fork {
+            Ok(s) => s,
+            Err(e) => {
+                self.logprobs.remove(&id);
+                events.push(PoolEvent::Failed(id, e.to_string()));
+                self.retire(id, events);
+                return;
+            }
+        };
+        let first = session.tokens()[0];
+        events.push(PoolEvent::Token(id, first));
+        if let Some(&top) = self.logprobs.get(&id) {
+            let lp = token_logprobs(session.logits(), first, top);
+            events.push(PoolEvent::Logprobs(id, lp));
+        }
+        if session.is_done() {
+            self.finish(id, session);
+            events.push(PoolEvent::Finished(id));
+            self.retire(id, events);
+        } else {
+            self.running.insert(id, session);
+        }
     }
 
     /// Asks for each token's log-probability of request `id`, with the
@@ -324,9 +466,20 @@ impl<'m> SessionPool<'m> {
             constraint_complete: session.constraint_complete(),
         };
         self.finished.insert(id, finished);
-        if self.prefixes_max > 0 {
-            self.keep_prefix(session.into_prefix());
+        self.keep_session(id, session);
+    }
+
+    /// Keeps an ended session's KV as a prefix (if prefixes are kept),
+    /// remembered as what its slot holds.
+    fn keep_session(&mut self, id: RequestId, session: Session) {
+        if self.prefixes_max == 0 {
+            return;
         }
+        let prefix = session.into_prefix();
+        if let Some(slot) = self.scheduler.slot_of(id) {
+            self.slot_tokens[slot] = Some(prefix.tokens.clone());
+        }
+        self.keep_prefix(prefix);
     }
 
     /// Frees `id`'s slot and starts the request promoted into it (a
@@ -367,9 +520,14 @@ impl<'m> SessionPool<'m> {
     pub fn cancel(&mut self, id: RequestId) -> bool {
         self.logprobs.remove(&id);
         if let Some(session) = self.running.remove(&id) {
-            if self.prefixes_max > 0 {
-                self.keep_prefix(session.into_prefix());
-            }
+            let mut events = Vec::new();
+            self.release_forks(id, session.prompt(), &mut events);
+            self.keep_session(id, session);
+            self.retire(id, &mut events);
+            self.pending.extend(events);
+            return true;
+        }
+        if self.forks.remove(&id).is_some() {
             let mut events = Vec::new();
             self.retire(id, &mut events);
             self.pending.extend(events);
@@ -380,6 +538,80 @@ impl<'m> SessionPool<'m> {
             return true;
         }
         false
+    }
+
+    /// Refuses a slot that does not exist or runs a request now.
+    fn idle_slot(&self, slot: usize) -> Result<()> {
+        let slots = self.slot_tokens.len();
+        if slot >= slots {
+            return Err(Error::Request(format!(
+                "slot {slot} does not exist; this server has {slots} (0 to {})",
+                slots - 1
+            )));
+        }
+        if self
+            .scheduler
+            .running_ids()
+            .any(|id| self.scheduler.slot_of(id) == Some(slot))
+        {
+            return Err(Error::Request(format!(
+                "slot {slot} is processing a request; ask again once it is idle"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The kept prefix idle slot `slot` holds (its last session's KV, or
+    /// what was restored into it), if it is still kept.
+    pub fn slot_prefix_mut(&mut self, slot: usize) -> Result<Option<&mut Prefix>> {
+        self.idle_slot(slot)?;
+        let Some(tokens) = &self.slot_tokens[slot] else {
+            return Ok(None);
+        };
+        Ok(self.prefixes.iter_mut().find(|p| &p.tokens == tokens))
+    }
+
+    /// Drops what idle slot `slot` holds; returns the positions erased.
+    pub fn erase_slot(&mut self, slot: usize) -> Result<usize> {
+        self.idle_slot(slot)?;
+        let Some(tokens) = self.slot_tokens[slot].take() else {
+            return Ok(0);
+        };
+        let Some(i) = self.prefixes.iter().position(|p| p.tokens == tokens) else {
+            return Ok(0);
+        };
+        let gone = self.prefixes.remove(i);
+        self.prefix_generation += 1;
+        Ok(gone.kv.len())
+    }
+
+    /// Puts `prefix` into idle slot `slot` (dropping what it held) as the
+    /// most recently used kept prefix: the next request starting with its
+    /// tokens continues from it. Returns its positions.
+    pub fn restore_slot(&mut self, slot: usize, prefix: Prefix) -> Result<usize> {
+        self.erase_slot(slot)?;
+        let n = prefix.kv.len();
+        self.slot_tokens[slot] = Some(prefix.tokens.clone());
+        self.keep_prefix(prefix);
+        Ok(n)
+    }
+
+    /// Starts the choices waiting for `leader` (cancelled before its
+    /// prompt was in) on their own, from `prompt`.
+    fn release_forks(&mut self, leader: RequestId, prompt: &[u32], events: &mut Vec<PoolEvent>) {
+        for id in self.forks_of(leader) {
+            let (_, opts) = self.forks.remove(&id).expect("listed by forks_of");
+            match self.start(prompt, &opts) {
+                Ok(session) => {
+                    self.running.insert(id, session);
+                }
+                Err(e) => {
+                    self.logprobs.remove(&id);
+                    events.push(PoolEvent::Failed(id, e.to_string()));
+                    self.retire(id, events);
+                }
+            }
+        }
     }
 
     /// Takes a finished request's result, once.

@@ -126,6 +126,16 @@ fn check_penalty(name: &str, v: f32) -> Result<(), String> {
     ))
 }
 
+/// A random seed, for a run or request that names none (the clock's
+/// nanoseconds where the OS gives no random bytes).
+pub fn fresh_seed() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    })
+}
+
 /// splitmix64: a small, well-mixed, seedable generator.
 pub struct Rng(u64);
 

@@ -90,6 +90,32 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| self.err(e))
     }
 
+    /// The ids of the special tokens whose text is one of `texts` (a tool
+    /// format's markers, when a tokenizer marks them special), sorted.
+    pub fn special_ids_of(&self, texts: &[&str]) -> Vec<u32> {
+        let added = self.inner.get_added_vocabulary().get_added_tokens_decoder();
+        let mut ids: Vec<u32> = (added.iter())
+            .filter(|(_, t)| t.special && texts.contains(&t.content.as_str()))
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Decodes `ids`, skipping special tokens except those of `keep`
+    /// (sorted), whose text is written out: a tool call's markers stay
+    /// visible to the parser while EOS and the template's tokens go.
+    pub fn decode_keeping(&self, ids: &[u32], keep: &[u32]) -> Result<String> {
+        if keep.is_empty() {
+            return self.decode(ids);
+        }
+        let added = self.inner.get_added_vocabulary();
+        let shown: Vec<u32> = (ids.iter().copied())
+            .filter(|id| keep.binary_search(id).is_ok() || !is_special(added, *id))
+            .collect();
+        self.inner.decode(&shown, false).map_err(|e| self.err(e))
+    }
+
     /// Decodes `ids`, special tokens written out (llama-server's
     /// `/detokenize` and token pieces).
     pub fn decode_special(&self, ids: &[u32]) -> Result<String> {
@@ -108,6 +134,14 @@ impl Tokenizer {
             reason: e.to_string(),
         }
     }
+}
+
+/// Whether `id` is a special added token.
+fn is_special(added: &tokenizers::AddedVocabulary, id: u32) -> bool {
+    added
+        .get_added_tokens_decoder()
+        .get(&id)
+        .is_some_and(|t| t.special)
 }
 
 /// End-of-sequence ids: `generation_config.json` `eos_token_id` (int or list),
@@ -148,22 +182,30 @@ pub struct TextStream<'a> {
     tok: &'a Tokenizer,
     ids: Vec<u32>,
     printed: usize,
+    /// Special tokens written out ([`Tokenizer::decode_keeping`]), sorted.
+    keep: Vec<u32>,
 }
 
 impl<'a> TextStream<'a> {
-    /// An empty stream.
+    /// An empty stream, special tokens skipped.
     pub fn new(tok: &'a Tokenizer) -> TextStream<'a> {
+        TextStream::keeping(tok, Vec::new())
+    }
+
+    /// An empty stream writing out the special tokens of `keep` (sorted).
+    pub fn keeping(tok: &'a Tokenizer, keep: Vec<u32>) -> TextStream<'a> {
         TextStream {
             tok,
             ids: Vec::new(),
             printed: 0,
+            keep,
         }
     }
 
     /// Adds `id`; returns the newly completed text (may be empty mid-UTF-8).
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
+        let text = self.tok.decode_keeping(&self.ids, &self.keep)?;
         if text.ends_with('\u{FFFD}')
             || text.len() < self.printed
             || !text.is_char_boundary(self.printed)

@@ -182,6 +182,28 @@ impl KvCache {
         self.capacity = capacity;
     }
 
+    /// A new cache of `capacity` positions (at least this one's filled
+    /// ones) holding a copy of the filled rows: a sequence forked after
+    /// its prompt (a request's choices share the prompt's positions,
+    /// computed once).
+    pub fn fork(&mut self, capacity: usize) -> KvCache {
+        let mut out = KvCache::new(&self.layouts, capacity.max(self.len));
+        let len = self.len;
+        let layouts = self.layouts.clone();
+        let layers = self.layers.iter_mut().zip(out.layers.iter_mut());
+        for ((src, dst), layout) in layers.zip(layouts) {
+            let pairs = src
+                .buffers_mut(layout)
+                .into_iter()
+                .zip(dst.buffers_mut(layout));
+            for ((from, width), (to, _)) in pairs {
+                to[..len * width].copy_from_slice(&from[..len * width]);
+            }
+        }
+        out.len = len;
+        out
+    }
+
     /// Attention-cache bytes per position summed over layers (indexer keys excluded).
     pub fn attention_bytes_per_token(&self) -> usize {
         self.layouts
@@ -219,6 +241,47 @@ mod tests {
         let kv = KvCache::new(&[l, l], 10);
         assert_eq!(kv.attention_bytes_per_token(), 2 * 576 * 4);
         assert_eq!(kv.bytes(), 2 * (576 + 128) * 4 * 10);
+    }
+
+    #[test]
+    fn a_fork_copies_the_filled_rows_into_its_own_capacity() {
+        let layouts = [
+            KvLayout::Gqa { kv_dim: 2 },
+            KvLayout::Mla {
+                kv_lora: 1,
+                rope: 1,
+                index_dim: 1,
+            },
+        ];
+        let mut kv = KvCache::new(&layouts, 4);
+        let mut x = 0.0;
+        for (layer, layout) in kv.layers.iter_mut().zip(layouts) {
+            for (buf, _) in layer.buffers_mut(layout) {
+                for v in buf.iter_mut() {
+                    x += 1.0;
+                    *v = x;
+                }
+            }
+        }
+        kv.advance(3);
+        let mut fork = kv.fork(6);
+        assert_eq!((fork.len(), fork.capacity()), (3, 6));
+        for ((a, b), layout) in kv
+            .layers
+            .iter_mut()
+            .zip(fork.layers.iter_mut())
+            .zip(layouts)
+        {
+            for ((a, w), (b, _)) in a.buffers_mut(layout).into_iter().zip(b.buffers_mut(layout)) {
+                assert_eq!(a[..3 * w], b[..3 * w]);
+                assert!(b[3 * w..].iter().all(|&v| v == 0.0), "past the filled rows");
+            }
+        }
+        assert_eq!(
+            kv.fork(1).capacity(),
+            3,
+            "never shorter than the filled rows"
+        );
     }
 
     #[test]

@@ -355,8 +355,8 @@ async fn start(
     let (bytes, room) = respond::read_body(s, body).await?;
     let chat = translate(&bytes, counting)?;
     let p = respond::prepare_blocking(s.clone(), chat, room, true).await?;
-    let events = respond::submit(s, &p, 0).await?;
-    Ok((p, events))
+    let mut events = respond::submit(s, &p).await?;
+    Ok((p, events.remove(0)))
 }
 
 /// A Messages body as the chat request's bytes.

@@ -74,7 +74,9 @@ pub fn is_anthropic(path: &str) -> bool {
 /// Anthropic APIs and llama-server's endpoints; `/health` and `/metrics`
 /// do not.
 pub fn needs_key(path: &str) -> bool {
-    path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize" | "/props" | "/slots")
+    path.starts_with("/v1/")
+        || path.starts_with("/slots/")
+        || matches!(path, "/tokenize" | "/detokenize" | "/props" | "/slots")
 }
 
 /// The `Access-Control-Allow-Origin` for a request's `Origin`: `*` or the

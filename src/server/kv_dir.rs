@@ -16,6 +16,10 @@
 //! - Restoring is bounded: headers are read first, and only the newest
 //!   files the prefix slots (and the RAM plan's positions) can hold are
 //!   read whole.
+//! - A slot file (`POST /slots/{id}?action=save`, llama-server's) has the
+//!   name the client gave, checked by [`check_slot_name`] to be a plain
+//!   file name inside the directory that none of the automatic files or
+//!   the lock can have; the automatic sweep never touches it.
 
 use crate::engine::kv_file::{self, Head};
 use crate::engine::Prefix;
@@ -47,6 +51,30 @@ pub const LOCK_FILE: &str = ".moestream-kv.lock";
 fn is_kv_name(name: &str) -> bool {
     name.strip_suffix(".kv")
         .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The longest slot file name accepted (most filesystems' limit).
+pub const SLOT_NAME_BYTES_MAX: usize = 255;
+
+/// Refuses a slot file name that is not a plain file name of this
+/// directory: empty, longer than [`SLOT_NAME_BYTES_MAX`], holding a path
+/// separator or a NUL, starting with `.` (`.`, `..`, hidden files, the
+/// lock), or one of the automatic `<16 hex digits>.kv` names.
+pub fn check_slot_name(name: &str) -> std::result::Result<(), String> {
+    let why = if name.is_empty() {
+        "is empty"
+    } else if name.len() > SLOT_NAME_BYTES_MAX {
+        "is longer than 255 bytes"
+    } else if name.contains(['/', '\\', '\0']) {
+        "holds a path separator (a plain file name of --kv-dir is expected)"
+    } else if name.starts_with('.') {
+        "starts with '.' (no '..', no hidden files)"
+    } else if is_kv_name(name) {
+        "is the shape of the automatic KV files' names (16 hex digits and .kv)"
+    } else {
+        return Ok(());
+    };
+    Err(format!("filename {name:?} {why}"))
 }
 
 /// The KV key of the model in `model_dir`: its identity and its weights'
@@ -198,6 +226,48 @@ impl KvDir {
         out
     }
 
+    /// Saves `prefix` as the slot file `name` (checked with
+    /// [`check_slot_name`]); returns the bytes written.
+    pub fn save_named(&self, name: &str, prefix: &mut Prefix) -> Result<u64> {
+        let path = self.slot_path(name)?;
+        let owner = (self.model_key, self.model_dir.as_str());
+        kv_file::save(&path, owner, &prefix.tokens, &mut prefix.kv)
+    }
+
+    /// Loads the slot file `name`: a prefix of this model (its key and
+    /// `layouts`) of at most `positions_max` positions, and the file's
+    /// bytes. Every refusal names the file and the reason.
+    pub fn load_named(
+        &self,
+        name: &str,
+        layouts: &[KvLayout],
+        positions_max: usize,
+    ) -> Result<(Prefix, u64)> {
+        let path = self.slot_path(name)?;
+        let bad = |reason: String| Error::KvFile {
+            path: path.clone(),
+            reason,
+        };
+        let head = kv_file::read_head(&path)?
+            .ok_or_else(|| bad("not a moestream KV file (bad magic)".into()))?;
+        head.check(&path, self.model_key, layouts)?;
+        let n = head.tokens().len();
+        if n > positions_max {
+            return Err(bad(format!(
+                "it holds {n} positions; a slot of this server holds {positions_max} (--context)"
+            )));
+        }
+        let bytes = head.file_bytes();
+        let (tokens, kv) = kv_file::load_rows(&path, head, layouts)?;
+        Ok((Prefix { tokens, kv }, bytes))
+    }
+
+    /// The path of slot file `name`, refused unless a plain name.
+    fn slot_path(&self, name: &str) -> Result<PathBuf> {
+        check_slot_name(name).map_err(Error::Request)?;
+        Ok(self.dir.join(name))
+    }
+
     /// Makes the directory hold exactly `prefixes` of this model: writes
     /// those not saved yet, removes this model's files no longer kept.
     pub fn save(&mut self, prefixes: &mut [Prefix]) -> Result<()> {
@@ -239,6 +309,31 @@ mod tests {
             ".kv",
         ] {
             assert!(!is_kv_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn slot_names_are_plain_file_names_the_automatic_files_cannot_have() {
+        for ok in ["conv", "slot0.bin", "a b", "notes.kv", "é"] {
+            assert_eq!(check_slot_name(ok), Ok(()), "{ok}");
+        }
+        let long = "x".repeat(256);
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "/etc/passwd",
+            "a\\b",
+            "a\0b",
+            ".hidden",
+            LOCK_FILE,
+            "0123456789abcdef.kv",
+            &long,
+        ] {
+            let e = check_slot_name(bad).unwrap_err();
+            assert!(e.starts_with("filename"), "{bad:?}: {e}");
         }
     }
 }

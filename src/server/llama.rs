@@ -1,7 +1,10 @@
 //! llama-server's own endpoints, with its field names: `POST /tokenize`
 //! (`content`, `add_special`, `with_pieces`), `POST /detokenize`
 //! (`tokens`), `GET /props` (the default generation settings, the slots,
-//! the chat template) and `GET /slots` (each slot, idle or running).
+//! the chat template), `GET /slots` (each slot, idle or running) and
+//! `POST /slots/{id}?action=save|restore|erase` (`{"filename"}`: the
+//! slot's KV saved to or restored from that file of `--kv-dir`, in the
+//! [KV file format](crate::engine::kv_file); an erase drops it).
 //!
 //! They sit behind the same [guard](super::guard) as `/v1/*` (the API key,
 //! the body limits); tokenizing runs on the blocking pool under the same
@@ -11,7 +14,9 @@
 
 use super::api::ApiError;
 use super::respond;
+use super::worker::{Command, SlotAction, SlotDone, SlotRequest};
 use super::Shared;
+use crate::error::Error;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -196,4 +201,96 @@ pub(super) async fn slots(s: Arc<Shared>) -> Result<Response, ApiError> {
         })
         .collect();
     Ok(Json(Value::Array(list)).into_response())
+}
+
+/// `POST /slots/{id}?action=save|restore`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotFile {
+    filename: String,
+}
+
+/// The `action` of a query string (`action=save`), if any.
+fn query_action(query: Option<&str>) -> Option<&str> {
+    query?.split('&').find_map(|kv| kv.strip_prefix("action="))
+}
+
+/// The slot action a request asks for, every bad part refused by name.
+fn slot_action(query: Option<&str>, body: &[u8]) -> Result<SlotAction, ApiError> {
+    let file = || -> Result<String, ApiError> {
+        let f: SlotFile = parse(body)?;
+        super::kv_dir::check_slot_name(&f.filename)
+            .map_err(|e| ApiError::bad_param("filename", e))?;
+        Ok(f.filename)
+    };
+    match query_action(query) {
+        Some("save") => Ok(SlotAction::Save(file()?)),
+        Some("restore") => Ok(SlotAction::Restore(file()?)),
+        Some("erase") => Ok(SlotAction::Erase),
+        other => Err(ApiError::bad_param(
+            "action",
+            format!("action {other:?}: expected ?action=save, restore or erase"),
+        )),
+    }
+}
+
+/// `POST /slots/{id}?action=...`: llama-server's answer shapes (`id_slot`,
+/// `filename`, `n_saved` / `n_restored` / `n_erased`, `n_written` /
+/// `n_read`, `timings`).
+pub(super) async fn slot_post(
+    s: Arc<Shared>,
+    id: String,
+    query: Option<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    s.ready()?;
+    let slots = s.config.scheduler.kv_slots;
+    let slot = id
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n < slots)
+        .ok_or_else(|| {
+            ApiError::bad_param(
+                "id_slot",
+                format!("slot {id:?}: this server has slots 0 to {}", slots - 1),
+            )
+        })?;
+    let (bytes, _room) = respond::read_body(&s, body).await?;
+    let action = slot_action(query.as_deref(), &bytes)?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = SlotRequest {
+        slot,
+        action: action.clone(),
+        reply,
+    };
+    s.commands
+        .send(Command::Slot(request))
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    let done = match answer.await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e @ (Error::Request(_) | Error::KvFile { .. }))) => {
+            return Err(ApiError::bad(e.to_string()))
+        }
+        Ok(Err(e)) if matches!(action, SlotAction::Restore(_)) => {
+            return Err(ApiError::bad(e.to_string()))
+        }
+        Ok(Err(e)) => return Err(ApiError::internal(e.to_string())),
+        Err(_) => return Err(ApiError::unavailable("the server is shutting down")),
+    };
+    Ok(Json(slot_answer(slot, &action, done)).into_response())
+}
+
+/// The answer to a slot action that ran.
+fn slot_answer(slot: usize, action: &SlotAction, done: SlotDone) -> Value {
+    match action {
+        SlotAction::Save(name) => json!({
+            "id_slot": slot, "filename": name, "n_saved": done.positions,
+            "n_written": done.bytes, "timings": {"save_ms": done.ms},
+        }),
+        SlotAction::Restore(name) => json!({
+            "id_slot": slot, "filename": name, "n_restored": done.positions,
+            "n_read": done.bytes, "timings": {"restore_ms": done.ms},
+        }),
+        SlotAction::Erase => json!({"id_slot": slot, "n_erased": done.positions}),
+    }
 }

@@ -369,6 +369,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/props", get(props))
         .route("/slots", get(slots))
+        .route("/slots/{id}", post(slot_post))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -467,4 +468,13 @@ async fn props(State(s): State<Arc<Shared>>) -> Result<Response, ApiError> {
 
 async fn slots(State(s): State<Arc<Shared>>) -> Result<Response, ApiError> {
     llama::slots(s).await
+}
+
+async fn slot_post(
+    State(s): State<Arc<Shared>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    body: Body,
+) -> Result<Response, ApiError> {
+    llama::slot_post(s, id, query, body).await
 }

@@ -12,7 +12,7 @@ use super::tools::{self, ToolPlan};
 use super::worker::{Command, Event, Submit};
 use super::Shared;
 use crate::engine::generate::GenOptions;
-use crate::engine::sampler::SamplingParams;
+use crate::engine::sampler::{fresh_seed, SamplingParams};
 use crate::engine::{PoolError, TokenLogprobs};
 use crate::formats::tokenizer::TextStream;
 use axum::body::{Body, Bytes};
@@ -39,6 +39,9 @@ pub(super) struct Prepared {
     created: u64,
     /// Tools offered (tool_choice not `none`): the answer is parsed for calls.
     pub tools: Option<ToolPlan>,
+    /// The special tokens of the tool format's markers (sorted): written
+    /// out in the answer's text so the parser sees them.
+    markers: Vec<u32>,
     /// Split a thinking model's reasoning out: Some(whether the output
     /// starts inside it).
     pub reasoning: Option<bool>,
@@ -88,12 +91,7 @@ pub(super) async fn complete(s: Arc<Shared>, body: Body, chat: bool) -> Result<R
     let (body, room) = read_body(&s, body).await?;
     let mut p = prepare_blocking(s.clone(), body, room, chat).await?;
     p.started = started;
-    let mut events = Vec::with_capacity(p.n);
-    for choice in 0..p.n {
-        // A refusal drops the choices already submitted: they are
-        // cancelled within a step.
-        events.push(submit(&s, &p, choice).await?);
-    }
+    let events = submit(&s, &p).await?;
     if p.stream {
         Ok(stream(s, p, events))
     } else {
@@ -196,6 +194,7 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
             req.tool_choice.as_ref(),
             req.parallel_tool_calls,
             s.template.as_ref().map(|t| t.source()),
+            &|marker| s.grammars.get()?.as_ref().ok()?.special_token(marker),
         )?,
         false if req.tools.is_some() || req.tool_choice.is_some() => {
             return Err(ApiError::bad_param(
@@ -266,6 +265,9 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        markers: tools.as_ref().map_or(Vec::new(), |t| {
+            s.tok.special_ids_of(t.format.marker_texts())
+        }),
         tools,
         reasoning,
         started: Instant::now(),
@@ -306,15 +308,6 @@ fn choices(s: &Shared, n: u64, prompt: usize, max_tokens: usize) -> Result<usize
         ));
     }
     Ok(n)
-}
-
-/// A random seed (the clock's nanoseconds where the OS gives none).
-fn fresh_seed() -> u64 {
-    getrandom::u64().unwrap_or_else(|_| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    })
 }
 
 /// The seed a response reports it sampled with (choice `i` of `n` used
@@ -485,21 +478,21 @@ pub(super) fn check_text_bytes(
     ))
 }
 
-/// Hands the request to the engine thread; its events come on the
-/// returned channel. A refusal is answered: 429 for a full queue, 400 for
-/// what the model cannot serve (naming the numbers), 503 at shutdown.
+/// Hands the request's `n` choices to the engine thread (the prompt
+/// prefilled once for all; choice `i` samples with seed + `i`); each
+/// choice's events come on its channel. A refusal is answered: 429 for a
+/// full queue, 400 for what the model cannot serve (naming the numbers),
+/// 503 at shutdown.
 pub(super) async fn submit(
     s: &Shared,
     p: &Prepared,
-    choice: usize,
-) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
-    let (events, rx) = mpsc::unbounded_channel();
+) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
+    let (events, receivers): (Vec<_>, Vec<_>) =
+        (0..p.n.max(1)).map(|_| mpsc::unbounded_channel()).unzip();
     let (admitted, answer) = tokio::sync::oneshot::channel();
-    let mut opts = p.opts.clone();
-    opts.sampling.seed = opts.sampling.seed.wrapping_add(choice as u64);
     let cmd = Command::Submit(Box::new(Submit {
         prompt: p.prompt.clone(),
-        opts,
+        opts: p.opts.clone(),
         logprobs: p.logprobs,
         events,
         admitted,
@@ -508,7 +501,7 @@ pub(super) async fn submit(
         .send(cmd)
         .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
     match answer.await {
-        Ok(Ok(())) => Ok(rx),
+        Ok(Ok(())) => Ok(receivers),
         Ok(Err(PoolError::Busy(e))) => Err(ApiError::busy(e.to_string())),
         Ok(Err(PoolError::Request(e))) => {
             let msg = e.to_string();
@@ -543,12 +536,14 @@ struct Answer<'t> {
 }
 
 impl<'t> Answer<'t> {
-    fn new(tok: &'t crate::formats::tokenizer::Tokenizer, stops: Vec<String>) -> Answer<'t> {
+    /// The answer of `p`, its special tokens skipped but its tool
+    /// format's markers.
+    fn new(tok: &'t crate::formats::tokenizer::Tokenizer, p: &Prepared) -> Answer<'t> {
         Answer {
-            text: TextStream::new(tok),
+            text: TextStream::keeping(tok, p.markers.clone()),
             full: String::new(),
             sent: 0,
-            stops,
+            stops: p.stops.clone(),
             stopped: false,
             tokens: 0,
             last: None,
@@ -708,7 +703,7 @@ pub(super) async fn collect(
     p: &Prepared,
     mut events: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Collected, ApiError> {
-    let mut answer = Answer::new(&s.tok, p.stops.clone());
+    let mut answer = Answer::new(&s.tok, p);
     let mut entries = Vec::new();
     let mut reused = 0;
     while let Some(ev) = events.recv().await {
@@ -922,7 +917,7 @@ pub(super) async fn drive<O: StreamOut>(
     if !out.start().await {
         return;
     }
-    let mut answer = Answer::new(&s.tok, p.stops.clone());
+    let mut answer = Answer::new(&s.tok, &p);
     let mut split = Splitter::new(p.reasoning, p.tools.as_ref());
     let (mut reused, mut done) = (0, false);
     while let Some(ev) = events.recv().await {

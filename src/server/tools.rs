@@ -12,7 +12,7 @@
 //! whose arguments match the tool's schema.
 
 use super::api::ApiError;
-use crate::formats::chat::tool_calls::{hold_from, Parsed, Tool, ToolCall, ToolFormat};
+use crate::formats::chat::tool_calls::{hold_from, Parsed, SpecialOf, Tool, ToolCall, ToolFormat};
 use serde_json::{json, Map, Value};
 
 /// What the request's tool fields ask for.
@@ -35,13 +35,16 @@ pub const TOOLS_MAX: usize = 128;
 
 /// The plan for a request's `tools`, `tool_choice`, `parallel_tool_calls`
 /// (and the legacy `functions`, refused) on a model whose template is
-/// `template` (its text); None when there is nothing to do (no tools, or
-/// `tool_choice: "none"`). Every malformed field is a 400 naming it.
+/// `template` (its text) whose tokenizer has `special` tokens for some
+/// markers (the grammars take those); None when there is nothing to do
+/// (no tools, or `tool_choice: "none"`). Every malformed field is a 400
+/// naming it.
 pub fn plan(
     tools: Option<&Value>,
     choice: Option<&Value>,
     parallel: Option<bool>,
     template: Option<&str>,
+    special: SpecialOf,
 ) -> Result<Option<ToolPlan>, ApiError> {
     let list = match tools {
         None | Some(Value::Null) => {
@@ -80,10 +83,9 @@ pub fn plan(
     let parallel = parallel.unwrap_or(true);
     Ok(Some(ToolPlan {
         format,
-        after_marker: forced
-            .is_none()
-            .then(|| format.grammar_after_marker(&list, parallel)),
-        grammar: forced.map(|t| format.grammar(&t, parallel)),
+        after_marker: (forced.is_none())
+            .then(|| format.calls_grammar(&list, parallel, true, special)),
+        grammar: forced.map(|t| format.calls_grammar(&t, parallel, false, special)),
         tools: list,
         shown: tools.cloned().unwrap_or(Value::Null),
     }))
@@ -314,7 +316,7 @@ mod tests {
     fn tool_fields_are_checked_by_name() {
         let t = tools();
         let p = |tools: Option<&Value>, choice: Value| {
-            plan(tools, Some(&choice), None, Some(QWEN)).map_err(|e| e.param)
+            plan(tools, Some(&choice), None, Some(QWEN), &|_| None).map_err(|e| e.param)
         };
         assert!(p(Some(&t), json!("none")).unwrap().is_none());
         assert!(p(Some(&t), json!("auto"))
@@ -352,7 +354,7 @@ mod tests {
             p(Some(&json!({"a": 1})), json!("auto")).unwrap_err(),
             Some("tools")
         );
-        let no_calls = plan(Some(&t), None, None, Some("{{ messages }}"));
+        let no_calls = plan(Some(&t), None, None, Some("{{ messages }}"), &|_| None);
         assert_eq!(no_calls.unwrap_err().param, Some("tools"));
     }
 

@@ -37,20 +37,50 @@ pub enum Event {
     Expired,
 }
 
-/// A request for the engine thread.
+/// A request for the engine thread: one choice per events channel, the
+/// prompt prefilled once for all of them (choice `i` forks from the
+/// first once its prompt is in, and samples with seed `seed + i`).
 pub struct Submit {
     pub prompt: Vec<u32>,
     pub opts: GenOptions,
     /// Log-probabilities wanted, with this many alternatives.
     pub logprobs: Option<usize>,
-    pub events: mpsc::UnboundedSender<Event>,
+    pub events: Vec<mpsc::UnboundedSender<Event>>,
     /// Whether the pool admitted it (running or queued).
     pub admitted: oneshot::Sender<Result<(), PoolError>>,
+}
+
+/// llama-server's `POST /slots/{id}?action=...`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotAction {
+    /// Save what the slot holds as this file of `--kv-dir`.
+    Save(String),
+    /// Put this file of `--kv-dir` into the slot.
+    Restore(String),
+    /// Drop what the slot holds.
+    Erase,
+}
+
+/// A slot action for the engine thread (it runs between steps).
+pub struct SlotRequest {
+    pub slot: usize,
+    pub action: SlotAction,
+    pub reply: oneshot::Sender<crate::error::Result<SlotDone>>,
+}
+
+/// What a slot action did: the positions saved, restored or erased, the
+/// file's bytes (0 for an erase) and the time it took.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotDone {
+    pub positions: usize,
+    pub bytes: u64,
+    pub ms: f64,
 }
 
 /// What the engine thread is told.
 pub enum Command {
     Submit(Box<Submit>),
+    Slot(SlotRequest),
     /// Stop admitting; finish what runs within the grace time, cancel the
     /// rest, save the KV, end.
     Shutdown {
@@ -120,6 +150,15 @@ pub fn run(
     w.save_if_changed();
 }
 
+/// The KV directory a slot file goes in, or why there is none.
+fn needs_dir(dir: &Option<KvDir>) -> crate::error::Result<&KvDir> {
+    dir.as_ref().ok_or_else(|| {
+        crate::error::Error::Request(
+            "saving and restoring a slot need --kv-dir (the directory its files go in)".into(),
+        )
+    })
+}
+
 /// The moment `grace` from now; a grace past what an `Instant` holds is
 /// as good as forever (a century), never an overflow.
 pub fn deadline_after(grace: Duration) -> Instant {
@@ -175,26 +214,85 @@ impl Worker<'_> {
                             "the server is shutting down".into(),
                         ))));
                 }
+                Command::Slot(r) => self.slot(r),
                 Command::Shutdown { grace } => shutdown = Some(grace),
             }
         }
     }
 
+    /// Admits every choice of a request, or none.
     fn submit(&mut self, s: Submit) {
-        let id = self.next_id;
-        self.next_id += 1;
-        match self.pool.submit(id, &s.prompt, &s.opts) {
-            Ok(_) => {
-                if let Some(top) = s.logprobs {
-                    self.pool.want_logprobs(id, top);
+        let mut ids: Vec<RequestId> = Vec::with_capacity(s.events.len());
+        for choice in 0..s.events.len() {
+            let id = self.next_id;
+            self.next_id += 1;
+            let mut opts = s.opts.clone();
+            opts.sampling.seed = opts.sampling.seed.wrapping_add(choice as u64);
+            let admitted = match ids.first() {
+                None => self.pool.submit(id, &s.prompt, &opts),
+                Some(&leader) => self.pool.submit_fork(id, leader, &opts),
+            };
+            if let Err(e) = admitted {
+                // The choices admitted go too, the forks before their leader.
+                for &id in ids.iter().rev() {
+                    self.pool.cancel(id);
                 }
-                self.snap.prompt_tokens += s.prompt.len() as u64;
-                self.senders.insert(id, s.events);
-                let _ = s.admitted.send(Ok(()));
-            }
-            Err(e) => {
                 self.snap.requests_rejected += 1;
                 let _ = s.admitted.send(Err(e));
+                return;
+            }
+            ids.push(id);
+        }
+        for (id, events) in ids.into_iter().zip(s.events) {
+            if let Some(top) = s.logprobs {
+                self.pool.want_logprobs(id, top);
+            }
+            self.senders.insert(id, events);
+        }
+        self.snap.prompt_tokens += s.prompt.len() as u64;
+        let _ = s.admitted.send(Ok(()));
+    }
+
+    /// Runs a slot action and answers it.
+    fn slot(&mut self, r: SlotRequest) {
+        let started = Instant::now();
+        let done = self
+            .slot_action(r.slot, r.action)
+            .map(|(positions, bytes)| SlotDone {
+                positions,
+                bytes,
+                ms: started.elapsed().as_secs_f64() * 1e3,
+            });
+        let _ = r.reply.send(done);
+    }
+
+    /// A slot action: (positions, file bytes).
+    fn slot_action(
+        &mut self,
+        slot: usize,
+        action: SlotAction,
+    ) -> crate::error::Result<(usize, u64)> {
+        match action {
+            SlotAction::Erase => Ok((self.pool.erase_slot(slot)?, 0)),
+            SlotAction::Save(name) => {
+                let dir = needs_dir(&self.kv_dir)?;
+                let Some(prefix) = self.pool.slot_prefix_mut(slot)? else {
+                    return Err(crate::error::Error::Request(format!(
+                        "slot {slot} holds no KV (nothing ended in it yet, or it was erased or taken up by a later request)"
+                    )));
+                };
+                let positions = prefix.kv.len();
+                Ok((positions, dir.save_named(&name, prefix)?))
+            }
+            SlotAction::Restore(name) => {
+                let dir = needs_dir(&self.kv_dir)?;
+                self.pool.slot_prefix_mut(slot)?;
+                let model = self.pool.engine().model();
+                let layouts = model.new_kv(1).layouts().to_vec();
+                let context = model.cfg.rope.max_position_embeddings;
+                let positions_max = model.context_budget.unwrap_or(context).min(context);
+                let (prefix, bytes) = dir.load_named(&name, &layouts, positions_max)?;
+                Ok((self.pool.restore_slot(slot, prefix)?, bytes))
             }
         }
     }

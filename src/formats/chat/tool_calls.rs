@@ -111,6 +111,31 @@ impl ToolFormat {
         }
     }
 
+    /// Every marker the parser reads in this format: a tokenizer that
+    /// marks one special must still write it out when the answer is
+    /// decoded (DeepSeek's call tokens are special in its tokenizer).
+    pub fn marker_texts(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &[TOOL_CALL, TOOL_CALL_END],
+            ToolFormat::Glm => &[
+                TOOL_CALL,
+                TOOL_CALL_END,
+                "<arg_key>",
+                "</arg_key>",
+                "<arg_value>",
+                "</arg_value>",
+            ],
+            ToolFormat::DeepSeek => &[
+                DS_CALLS_BEGIN,
+                DS_CALLS_END,
+                DS_CALL_BEGIN,
+                DS_CALL_END,
+                DS_SEP,
+            ],
+            ToolFormat::Mistral => &[MISTRAL_CALLS],
+        }
+    }
+
     /// Splits generated `text` into content and calls (`tools` tells GLM
     /// which arguments are strings). Calls that do not parse leave the
     /// whole text as content.
@@ -144,7 +169,7 @@ impl ToolFormat {
     /// or more) to any of `tools`, each call's arguments matching its
     /// tool's schema. `tools` must not be empty.
     pub fn grammar(self, tools: &[Tool], parallel: bool) -> String {
-        self.calls_grammar(tools, parallel, false)
+        self.calls_grammar(tools, parallel, false, &|_| None)
     }
 
     /// The grammar of what follows the calls' opening marker
@@ -152,11 +177,22 @@ impl ToolFormat {
     /// `tool_choice: "auto"`, once the model has opened a call, the rest
     /// of it (and of any parallel calls) is held to the tools' schemas.
     pub fn grammar_after_marker(self, tools: &[Tool], parallel: bool) -> String {
-        self.calls_grammar(tools, parallel, true)
+        self.calls_grammar(tools, parallel, true, &|_| None)
     }
 
-    /// [`ToolFormat::grammar`], from the start or from after the marker.
-    fn calls_grammar(self, tools: &[Tool], parallel: bool, after_marker: bool) -> String {
+    /// [`ToolFormat::grammar`] (or, `after_marker`,
+    /// [`ToolFormat::grammar_after_marker`]) for a tokenizer in which
+    /// `special` gives the id of each marker that is a special token: the
+    /// grammar takes that token for it (the model's own way to write it;
+    /// the marker's text spelled in other tokens is not accepted).
+    pub fn calls_grammar(
+        self,
+        tools: &[Tool],
+        parallel: bool,
+        after_marker: bool,
+        special: SpecialOf,
+    ) -> String {
+        let lit = |text: &str| spell(text, special);
         assert!(!tools.is_empty(), "a tool-call grammar needs a tool");
         let mut g = String::new();
         let choices: Vec<String> = (0..tools.len()).map(|i| format!("c{i}")).collect();
@@ -189,19 +225,20 @@ impl ToolFormat {
         g.push_str(&format!("call: {} body\n", lit(open)));
         g.push_str(&format!("body: ({}) {}\n", choices.join(" | "), lit(close)));
         for (i, tool) in tools.iter().enumerate() {
-            g.push_str(&format!("c{i}: {}\n", self.call_rule(i, tool)));
+            g.push_str(&format!("c{i}: {}\n", self.call_rule(i, tool, special)));
         }
         // Rules for GLM's arguments come after the choices.
         if self == ToolFormat::Glm {
             for (i, tool) in tools.iter().enumerate() {
-                g.push_str(&glm_argument_rules(i, tool));
+                g.push_str(&glm_argument_rules(i, tool, special));
             }
         }
         g
     }
 
     /// The body of call rule `c{i}` for `tool`.
-    fn call_rule(self, i: usize, tool: &Tool) -> String {
+    fn call_rule(self, i: usize, tool: &Tool, special: SpecialOf) -> String {
+        let lit = |text: &str| spell(text, special);
         let params = object_schema(&tool.parameters);
         match self {
             ToolFormat::Hermes | ToolFormat::Mistral => {
@@ -218,6 +255,45 @@ impl ToolFormat {
             ToolFormat::Glm => format!("{} a{i}", lit(&format!("{}\n", tool.name))),
         }
     }
+}
+
+/// The id of a marker's special token in a tokenizer (None: the marker
+/// is text there).
+pub type SpecialOf<'a> = &'a dyn Fn(&str) -> Option<u32>;
+
+/// Every marker of every format, longest first (a marker inside a longer
+/// one is found as the longer one).
+const MARKERS: [&str; 12] = [
+    DS_CALLS_BEGIN,
+    DS_CALL_BEGIN,
+    DS_CALLS_END,
+    DS_CALL_END,
+    DS_SEP,
+    "</arg_value>",
+    "<arg_value>",
+    "</tool_call>",
+    MISTRAL_CALLS,
+    "</arg_key>",
+    "<tool_call>",
+    "<arg_key>",
+];
+
+/// A Lark sequence spelling `text`: literals, and each marker that
+/// `special` names a token of as that token (`<[id]>`).
+fn spell(text: &str, special: SpecialOf) -> String {
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while let Some((at, marker, id)) = (MARKERS.iter())
+        .filter_map(|m| Some((rest.find(m)?, *m, special(m)?)))
+        .min_by_key(|&(at, m, _)| (at, std::cmp::Reverse(m.len())))
+    {
+        parts.push(lit(&rest[..at]));
+        parts.push(format!("<[{id}]>"));
+        rest = &rest[at + marker.len()..];
+    }
+    parts.push(lit(rest));
+    parts.retain(|p| !p.is_empty());
+    parts.join(" ")
 }
 
 /// A Lark string literal of `s` (nothing for an empty one: Lark has no
@@ -243,7 +319,7 @@ fn object_schema(params: &Value) -> Value {
 /// string value raw (no `<`; its minLength and maxLength kept), one of an
 /// `enum` literally, any other value as JSON of its schema. A
 /// tool without declared properties takes no arguments.
-fn glm_argument_rules(i: usize, tool: &Tool) -> String {
+fn glm_argument_rules(i: usize, tool: &Tool, special: SpecialOf) -> String {
     let params = object_schema(&tool.parameters);
     let required: Vec<&str> = params["required"]
         .as_array()
@@ -277,8 +353,8 @@ fn glm_argument_rules(i: usize, tool: &Tool) -> String {
         let pair = format!("a{i}_{k}");
         rules.push_str(&format!(
             "{pair}: {} {value} {}\n",
-            lit(&format!("<arg_key>{key}</arg_key>\n<arg_value>")),
-            lit("</arg_value>\n")
+            spell(&format!("<arg_key>{key}</arg_key>\n<arg_value>"), special),
+            spell("</arg_value>\n", special)
         ));
         parts.push(if required.contains(&key.as_str()) {
             pair
@@ -463,6 +539,17 @@ mod tests {
             name: name.into(),
             arguments: args.to_string(),
         }
+    }
+
+    #[test]
+    fn markers_that_are_special_tokens_are_spelled_as_those_tokens() {
+        let special = |m: &str| (m == DS_SEP || m == TOOL_CALL).then_some(7);
+        assert_eq!(spell("<tool_call>\n", &special), "<[7]> \"\\n\"");
+        assert_eq!(spell(&format!("f{DS_SEP}"), &special), "\"f\" <[7]>");
+        assert_eq!(spell("</tool_call>", &special), "\"</tool_call>\"");
+        assert_eq!(spell("", &special), "");
+        let g = ToolFormat::DeepSeek.calls_grammar(&weather(), false, true, &special);
+        assert!(g.contains("\"get_weather\" <[7]>"), "{g}");
     }
 
     #[test]
