@@ -30,7 +30,7 @@
 //!   [`PROBE_WEIGHT`] in the averages. A probe that leaves the choice as
 //!   it was doubles `probe_every` (from [`PROBE_EVERY_MIN`] up to
 //!   [`PROBE_EVERY_MAX`]); a change of choice resets it. Off turns on when
-//!   the best gain reaches [`GAIN_RESUME`]; on switches drafter when
+//!   the best gain reaches [`GAIN_RESUME`] at a probe; on switches drafter when
 //!   another's gain is [`SWITCH_MARGIN`] times the current one's (so the
 //!   gate does not flap).
 //!
@@ -385,7 +385,9 @@ impl Gate {
                 Some(g) if g >= GAIN_MIN && gain < g * SWITCH_MARGIN => Phase::On(c),
                 _ => Phase::On(best),
             },
-            Phase::Off if gain >= GAIN_RESUME => Phase::On(best),
+            // Off turns on only on a probe's fresh evidence, not on a
+            // plain step's cost moving (which would flap with the noise).
+            Phase::Off if probed && gain >= GAIN_RESUME => Phase::On(best),
             Phase::Off => Phase::Off,
         };
         self.move_to(next, probed);
@@ -613,6 +615,23 @@ mod tests {
         assert_eq!((s.turned_off, s.turned_on, s.probes), (1, 1, 1), "{s:?}");
         // (3.0, then 3.5 after step 8's five tokens.)
         assert_eq!(s.gain, Some(3.5 / 1.5));
+    }
+
+    #[test]
+    fn plain_steps_alone_do_not_turn_drafting_back_on() {
+        let mut g = Gate::new(&["x"]);
+        // Off: one accepted draft of 4 at 3 plain steps (gain 2 / 3).
+        run_with(&mut g, 12, |_| Some((MID, 1)));
+        assert_eq!(g.phase(), Phase::Off);
+        // Plain steps get as dear: the figures soon say drafting would pay
+        // (gain 2), but only a probe's fresh evidence turns it on.
+        while g.decide() == Decision::Plain {
+            g.record_plain(MID);
+            assert_eq!(g.phase(), Phase::Off);
+        }
+        assert_eq!(g.gain(), Some(2.0));
+        g.record_verify(MID, 4, 1, 2);
+        assert_eq!(g.phase(), Phase::On(0));
     }
 
     #[test]
