@@ -771,6 +771,6 @@ mod tests {
             .map(|i| d[i])
             .collect();
         // At 8, 16, 32 and 64 steps after the warm-up.
-        assert_eq!(probes, [0, 1, 0, 1].map(Decision::Draft),);
+        assert_eq!(probes, [0, 1, 0, 1].map(Decision::Draft));
     }
 }
