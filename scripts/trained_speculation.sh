@@ -30,7 +30,8 @@ print(json.dumps({"round": int(sys.argv[1]), "model": sys.argv[2], "mode": sys.a
   "drafted": sp.get("drafted", 0), "accepted": sp.get("accepted", 0),
   "acceptance_at": [round(a, 3) for a in acc],
   "tokens_per_verify": sp["tokens"] / sp["steps"] if sp.get("steps") else None,
-  "gate": {k: g[k] for k in ("on_steps", "off_steps", "probes", "turned_off", "turned_on", "gain", "time_ratio", "bytes_ratio") if k in g},
+  "gate": {k: g[k] for k in ("on_steps", "off_steps", "probes", "turned_off", "turned_on", "switched", "drafter", "gain", "time_ratio", "bytes_ratio") if k in g},
+  "drafters": {d["name"]: {"asked": d["asked"], "gain": d["gain"], "time_ratio": d["time_ratio"]} for d in g.get("drafters", [])},
   "ids_sha256": hashlib.sha256(json.dumps(d["token_ids"]).encode()).hexdigest()[:16]}))' "$round" "$model" "$mode"
     done
   done

@@ -15,6 +15,7 @@ use common::moestream;
 use moestream::formats::trace::read::Run;
 use moestream::lab::replay::{self, knobs, Prefetch, Slots};
 use moestream::lab::synth::geometry::{self, GeometrySpec, Routing};
+use moestream::lab::synth::presets::{self, Preset, HIT_RATE_TOLERANCE, REUSE_RATIO_TOLERANCE};
 use moestream::lab::synth::realistic::Knobs;
 use std::path::Path;
 
@@ -144,6 +145,60 @@ fn mla_top8_of_64_shows_the_default_knobs_and_lru_hits_40_to_60_percent() {
 #[test]
 fn top8_of_64_shows_the_default_knobs_and_lru_hits_40_to_60_percent() {
     shows_the_default_knobs("qwen3-30b-a3b", 64, 8, 16);
+}
+
+/// Hit rates of LRU and Belady with `slots` slots per layer, replayed.
+fn lru_and_belady(runs: &[Run], slots: usize) -> (f64, f64) {
+    let outcomes = replay::replay(
+        runs,
+        &["lru", "belady"],
+        &[Slots::Fixed(slots)],
+        Prefetch::None,
+    );
+    let rate = |p: &str| outcomes.iter().find(|o| o.policy == p).unwrap().hit_rate();
+    (rate("lru"), rate("belady"))
+}
+
+/// A preset's model shows its knobs, and its trace the published targets
+/// within the preset tolerances (seed 5, 320 greedy tokens).
+fn shows_its_targets(preset: Preset) {
+    let (runs, _) = check("qwen3-30b-a3b", preset.experts, preset.top_k, preset.knobs);
+    let t = preset.targets;
+    let uniform = preset.top_k as f64 / preset.experts as f64;
+    let reuse = knobs::measure(&runs).reuse.expect("a reuse figure") / uniform;
+    let (lru, belady) = lru_and_belady(&runs, t.slots);
+    eprintln!(
+        "{}: reuse {reuse:.2}x uniform, LRU {lru:.3}, Belady {belady:.3} at {} slots",
+        preset.name, t.slots
+    );
+    let near = |got: f64, want: f64, tol: f64| (got - want).abs() <= tol;
+    assert!(
+        near(reuse, t.reuse_over_uniform, REUSE_RATIO_TOLERANCE),
+        "{}: reuse {reuse:.2}x",
+        preset.name
+    );
+    assert!(
+        near(lru, t.lru_hit_rate, HIT_RATE_TOLERANCE),
+        "{}: LRU {lru:.3}",
+        preset.name
+    );
+    if let Some(want) = t.belady_hit_rate {
+        assert!(
+            near(belady, want, HIT_RATE_TOLERANCE),
+            "{}: Belady {belady:.3}",
+            preset.name
+        );
+    }
+}
+
+#[test]
+fn the_weak_locality_preset_shows_mixtrals_published_locality() {
+    shows_its_targets(presets::WEAK_LOCALITY);
+}
+
+#[test]
+fn the_strong_locality_preset_shows_olmoes_published_locality() {
+    shows_its_targets(presets::STRONG_LOCALITY);
 }
 
 /// Knobs away from the defaults: more skew and reuse, less predictability.

@@ -177,6 +177,7 @@ fn mtp_drafts_are_lossless_and_match_the_reference_drafter() {
         let mut drafts = Vec::new();
         d.propose(&model, &[], 3, &mut drafts, &mut prof).unwrap();
         assert_eq!(drafts, model.draft(&PROMPT, next, 3).unwrap(), "{family}");
+        mtp_head_waits_for_a_proposal(&model, family);
     }
     // A model without an MTP head: mtp is refused by name, auto drafts by
     // prompt lookup.
@@ -246,6 +247,60 @@ impl DraftSource for WrongDraft {
             out.extend(std::iter::repeat_n((t + 1) % self.vocab, k));
         }
         Ok(())
+    }
+}
+
+/// Positions observed one at a time are held back, not run through the
+/// MTP head, until a draft is asked for; the drafts then equal
+/// `Model::draft`'s over the same context.
+fn mtp_head_waits_for_a_proposal(model: &Model, family: &str) {
+    use moestream::engine::MtpDraft;
+    let mut prof = Profile::default();
+    let mut kv = model.new_kv(PROMPT.len());
+    let hidden = model.forward_hidden(&PROMPT, &mut kv, &mut prof).unwrap();
+    let h = model.cfg.hidden_size;
+    let mut d = MtpDraft::new(model, 64).unwrap();
+    for j in 0..PROMPT.len() - 1 {
+        d.observe(
+            model,
+            &hidden[j * h..(j + 1) * h],
+            &PROMPT[j + 1..j + 2],
+            &mut prof,
+        )
+        .unwrap();
+        assert_eq!(d.pending(), j + 1, "{family}");
+    }
+    let mut drafts = Vec::new();
+    d.propose(model, &[], 2, &mut drafts, &mut prof).unwrap();
+    assert_eq!(d.pending(), 0, "{family}");
+    let context = &PROMPT[..PROMPT.len() - 1];
+    let want = model.draft(context, PROMPT[PROMPT.len() - 1], 2).unwrap();
+    assert_eq!(drafts, want, "{family}");
+}
+
+#[test]
+fn auto_on_the_trained_models_gives_the_plain_tokens_and_measures_every_drafter() {
+    // deepseek_v3 has an MTP head: auto measures it and prompt lookup,
+    // and drafts with whichever pays; qwen3_moe drafts by prompt lookup.
+    for (family, names) in [
+        ("trained/deepseek_v3", &["mtp", "ngram"][..]),
+        ("trained/qwen3_moe", &["ngram"][..]),
+    ] {
+        let model = load(family);
+        let greedy = SamplingParams::default();
+        let off = opts(64, greedy, Speculation::Off);
+        let plain = generate(&model, &PROMPT, &off, |_| Ok(())).unwrap();
+        let auto = opts(64, greedy, Speculation::Auto { draft: 4 });
+        let g = generate(&model, &PROMPT, &auto, |_| Ok(())).unwrap();
+        assert_eq!(g.token_ids, plain.token_ids, "{family}");
+        let sp = g.stats.speculation.clone().unwrap();
+        let gate = sp.gate.as_ref().expect("gate figures");
+        let got: Vec<&str> = gate.drafters.iter().map(|d| d.name).collect();
+        assert_eq!(got, names, "{family}");
+        for d in &gate.drafters {
+            assert!(d.asked >= u64::from(WARMUP_VERIFY_STEPS), "{family}: {d:?}");
+        }
+        eprintln!("{family}: {}", sp.line());
     }
 }
 

@@ -586,9 +586,10 @@ struct SpecArgs {
     /// expert once for all of them: mtp (the model's MTP head, recursively:
     /// deepseek_v3, glm4_moe, glm_moe_dsa), ngram (prompt lookup: what
     /// followed the latest earlier occurrence of the last tokens), auto
-    /// (mtp where the model has the head, else ngram, behind a gate that
-    /// measures acceptance and the verify step's cost and stops drafting
-    /// while it does not pay, probing now and then to resume) or off.
+    /// (mtp where the model has the head and ngram, behind a gate that
+    /// measures each one's acceptance and verify step's cost, drafts with
+    /// the one that pays best and stops drafting while neither pays,
+    /// probing now and then to switch or resume) or off.
     /// Lossless: the output is the same as without.
     #[arg(long, value_enum, default_value_t = SpecArg::Off)]
     speculate: SpecArg,

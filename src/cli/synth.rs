@@ -1,6 +1,7 @@
 //! `moestream synth`: synthetic checkpoints.
 
 use super::*;
+use moestream::lab::synth::presets::{self, Preset};
 use moestream::lab::synth::realistic::{Clamp, Knobs};
 use moestream::lab::synth::SynthSpec;
 
@@ -19,7 +20,11 @@ pub(super) struct SynthArgs {
     /// predictability as --top10-share, --reuse and --lookahead-recall
     /// ask), zipf (popularity only, exponent --zipf-s; the default for
     /// deepseek-v3, whose group-limited routing realistic routing does not
-    /// model) or uniform.
+    /// model), uniform, or a preset calibrated to published models:
+    /// weak-locality (Mixtral-8x7B / Qwen1.5-MoE: top-2 of 8, reuse ~1.5x
+    /// uniform) or strong-locality (OLMoE / Qwen3-30B-A3B: top-8 of 64,
+    /// reuse ~3x uniform), which set the knobs and the expert count and
+    /// top-k unless given (results/routing.md).
     #[arg(long, value_enum)]
     routing: Option<RoutingArg>,
     /// Zipf exponent of --routing zipf.
@@ -74,6 +79,19 @@ pub(super) enum RoutingArg {
     Realistic,
     Zipf,
     Uniform,
+    WeakLocality,
+    StrongLocality,
+}
+
+impl RoutingArg {
+    /// The calibrated preset this names, if any.
+    fn preset(self) -> Option<Preset> {
+        match self {
+            RoutingArg::WeakLocality => Some(presets::WEAK_LOCALITY),
+            RoutingArg::StrongLocality => Some(presets::STRONG_LOCALITY),
+            _ => None,
+        }
+    }
 }
 
 pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {
@@ -100,7 +118,8 @@ pub(super) fn cmd_synth(a: SynthArgs) -> Result<()> {
 /// `synth --geometry NAME`: a quantized container in a real model's shapes.
 fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
     use moestream::lab::synth::geometry::{self, GeometrySpec, Routing};
-    let d = Knobs::DEFAULT;
+    let preset = a.routing.and_then(RoutingArg::preset);
+    let d = preset.map_or(Knobs::DEFAULT, |p| p.knobs);
     let realistic = Routing::Realistic(Knobs {
         top10_share: a.top10_share.unwrap_or(d.top10_share),
         reuse: a.reuse.unwrap_or(d.reuse),
@@ -112,7 +131,9 @@ fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
         recall: a.lookahead_recall.is_none(),
     };
     let routing = match a.routing {
-        Some(RoutingArg::Realistic) => realistic,
+        Some(RoutingArg::Realistic | RoutingArg::WeakLocality | RoutingArg::StrongLocality) => {
+            realistic
+        }
         // DeepSeek-V3 routes within expert groups, which realistic routing
         // does not model: it keeps zipf.
         None if name != "deepseek-v3" => realistic,
@@ -122,11 +143,11 @@ fn synth_geometry(name: &str, a: &SynthArgs) -> Result<()> {
     let spec = GeometrySpec {
         name: name.to_owned(),
         layers: a.layers,
-        experts: a.experts,
+        experts: a.experts.or(preset.map(|p| p.experts)),
         vocab: a.vocab,
         hidden: a.hidden,
         moe_inter: a.moe_inter,
-        top_k: a.top_k,
+        top_k: a.top_k.or(preset.map(|p| p.top_k)),
         dense_layers: a.dense_layers,
         routing,
         seed: a.seed,

@@ -170,16 +170,30 @@ impl crate::engine::spec_gate::GateStats {
     /// The gate's part of the speculation line.
     pub fn line(&self) -> String {
         let fig = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+        let per: Vec<String> = self
+            .drafters
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} gain {}x (verify {}x a plain step's time, {}x its expert bytes; asked {})",
+                    d.name,
+                    fig(d.gain),
+                    fig(d.time_ratio),
+                    fig(d.bytes_ratio),
+                    d.asked
+                )
+            })
+            .collect();
         format!(
-            "gate: drafting on {} steps, off {} ({} probes; turned off {}, on {}), gain {}x (verify {}x a plain step's time, {}x its expert bytes)",
+            "gate: drafting on {} steps, off {} ({} probes; turned off {}, on {}, switched {}), drafting with {}; {}",
             self.on_steps,
             self.off_steps,
             self.probes,
             self.turned_off,
             self.turned_on,
-            fig(self.gain),
-            fig(self.time_ratio),
-            fig(self.bytes_ratio),
+            self.switched,
+            self.drafter.unwrap_or("none"),
+            per.join(", "),
         )
     }
 }

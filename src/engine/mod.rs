@@ -46,7 +46,9 @@ mod speculate;
 pub use grammar::{Constraint, GrammarState, Grammars};
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use pool::{Finished, PoolError, PoolEvent, SessionPool, SlotState};
-pub use speculate::{ngram_propose, DraftSource, MtpDraft, NgramDraft, SpecStats, Speculation};
+pub use speculate::{
+    ngram_propose, DraftSource, Drafters, MtpDraft, NgramDraft, SpecStats, Speculation,
+};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -103,8 +105,8 @@ pub struct Session {
     done: bool,
     /// The last row's logits (reused between steps).
     logits: Vec<f32>,
-    /// The draft source and the most tokens it drafts per step.
-    drafter: Option<(Box<dyn DraftSource>, usize)>,
+    /// The draft sources and the most tokens drafted per step.
+    drafter: Option<Drafters>,
     /// This step's drafts (after the last token).
     drafts: Vec<u32>,
     /// The positions fed by a decode step: the last token, then drafts.
@@ -174,7 +176,7 @@ impl Session {
         // on every token before it, and a draft is verified against
         // unbiased logits.
         let drafter = match (&opts.constraint, opts.logit_bias.is_empty()) {
-            (None, true) => opts.speculation.source(model, positions)?,
+            (None, true) => opts.speculation.drafters(model, positions)?,
             _ => None,
         };
         Ok(Session {
@@ -189,7 +191,10 @@ impl Session {
             out: Vec::with_capacity(max_tokens),
             done: max_tokens == 0,
             logits: Vec::new(),
-            gate: (drafter.is_some() && opts.speculation.gated()).then(Gate::new),
+            gate: drafter
+                .as_ref()
+                .filter(|_| opts.speculation.gated())
+                .map(Drafters::gate),
             drafter,
             grammar: match &opts.constraint {
                 Some(c) if c.after.is_empty() => Some(c.grammars.start(&c.constraint)?),
@@ -414,7 +419,10 @@ impl Session {
     /// on (a custom draft source; `GenOptions::speculation` names the
     /// built-in ones).
     pub fn set_drafter(&mut self, source: Box<dyn DraftSource>, k: usize) {
-        self.drafter = Some((source, k));
+        self.drafter = Some(Drafters {
+            sources: vec![source],
+            k,
+        });
     }
 
     /// Stops drafting (a request that wants per-token logprobs).
@@ -424,9 +432,9 @@ impl Session {
     }
 
     /// Puts drafting behind a fresh gate ([`spec_gate`]), as
-    /// `Speculation::Auto` does.
+    /// `Speculation::Auto` does (nothing without a drafter).
     pub fn gate_drafting(&mut self) {
-        self.gate = Some(Gate::new());
+        self.gate = self.drafter.as_ref().map(Drafters::gate);
     }
 
     /// What speculation did so far, with the gate's figures (taken here,

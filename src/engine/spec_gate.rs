@@ -1,40 +1,50 @@
-//! The speculation gate: whether a session drafts this step, decided from
-//! figures it measured itself, so `--speculate auto` pays or turns itself
-//! off. Pure logic (no clock, no model): the session feeds each decode
-//! step's cost and outcome in, and asks before the next step.
+//! The speculation gate: whether a session drafts this step, and with
+//! which of its drafters, decided from figures it measured itself, so
+//! `--speculate auto` pays or turns itself off. Pure logic (no clock, no
+//! model): the session feeds each decode step's cost and outcome in, and
+//! asks before the next step.
 //!
-//! - Figures: the medians of the last [`COST_WINDOW`] plain steps' and
-//!   verify steps' wall time and expert bytes read (a median, so one slow
-//!   read on a shared disk does not decide), and moving averages
-//!   ([`EMA_WEIGHT`]) of the tokens a verify step produced and of the
-//!   acceptance at each draft position.
-//! - Gain: tokens per verify step over the verify step's cost in plain
-//!   steps (`verify s / plain s`, at least 1: a verify is never cheaper
-//!   than a plain step, and a ratio below 1 is noise). The wall time
-//!   holds the verify's extra expert reads; their byte ratio is reported
-//!   beside it, not counted twice.
-//! - Warm-up: drafts on every step but one in [`PLAIN_SAMPLE_EVERY`] (the
-//!   plain samples) until [`WARMUP_VERIFY_STEPS`] verify steps are
-//!   measured, then plain until [`WARMUP_PLAIN_STEPS`] are; then on while the
-//!   gain is at least [`GAIN_MIN`] (a plain step every
-//!   [`PLAIN_REFRESH_EVERY`] keeps the plain cost current), off below.
-//! - Off: plain steps, with one drafted probe after `probe_every` of them;
-//!   a probe (weighted [`PROBE_WEIGHT`] in the averages) that lifts the
-//!   gain to [`GAIN_RESUME`] turns drafting back on, one that does not
-//!   doubles `probe_every` (from
-//!   [`PROBE_EVERY_MIN`] up to [`PROBE_EVERY_MAX`]).
+//! - Figures: the medians of the last [`COST_WINDOW`] plain steps' wall
+//!   time and expert bytes read, and per drafter the same of its verify
+//!   steps (a median, so one slow read on a shared disk does not decide),
+//!   with moving averages ([`EMA_WEIGHT`]) of the tokens its verify steps
+//!   produced, of its acceptance at each draft position, and of how often
+//!   it had a guess when asked.
+//! - Gain of a drafter: tokens per verify step over the verify step's
+//!   cost in plain steps (`verify s / plain s`, at least 1: a verify is
+//!   never cheaper than a plain step, and a ratio below 1 is noise),
+//!   weighted by how often it had a guess (a step without one is a plain
+//!   step: gain 1). The wall time holds the drafting (an MTP head's
+//!   forward) and the verify's extra expert reads; their byte ratio is
+//!   reported beside it, not counted twice. Acceptance × cost decides
+//!   which drafter drafts, not a preference.
+//! - Warm-up: each drafter in turn until each was asked
+//!   [`WARMUP_VERIFY_STEPS`] times, one step in [`PLAIN_SAMPLE_EVERY`]
+//!   plain (the plain samples), then plain until [`WARMUP_PLAIN_STEPS`]
+//!   are measured; then on with the best drafter while its gain is at
+//!   least [`GAIN_MIN`] (a plain step every [`PLAIN_REFRESH_EVERY`] keeps
+//!   the plain cost current), off below.
+//! - Probes: while off, one drafted step after `probe_every` plain ones
+//!   (the drafters in turn); while on with several drafters, the others
+//!   are probed at the same interval. A probe's outcome weighs
+//!   [`PROBE_WEIGHT`] in the averages. A probe that leaves the choice as
+//!   it was doubles `probe_every` (from [`PROBE_EVERY_MIN`] up to
+//!   [`PROBE_EVERY_MAX`]); a change of choice resets it. Off turns on when
+//!   the best gain reaches [`GAIN_RESUME`] at a probe; on switches drafter when
+//!   another's gain is [`SWITCH_MARGIN`] times the current one's (so the
+//!   gate does not flap).
 //!
-//! Lossless whatever it decides: it only chooses whether drafts are fed,
-//! and every token still comes from the target's logits.
+//! Lossless whatever it decides: it only chooses whether and whose drafts
+//! are fed, and every token still comes from the target's logits.
 
 /// Weight of the newest step in the acceptance moving averages.
 pub const EMA_WEIGHT: f64 = 0.25;
 /// Weight of a probe's outcome in the acceptance averages: the figures
-/// are stale while off, and the probe is the freshest evidence.
+/// are stale between probes, and the probe is the freshest evidence.
 pub const PROBE_WEIGHT: f64 = 0.5;
 /// Steps of each kind whose cost the medians are taken over.
 pub const COST_WINDOW: usize = 8;
-/// Verify steps measured before the first decision.
+/// Times each drafter is asked before the first decision.
 pub const WARMUP_VERIFY_STEPS: u32 = 8;
 /// Plain steps measured before the first decision.
 pub const WARMUP_PLAIN_STEPS: u32 = 3;
@@ -44,23 +54,25 @@ pub const PLAIN_SAMPLE_EVERY: u32 = 4;
 /// as the cache warms or the machine's load changes).
 pub const PLAIN_REFRESH_EVERY: u32 = 32;
 /// Drafting stays on while the gain (tokens per verify step over its cost
-/// in plain steps) is at least this: a margin for the drafting's own cost
-/// and the noise of the measure.
+/// in plain steps) is at least this: a margin for the noise of the measure.
 pub const GAIN_MIN: f64 = 1.05;
-/// A probe turns drafting back on when the gain reaches this (above
-/// [`GAIN_MIN`], so the gate does not flap).
+/// Off turns on when a drafter's gain reaches this (above [`GAIN_MIN`],
+/// so the gate does not flap).
 pub const GAIN_RESUME: f64 = 1.10;
-/// Plain steps before the first probe once off.
+/// On switches to another drafter when its gain is this many times the
+/// current one's.
+pub const SWITCH_MARGIN: f64 = 1.10;
+/// Steps before the first probe once the choice changed.
 pub const PROBE_EVERY_MIN: u32 = 8;
-/// The most plain steps between probes (the interval doubles while probes
-/// keep losing).
+/// The most steps between probes (the interval doubles while probes
+/// leave the choice as it was).
 pub const PROBE_EVERY_MAX: u32 = 256;
 
 /// What a session does on its next decode step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Feed the drafter's tokens (a verify step).
-    Draft,
+    /// Feed this drafter's tokens (a verify step).
+    Draft(usize),
     /// Feed the last token alone.
     Plain,
 }
@@ -69,12 +81,9 @@ pub enum Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     Warmup,
-    On,
-    /// Plain steps since the last probe, and the interval between probes.
-    Off {
-        since: u32,
-        probe_every: u32,
-    },
+    /// Drafting with this drafter.
+    On(usize),
+    Off,
 }
 
 /// One decode step's measured cost.
@@ -92,14 +101,37 @@ pub struct GateStats {
     /// kept plain (warm-up and refresh samples included).
     pub on_steps: u64,
     pub off_steps: u64,
-    /// Drafted steps taken while off.
+    /// Drafted steps taken with a drafter other than the one in use.
     pub probes: u64,
-    /// Times drafting was turned off, and back on.
+    /// Times drafting was turned off, back on, and switched to another
+    /// drafter.
     pub turned_off: u64,
     pub turned_on: u64,
-    /// The latest figures: the gain, the verify step's wall-time and
-    /// expert-byte ratios to a plain step, tokens per verify step, and the
-    /// acceptance at each draft position (`None` until measured).
+    pub switched: u64,
+    /// The drafter in use (`None`: off, or warming up).
+    pub drafter: Option<&'static str>,
+    /// The figures of the drafter in use, else of the best measured one:
+    /// the gain, the verify step's wall-time and expert-byte ratios to a
+    /// plain step, tokens per verify step, and the acceptance at each
+    /// draft position (`None` until measured).
+    pub gain: Option<f64>,
+    pub time_ratio: Option<f64>,
+    pub bytes_ratio: Option<f64>,
+    pub tokens_per_verify: Option<f64>,
+    pub acceptance_at: Vec<f64>,
+    /// The same figures for each drafter.
+    pub drafters: Vec<DrafterStats>,
+}
+
+/// One drafter's figures.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DrafterStats {
+    pub name: &'static str,
+    /// Times the gate asked it, and verify steps it drafted.
+    pub asked: u64,
+    pub verify_steps: u64,
+    /// How often it had a guess when asked (moving average).
+    pub proposed: Option<f64>,
     pub gain: Option<f64>,
     pub time_ratio: Option<f64>,
     pub bytes_ratio: Option<f64>,
@@ -149,42 +181,70 @@ impl Window {
     }
 }
 
+/// A step's wall time and expert bytes, over [`COST_WINDOW`] steps.
+#[derive(Clone, Debug, Default)]
+struct Costs {
+    seconds: Window,
+    bytes: Window,
+    n: u32,
+}
+
+impl Costs {
+    fn add(&mut self, cost: StepCost) {
+        self.seconds.add(cost.seconds);
+        self.bytes.add(cost.bytes as f64);
+        self.n += 1;
+    }
+}
+
+/// What the gate measured of one drafter.
+#[derive(Clone, Debug, Default)]
+struct Arm {
+    name: &'static str,
+    verify: Costs,
+    asked: u32,
+    tokens: Ema,
+    accept_at: Vec<Ema>,
+    /// 1 for an ask that drafted, 0 for one without a guess.
+    proposed: Ema,
+}
+
 /// The gate of one session.
 #[derive(Clone, Debug)]
 pub struct Gate {
     phase: Phase,
-    plain_s: Window,
-    plain_bytes: Window,
-    plain_n: u32,
-    verify_s: Window,
-    verify_bytes: Window,
-    verify_n: u32,
-    tokens: Ema,
-    accept_at: Vec<Ema>,
+    plain: Costs,
+    arms: Vec<Arm>,
+    /// The drafter asked for the step in flight.
+    asked: Option<usize>,
     /// Decode steps since the last plain one.
     since_plain: u32,
+    /// Steps since the last probe (or change of choice), the interval
+    /// between probes, and the drafter the next probe asks.
+    since_probe: u32,
+    probe_every: u32,
+    probe_next: usize,
     stats: GateStats,
 }
 
-impl Default for Gate {
-    fn default() -> Gate {
-        Gate::new()
-    }
-}
-
 impl Gate {
-    pub fn new() -> Gate {
+    /// A gate choosing among the drafters named `names` (in the session's
+    /// order; at least one).
+    pub fn new(names: &[&'static str]) -> Gate {
+        assert!(!names.is_empty(), "a gate needs a drafter");
+        let arm = |&name| Arm {
+            name,
+            ..Arm::default()
+        };
         Gate {
             phase: Phase::Warmup,
-            plain_s: Window::default(),
-            plain_bytes: Window::default(),
-            plain_n: 0,
-            verify_s: Window::default(),
-            verify_bytes: Window::default(),
-            verify_n: 0,
-            tokens: Ema::default(),
-            accept_at: Vec::new(),
+            plain: Costs::default(),
+            arms: names.iter().map(arm).collect(),
+            asked: None,
             since_plain: 0,
+            since_probe: 0,
+            probe_every: PROBE_EVERY_MIN,
+            probe_next: 0,
             stats: GateStats::default(),
         }
     }
@@ -193,44 +253,87 @@ impl Gate {
         self.phase
     }
 
-    /// Whether the next decode step drafts.
+    /// Whether the next decode step drafts, and with which drafter.
     pub fn decide(&mut self) -> Decision {
-        let d = match self.phase {
-            // The verify steps are in: the plain samples still missing.
-            Phase::Warmup if self.verify_n >= WARMUP_VERIFY_STEPS => Decision::Plain,
-            Phase::Warmup if self.plain_n < WARMUP_PLAIN_STEPS => {
-                plain_sample(self.since_plain, PLAIN_SAMPLE_EVERY)
+        let phase = self.phase;
+        let d = match phase {
+            Phase::Warmup => self.warmup_decision(),
+            Phase::On(_) if self.since_plain + 1 >= PLAIN_REFRESH_EVERY => Decision::Plain,
+            Phase::On(a) if self.arms.len() > 1 && self.probe_due() => {
+                Decision::Draft(self.probe_arm(Some(a)))
             }
-            Phase::Warmup => Decision::Draft,
-            Phase::On => plain_sample(self.since_plain, PLAIN_REFRESH_EVERY),
-            Phase::Off { since, probe_every } if since >= probe_every => {
-                self.stats.probes += 1;
-                Decision::Draft
-            }
-            Phase::Off { .. } => Decision::Plain,
+            Phase::On(a) => Decision::Draft(a),
+            Phase::Off if self.probe_due() => Decision::Draft(self.probe_arm(None)),
+            Phase::Off => Decision::Plain,
         };
         match d {
-            Decision::Draft => self.stats.on_steps += 1,
-            Decision::Plain => self.stats.off_steps += 1,
+            Decision::Draft(a) => {
+                self.asked = Some(a);
+                self.stats.on_steps += 1;
+            }
+            Decision::Plain => {
+                self.asked = None;
+                self.stats.off_steps += 1;
+            }
         }
         d
     }
 
-    /// After a step that fed no drafts (the gate kept it plain, or the
-    /// drafter had no guess).
-    pub fn record_plain(&mut self, cost: StepCost) {
-        self.plain_s.add(cost.seconds);
-        self.plain_bytes.add(cost.bytes as f64);
-        self.plain_n += 1;
-        self.since_plain = 0;
-        match &mut self.phase {
-            Phase::Off { since, .. } => *since += 1,
-            _ => self.settle(),
+    /// The least-asked drafter not yet warmed up, with a plain sample one
+    /// step in [`PLAIN_SAMPLE_EVERY`]; plain once every drafter is in.
+    fn warmup_decision(&self) -> Decision {
+        let next = (0..self.arms.len())
+            .filter(|&a| self.arms[a].asked < WARMUP_VERIFY_STEPS)
+            .min_by_key(|&a| self.arms[a].asked);
+        match next {
+            None => Decision::Plain,
+            Some(_)
+                if self.plain.n < WARMUP_PLAIN_STEPS
+                    && self.since_plain + 1 >= PLAIN_SAMPLE_EVERY =>
+            {
+                Decision::Plain
+            }
+            Some(a) => Decision::Draft(a),
         }
     }
 
+    /// Counts a step towards the next probe; true when it is the probe.
+    fn probe_due(&mut self) -> bool {
+        let due = self.since_probe >= self.probe_every;
+        self.since_probe = if due { 0 } else { self.since_probe + 1 };
+        due
+    }
+
+    /// The next drafter in turn, other than `current`.
+    fn probe_arm(&mut self, current: Option<usize>) -> usize {
+        let n = self.arms.len();
+        let mut a = self.probe_next % n;
+        if Some(a) == current {
+            a = (a + 1) % n;
+        }
+        self.probe_next = a + 1;
+        self.stats.probes += 1;
+        a
+    }
+
+    /// After a step that fed no drafts (the gate kept it plain, or the
+    /// drafter it asked had no guess).
+    pub fn record_plain(&mut self, cost: StepCost) {
+        self.plain.add(cost);
+        self.since_plain = 0;
+        let probed = self.asked.take().map(|a| {
+            let (probe, weight) = self.weight(a);
+            let arm = &mut self.arms[a];
+            arm.asked += 1;
+            arm.proposed.add(0.0, weight);
+            probe
+        });
+        self.settle(probed == Some(true));
+    }
+
     /// After a verify step of `drafted` drafts, the first `accepted` kept,
-    /// `tokens` produced.
+    /// `tokens` produced (by the drafter asked; one drafted without asking
+    /// counts for the drafter in use, else the first).
     pub fn record_verify(
         &mut self,
         cost: StepCost,
@@ -238,92 +341,164 @@ impl Gate {
         accepted: usize,
         tokens: usize,
     ) {
-        self.verify_s.add(cost.seconds);
-        self.verify_bytes.add(cost.bytes as f64);
-        self.verify_n += 1;
+        let a = self.asked.take().unwrap_or(match self.phase {
+            Phase::On(c) => c,
+            _ => 0,
+        });
+        let (probe, weight) = self.weight(a);
         self.since_plain += 1;
-        let weight = match self.phase {
-            Phase::Off { .. } => PROBE_WEIGHT,
-            _ => EMA_WEIGHT,
-        };
-        self.tokens.add(tokens as f64, weight);
-        if self.accept_at.len() < drafted {
-            self.accept_at.resize(drafted, Ema::default());
+        let arm = &mut self.arms[a];
+        arm.verify.add(cost);
+        arm.asked += 1;
+        arm.proposed.add(1.0, weight);
+        arm.tokens.add(tokens as f64, weight);
+        if arm.accept_at.len() < drafted {
+            arm.accept_at.resize(drafted, Ema::default());
         }
-        for (i, a) in self.accept_at.iter_mut().take(drafted).enumerate() {
-            a.add((i < accepted) as u8 as f64, weight);
+        for (i, e) in arm.accept_at.iter_mut().take(drafted).enumerate() {
+            e.add((i < accepted) as u8 as f64, weight);
         }
-        match self.phase {
-            Phase::Off { probe_every, .. } => {
-                if self.gain().is_some_and(|g| g >= GAIN_RESUME) {
-                    self.phase = Phase::On;
-                    self.stats.turned_on += 1;
-                } else {
-                    self.phase = Phase::Off {
-                        since: 0,
-                        probe_every: (probe_every * 2).min(PROBE_EVERY_MAX),
-                    };
-                }
-            }
-            _ => self.settle(),
-        }
+        self.settle(probe);
     }
 
-    /// Warm-up ends once enough is measured; on turns off when the gain
-    /// falls below [`GAIN_MIN`].
-    fn settle(&mut self) {
-        let Some(gain) = self.gain() else {
+    /// Whether asking `a` now is a probe, and the weight of its outcome.
+    fn weight(&self, a: usize) -> (bool, f64) {
+        let probe = match self.phase {
+            Phase::Warmup => false,
+            Phase::On(c) => a != c,
+            Phase::Off => true,
+        };
+        (probe, if probe { PROBE_WEIGHT } else { EMA_WEIGHT })
+    }
+
+    /// Re-chooses from the figures: warm-up ends once enough is measured;
+    /// on turns off, or switches drafter; off turns on.
+    fn settle(&mut self, probed: bool) {
+        let Some((best, gain)) = self.best() else {
             return;
         };
-        let measured = self.verify_n >= WARMUP_VERIFY_STEPS && self.plain_n >= WARMUP_PLAIN_STEPS;
-        match self.phase {
-            Phase::Warmup if measured && gain >= GAIN_MIN => self.phase = Phase::On,
-            Phase::Warmup if !measured => {}
-            Phase::Warmup | Phase::On if gain < GAIN_MIN => {
-                self.phase = Phase::Off {
-                    since: 0,
-                    probe_every: PROBE_EVERY_MIN,
-                };
-                self.stats.turned_off += 1;
+        let next = match self.phase {
+            Phase::Warmup if !self.measured() => return,
+            Phase::Warmup | Phase::On(_) if gain < GAIN_MIN => Phase::Off,
+            Phase::Warmup => Phase::On(best),
+            Phase::On(c) => match self.arm_gain(c) {
+                Some(g) if g >= GAIN_MIN && gain < g * SWITCH_MARGIN => Phase::On(c),
+                _ => Phase::On(best),
+            },
+            // Off turns on only on a probe's fresh evidence, not on a
+            // plain step's cost moving (which would flap with the noise).
+            Phase::Off if probed && gain >= GAIN_RESUME => Phase::On(best),
+            Phase::Off => Phase::Off,
+        };
+        self.move_to(next, probed);
+    }
+
+    fn move_to(&mut self, next: Phase, probed: bool) {
+        if next == self.phase {
+            if probed {
+                self.probe_every = (self.probe_every * 2).min(PROBE_EVERY_MAX);
             }
+            return;
+        }
+        match (self.phase, next) {
+            (_, Phase::Off) => self.stats.turned_off += 1,
+            (Phase::Off, _) => self.stats.turned_on += 1,
+            (Phase::On(_), _) => self.stats.switched += 1,
             _ => {}
         }
+        self.phase = next;
+        self.since_probe = 0;
+        self.probe_every = PROBE_EVERY_MIN;
     }
 
-    /// Tokens per verify step over the verify step's cost in plain steps;
-    /// `None` until both kinds of step are measured.
+    /// Every drafter asked for its warm-up, and the plain samples in.
+    fn measured(&self) -> bool {
+        self.plain.n >= WARMUP_PLAIN_STEPS
+            && self.arms.iter().all(|a| a.asked >= WARMUP_VERIFY_STEPS)
+    }
+
+    /// The drafter of the highest gain (the first of equals), and its gain.
+    fn best(&self) -> Option<(usize, f64)> {
+        (0..self.arms.len())
+            .filter_map(|a| Some((a, self.arm_gain(a)?)))
+            .fold(None, |b, (a, g)| match b {
+                Some((_, bg)) if bg >= g => b,
+                _ => Some((a, g)),
+            })
+    }
+
+    /// The gain of the drafter in use, else the best; `None` until a
+    /// drafter and the plain steps are measured.
     pub fn gain(&self) -> Option<f64> {
-        Some(self.tokens.0? / self.time_ratio()?.max(1.0))
+        self.arm_gain(self.shown()?)
     }
 
-    fn time_ratio(&self) -> Option<f64> {
-        ratio(self.verify_s.median()?, self.plain_s.median()?)
+    /// Drafter `a`'s gain: a step it drafts gives its tokens per verify
+    /// step over the verify's cost in plain steps, one without a guess is
+    /// a plain step.
+    fn arm_gain(&self, a: usize) -> Option<f64> {
+        let arm = &self.arms[a];
+        let proposed = arm.proposed.0?;
+        let drafted = match arm.verify.n {
+            0 => 1.0,
+            _ => arm.tokens.0? / self.time_ratio(a)?.max(1.0),
+        };
+        Some(proposed * drafted + (1.0 - proposed))
+    }
+
+    fn time_ratio(&self, a: usize) -> Option<f64> {
+        let v = &self.arms[a].verify;
+        ratio(v.seconds.median()?, self.plain.seconds.median()?)
+    }
+
+    fn bytes_ratio(&self, a: usize) -> Option<f64> {
+        let v = &self.arms[a].verify;
+        ratio(v.bytes.median()?, self.plain.bytes.median()?)
+    }
+
+    /// The drafter whose figures the stats show first.
+    fn shown(&self) -> Option<usize> {
+        match self.phase {
+            Phase::On(a) => Some(a),
+            _ => self.best().map(|(a, _)| a),
+        }
     }
 
     /// What the gate did, with its latest figures.
     pub fn stats(&self) -> GateStats {
+        let drafters: Vec<DrafterStats> = (0..self.arms.len()).map(|a| self.arm_stats(a)).collect();
+        let shown = self
+            .shown()
+            .map(|a| drafters[a].clone())
+            .unwrap_or_default();
         GateStats {
-            gain: self.gain(),
-            time_ratio: self.time_ratio(),
-            bytes_ratio: self
-                .verify_bytes
-                .median()
-                .zip(self.plain_bytes.median())
-                .and_then(|(v, p)| ratio(v, p)),
-            tokens_per_verify: self.tokens.0,
-            acceptance_at: self.accept_at.iter().filter_map(|a| a.0).collect(),
+            drafter: match self.phase {
+                Phase::On(a) => Some(self.arms[a].name),
+                _ => None,
+            },
+            gain: shown.gain,
+            time_ratio: shown.time_ratio,
+            bytes_ratio: shown.bytes_ratio,
+            tokens_per_verify: shown.tokens_per_verify,
+            acceptance_at: shown.acceptance_at,
+            drafters,
             ..self.stats.clone()
         }
     }
-}
 
-/// Plain once `since` drafted steps reach `every - 1`, so one step in
-/// `every` is plain.
-fn plain_sample(since: u32, every: u32) -> Decision {
-    if since + 1 >= every {
-        Decision::Plain
-    } else {
-        Decision::Draft
+    fn arm_stats(&self, a: usize) -> DrafterStats {
+        let arm = &self.arms[a];
+        DrafterStats {
+            name: arm.name,
+            asked: arm.asked.into(),
+            verify_steps: arm.verify.n.into(),
+            proposed: arm.proposed.0,
+            gain: self.arm_gain(a),
+            time_ratio: self.time_ratio(a),
+            bytes_ratio: self.bytes_ratio(a),
+            tokens_per_verify: arm.tokens.0,
+            acceptance_at: arm.accept_at.iter().filter_map(|e| e.0).collect(),
+        }
     }
 }
 
@@ -344,14 +519,21 @@ mod tests {
         bytes: 250,
     };
 
-    /// Runs `steps` decode steps: each drafted step accepts `accepted` of
-    /// 4 drafts. Returns the decisions.
-    fn run(g: &mut Gate, steps: usize, accepted: usize) -> Vec<Decision> {
+    /// A drafter's outcome when asked: `None` without a guess, else the
+    /// step's cost and how many of 4 drafts were accepted.
+    type Outcome = Option<(StepCost, usize)>;
+
+    /// Runs `steps` decode steps, asking `outcome` what each drafted step
+    /// gives. Returns the decisions.
+    fn run_with(g: &mut Gate, steps: usize, outcome: impl Fn(usize) -> Outcome) -> Vec<Decision> {
         (0..steps)
             .map(|_| {
                 let d = g.decide();
                 match d {
-                    Decision::Draft => g.record_verify(VERIFY, 4, accepted, accepted + 1),
+                    Decision::Draft(a) => match outcome(a) {
+                        Some((cost, accepted)) => g.record_verify(cost, 4, accepted, accepted + 1),
+                        None => g.record_plain(PLAIN),
+                    },
                     Decision::Plain => g.record_plain(PLAIN),
                 }
                 d
@@ -359,93 +541,102 @@ mod tests {
             .collect()
     }
 
+    /// One drafter whose drafted steps cost [`VERIFY`] and accept `accepted`.
+    fn run(g: &mut Gate, steps: usize, accepted: usize) -> Vec<Decision> {
+        run_with(g, steps, |_| Some((VERIFY, accepted)))
+    }
+
+    fn drafted(d: &[Decision]) -> Vec<usize> {
+        (0..d.len()).filter(|&i| d[i] != Decision::Plain).collect()
+    }
+
     #[test]
     fn warmup_samples_plain_steps_then_decides() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         let d = run(&mut g, 14, 0);
         // One plain step in PLAIN_SAMPLE_EVERY until three are measured.
         let plain: Vec<usize> = (0..14).filter(|&i| d[i] == Decision::Plain).collect();
         // (the third right after the eighth verify step, at 9).
         assert_eq!(&plain[..3], &[3, 7, 10]);
         // Never accepted: off once 8 verify steps are in.
-        assert!(matches!(g.phase(), Phase::Off { .. }));
+        assert_eq!(g.phase(), Phase::Off);
         let s = g.stats();
         assert_eq!(s.turned_off, 1);
         assert_eq!(s.time_ratio, Some(1.5));
         assert_eq!(s.bytes_ratio, Some(2.5));
         assert_eq!(s.tokens_per_verify, Some(1.0));
         assert_eq!(s.acceptance_at, [0.0; 4]);
+        assert_eq!(s.drafter, None);
     }
 
     #[test]
     fn a_paying_drafter_stays_on_with_refresh_samples() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         let d = run(&mut g, 200, 3);
-        assert_eq!(g.phase(), Phase::On);
+        assert_eq!(g.phase(), Phase::On(0));
         // After warm-up, one plain step in PLAIN_REFRESH_EVERY.
         let plain: Vec<usize> = (8..d.len()).filter(|&i| d[i] == Decision::Plain).collect();
         assert_eq!(plain.len(), 6, "{plain:?}");
         assert!(plain
             .windows(2)
             .all(|w| w[1] - w[0] == PLAIN_REFRESH_EVERY as usize));
-        assert_eq!(g.stats().gain, Some(4.0 / 1.5));
-        assert_eq!(g.stats().turned_off, 0);
+        let s = g.stats();
+        assert_eq!(s.gain, Some(4.0 / 1.5));
+        assert_eq!((s.turned_off, s.probes), (0, 0));
+        assert_eq!(s.drafter, Some("x"));
     }
 
     #[test]
     fn off_probes_with_a_growing_interval() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         // Off at the eleventh step (the eighth verify).
         run(&mut g, 11, 0);
-        assert_eq!(
-            g.phase(),
-            Phase::Off {
-                since: 0,
-                probe_every: PROBE_EVERY_MIN
-            }
-        );
+        assert_eq!((g.phase(), g.probe_every), (Phase::Off, PROBE_EVERY_MIN));
         let d = run(&mut g, 8 + 1 + 16 + 1 + 32 + 1, 0);
-        let probes: Vec<usize> = (0..d.len()).filter(|&i| d[i] == Decision::Draft).collect();
-        assert_eq!(probes, [8, 8 + 1 + 16, 8 + 1 + 16 + 1 + 32]);
+        assert_eq!(drafted(&d), [8, 8 + 1 + 16, 8 + 1 + 16 + 1 + 32]);
         assert_eq!(g.stats().probes, 3);
-        assert_eq!(
-            g.phase(),
-            Phase::Off {
-                since: 0,
-                probe_every: 64
-            }
-        );
+        assert_eq!(g.probe_every, 64);
         // The interval stops growing at its maximum.
         run(&mut g, 5000, 0);
-        assert!(matches!(
-            g.phase(),
-            Phase::Off { probe_every, .. } if probe_every == PROBE_EVERY_MAX
-        ));
+        assert_eq!((g.phase(), g.probe_every), (Phase::Off, PROBE_EVERY_MAX));
     }
 
     #[test]
     fn probes_resume_drafting_when_acceptance_returns() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         run(&mut g, 12, 0);
-        // Acceptance comes back: each probe moves the averages, and once
-        // the gain reaches GAIN_RESUME drafting is on again.
-        let mut steps = 0;
-        while g.phase() != Phase::On {
-            run(&mut g, 1, 4);
-            steps += 1;
-            assert!(steps < 1000, "never resumed");
-        }
+        // Acceptance comes back: the next probe moves the averages (tokens
+        // 1 → 5 at PROBE_WEIGHT: 3.0, a gain of 2.0) and drafting is on
+        // from the step after it.
+        let d = run(&mut g, 9, 4);
+        assert_eq!(drafted(&d), [7, 8]);
         let s = g.stats();
-        assert_eq!((s.turned_off, s.turned_on), (1, 1));
-        assert!(s.gain.unwrap() >= GAIN_RESUME);
-        // One probe suffices (tokens 1 → 5 at PROBE_WEIGHT: 3.0, a gain
-        // of 2.0).
-        assert_eq!(s.probes, 1, "{s:?}");
+        assert_eq!(g.phase(), Phase::On(0));
+        assert_eq!((s.turned_off, s.turned_on, s.probes), (1, 1, 1), "{s:?}");
+        // (3.0, then 3.5 after step 8's five tokens.)
+        assert_eq!(s.gain, Some(3.5 / 1.5));
+    }
+
+    #[test]
+    fn plain_steps_alone_do_not_turn_drafting_back_on() {
+        let mut g = Gate::new(&["x"]);
+        // Off: one accepted draft of 4 at 3 plain steps (gain 2 / 3).
+        run_with(&mut g, 12, |_| Some((MID, 1)));
+        assert_eq!(g.phase(), Phase::Off);
+        // Plain steps get as dear: the figures soon say drafting would pay
+        // (gain 2), but only a probe's fresh evidence turns it on.
+        while g.decide() == Decision::Plain {
+            g.record_plain(MID);
+            assert_eq!(g.phase(), Phase::Off);
+        }
+        assert_eq!(g.gain(), Some(2.0));
+        g.record_verify(MID, 4, 1, 2);
+        assert_eq!(g.phase(), Phase::On(0));
     }
 
     #[test]
     fn a_verify_measured_cheaper_than_plain_costs_one_plain_step() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         for _ in 0..3 {
             g.record_plain(VERIFY);
         }
@@ -454,12 +645,12 @@ mod tests {
         }
         // Noise made verify look cheaper; zero acceptance still loses.
         assert_eq!(g.gain(), Some(1.0));
-        assert!(matches!(g.phase(), Phase::Off { .. }));
+        assert_eq!(g.phase(), Phase::Off);
     }
 
     #[test]
     fn one_slow_step_does_not_decide() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         g.record_plain(PLAIN);
         // One plain step stalled on a slow read.
         g.record_plain(StepCost {
@@ -471,17 +662,115 @@ mod tests {
             g.record_verify(VERIFY, 4, 0, 1);
         }
         assert_eq!(g.stats().time_ratio, Some(1.5));
-        assert!(matches!(g.phase(), Phase::Off { .. }));
+        assert_eq!(g.phase(), Phase::Off);
     }
 
     #[test]
     fn no_decision_without_both_figures() {
-        let mut g = Gate::new();
+        let mut g = Gate::new(&["x"]);
         for _ in 0..20 {
             g.record_verify(VERIFY, 2, 0, 1);
         }
         assert_eq!(g.gain(), None);
         assert_eq!(g.phase(), Phase::Warmup);
-        assert_eq!(g.stats().acceptance_at, [0.0, 0.0]);
+        assert_eq!(g.stats().drafters[0].acceptance_at, [0.0, 0.0]);
+    }
+
+    /// Drafter 0 ("mtp") accepts 3 of 4 but its step costs 4.5 plain
+    /// steps (its head's forward); drafter 1 ("ngram") accepts 2 at 1.5.
+    fn mtp_and_ngram(a: usize) -> Outcome {
+        let dear = StepCost {
+            seconds: 4.5,
+            bytes: 300,
+        };
+        Some([(dear, 3), (VERIFY, 2)][a])
+    }
+
+    #[test]
+    fn acceptance_times_cost_chooses_the_drafter_not_its_order() {
+        let mut g = Gate::new(&["mtp", "ngram"]);
+        let d = run_with(&mut g, 30, mtp_and_ngram);
+        // Warm-up asks them in turn.
+        assert_eq!(
+            &d[..3],
+            &[Decision::Draft(0), Decision::Draft(1), Decision::Draft(0)]
+        );
+        assert_eq!(g.phase(), Phase::On(1));
+        let s = g.stats();
+        assert_eq!(s.drafter, Some("ngram"));
+        assert_eq!(s.gain, Some(3.0 / 1.5));
+        assert_eq!(s.drafters[0].gain, Some(4.0 / 4.5));
+        // Asked for its warm-up, then probed once while n-gram drafts.
+        assert_eq!(s.probes, 1);
+        assert_eq!(s.drafters[0].asked, u64::from(WARMUP_VERIFY_STEPS) + 1);
+    }
+
+    const MID: StepCost = StepCost {
+        seconds: 3.0,
+        bytes: 300,
+    };
+
+    #[test]
+    fn the_drafter_in_use_gives_way_when_its_acceptance_falls() {
+        // MTP: gain 4 / 3; n-gram: 3 / 1.5 = 2, in use.
+        let mut g = Gate::new(&["mtp", "ngram"]);
+        run_with(&mut g, 30, |a| Some([(MID, 3), (VERIFY, 2)][a]));
+        assert_eq!(g.phase(), Phase::On(1));
+        // The n-gram drafts stop being accepted: its average falls step by
+        // step, and below MTP's gain over SWITCH_MARGIN the gate switches
+        // (without turning off).
+        let d = run_with(&mut g, 4, |a| Some([(MID, 3), (VERIFY, 0)][a]));
+        assert_eq!(d, [Decision::Draft(1); 4]);
+        assert_eq!(g.phase(), Phase::On(0));
+        let s = g.stats();
+        assert_eq!((s.switched, s.turned_off), (1, 0), "{s:?}");
+        assert_eq!(s.drafter, Some("mtp"));
+    }
+
+    #[test]
+    fn a_probe_while_on_switches_to_a_better_drafter() {
+        // MTP: gain 4 / 3, in use; n-gram never accepted: 1 / 1.5.
+        let mut g = Gate::new(&["mtp", "ngram"]);
+        run_with(&mut g, 30, |a| Some([(MID, 3), (VERIFY, 0)][a]));
+        assert_eq!(g.phase(), Phase::On(0));
+        // The text turns repetitive: n-gram drafts are all accepted. The
+        // next probe (tokens 1 → 3 at PROBE_WEIGHT: gain 2) switches.
+        let d = run_with(&mut g, 40, |a| Some([(MID, 3), (VERIFY, 4)][a]));
+        assert_eq!(g.phase(), Phase::On(1), "{d:?}");
+        let s = g.stats();
+        assert_eq!(s.switched, 1, "{s:?}");
+        // Drafting with n-gram from its probe on; MTP now the one probed,
+        // PROBE_EVERY_MIN steps after the switch.
+        let first = d.iter().position(|&x| x == Decision::Draft(1)).unwrap();
+        let mtp: Vec<usize> = (first..d.len())
+            .filter(|&i| d[i] == Decision::Draft(0))
+            .collect();
+        assert_eq!(mtp, [first + 1 + PROBE_EVERY_MIN as usize], "{d:?}");
+    }
+
+    #[test]
+    fn a_drafter_without_guesses_is_a_plain_step() {
+        // Drafter 1 never has a guess: gain 1, never chosen; drafter 0 pays.
+        let mut g = Gate::new(&["a", "b"]);
+        run_with(&mut g, 40, |a| (a == 0).then_some((VERIFY, 3)));
+        assert_eq!(g.phase(), Phase::On(0));
+        let s = g.stats();
+        assert_eq!(s.drafters[1].gain, Some(1.0));
+        assert_eq!(s.drafters[1].verify_steps, 0);
+        assert_eq!(s.drafters[1].proposed, Some(0.0));
+    }
+
+    #[test]
+    fn off_probes_every_drafter_in_turn() {
+        let mut g = Gate::new(&["a", "b"]);
+        let d = run_with(&mut g, 200, |_| Some((VERIFY, 0)));
+        assert_eq!(g.phase(), Phase::Off);
+        let probes: Vec<Decision> = drafted(&d)
+            .into_iter()
+            .skip(2 * WARMUP_VERIFY_STEPS as usize)
+            .map(|i| d[i])
+            .collect();
+        // At 8, 16, 32 and 64 steps after the warm-up.
+        assert_eq!(probes, [0, 1, 0, 1].map(Decision::Draft));
     }
 }

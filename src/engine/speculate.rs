@@ -8,7 +8,7 @@
 //! survives only when it is that token, and the KV of positions after the
 //! first rejection is rolled back.
 
-use super::spec_gate::{Decision, GateStats, StepCost};
+use super::spec_gate::{Decision, Gate, GateStats, StepCost};
 use super::Session;
 use crate::engine::sampler::argmax;
 use crate::error::Result;
@@ -26,17 +26,20 @@ impl Session {
         let Some(&last) = self.out.last() else {
             return Ok(());
         };
-        let gated_off = self
-            .gate
-            .as_mut()
-            .is_some_and(|g| g.decide() == Decision::Plain);
-        if let (Some((source, k)), false) = (&mut self.drafter, gated_off) {
+        let pick = match &mut self.gate {
+            Some(g) => match g.decide() {
+                Decision::Draft(a) => Some(a),
+                Decision::Plain => None,
+            },
+            None => Some(0),
+        };
+        if let (Some(d), Some(a)) = (&mut self.drafter, pick) {
             let room = self.max_tokens - self.out.len() - 1;
             let mut history = std::mem::take(&mut self.feed);
             history.extend_from_slice(&self.prompt);
             history.extend_from_slice(&self.out);
-            let k = (*k).min(room);
-            source.propose(model, &history, k, &mut self.drafts, prof)?;
+            let k = d.k.min(room);
+            d.sources[a].propose(model, &history, k, &mut self.drafts, prof)?;
             self.drafts.truncate(k);
             history.clear();
             self.feed = history;
@@ -56,7 +59,7 @@ impl Session {
         start: usize,
         prof: &mut Profile,
     ) -> Result<()> {
-        let Some((source, _)) = &mut self.drafter else {
+        let Some(d) = &mut self.drafter else {
             return Ok(());
         };
         if self.done {
@@ -73,7 +76,10 @@ impl Session {
                 }
             })
             .collect();
-        source.observe(model, &rows[..kept * h], &next, prof)
+        for source in &mut d.sources {
+            source.observe(model, &rows[..kept * h], &next, prof)?;
+        }
+        Ok(())
     }
 
     /// After a step that fed the last token and `k` drafts (`rows`, k + 1
@@ -123,6 +129,11 @@ impl Session {
 
 /// Proposes the next tokens of a sequence.
 pub trait DraftSource: Send {
+    /// What the stats call it.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
     /// Takes in the positions a step kept: the main model's hidden states
     /// `hidden` (one row each) and, for each, the token that follows it.
     /// Sources that draft from tokens alone ignore it.
@@ -159,30 +170,32 @@ pub enum Speculation {
     Ngram { draft: usize },
     /// The model's own MTP head, recursively (DeepSeek-V3, GLM).
     Mtp { draft: usize },
-    /// MTP where the model has an MTP head, else prompt lookup, behind the
-    /// gate ([`crate::engine::spec_gate`]): drafting stops while the
-    /// measured acceptance does not pay for the measured verify cost.
+    /// The MTP head (where the model has one) and prompt lookup behind the
+    /// gate ([`crate::engine::spec_gate`]): each step drafts with the one
+    /// whose measured acceptance pays best for its measured cost, or not at
+    /// all while neither pays.
     Auto { draft: usize },
 }
 
 impl Speculation {
-    /// The draft source for a session of `model` holding up to `positions`
-    /// positions, and its draft length; `None` when off. MTP on a model
-    /// without an MTP head is an error naming the checkpoint.
-    pub fn source(
-        self,
-        model: &Model,
-        positions: usize,
-    ) -> Result<Option<(Box<dyn DraftSource>, usize)>> {
-        let source: (Box<dyn DraftSource>, usize) = match self {
-            Speculation::Off => return Ok(None),
-            Speculation::Ngram { draft } => (Box::new(NgramDraft), draft),
-            Speculation::Auto { draft } if model.mtp.is_none() => (Box::new(NgramDraft), draft),
-            Speculation::Mtp { draft } | Speculation::Auto { draft } => {
-                (Box::new(MtpDraft::new(model, positions + draft)?), draft)
-            }
+    /// The draft sources for a session of `model` holding up to
+    /// `positions` positions, and their draft length; `None` when off.
+    /// MTP on a model without an MTP head is an error naming the
+    /// checkpoint.
+    pub fn drafters(self, model: &Model, positions: usize) -> Result<Option<Drafters>> {
+        let mtp = |draft| -> Result<Box<dyn DraftSource>> {
+            Ok(Box::new(MtpDraft::new(model, positions + draft)?))
         };
-        Ok(Some(source))
+        let (sources, k): (Vec<Box<dyn DraftSource>>, usize) = match self {
+            Speculation::Off => return Ok(None),
+            Speculation::Ngram { draft } => (vec![Box::new(NgramDraft)], draft),
+            Speculation::Auto { draft } if model.mtp.is_none() => {
+                (vec![Box::new(NgramDraft)], draft)
+            }
+            Speculation::Mtp { draft } => (vec![mtp(draft)?], draft),
+            Speculation::Auto { draft } => (vec![mtp(draft)?, Box::new(NgramDraft)], draft),
+        };
+        Ok(Some(Drafters { sources, k }))
     }
 
     /// Whether drafting is behind the gate.
@@ -191,19 +204,45 @@ impl Speculation {
     }
 }
 
+/// A session's draft sources (the gate picks one per step; without a gate
+/// the first drafts every step) and the most tokens drafted per step.
+pub struct Drafters {
+    pub sources: Vec<Box<dyn DraftSource>>,
+    pub k: usize,
+}
+
+impl Drafters {
+    /// A gate choosing among these sources.
+    pub fn gate(&self) -> Gate {
+        let names: Vec<&'static str> = self.sources.iter().map(|s| s.name()).collect();
+        Gate::new(&names)
+    }
+}
+
 /// Drafts with the model's MTP head: row j of its state pairs the main
 /// model's hidden state at position j with the token at j + 1 and predicts
-/// the token at j + 2. Each step's kept positions are appended
-/// ([`DraftSource::observe`]); a proposal runs the head recursively from
-/// the last row (its argmax is the draft), and those recursive rows are
-/// dropped at the next observation.
+/// the token at j + 2. The positions each step kept are held back
+/// ([`DraftSource::observe`]) and run through the head only when a draft
+/// is asked for (at most [`MTP_PENDING_MAX`] rows wait), so while the
+/// gate keeps drafting off the head costs nothing per step; a proposal
+/// then runs the head recursively from the last row (its argmax is the
+/// draft), and those recursive rows are dropped before the next rows.
 pub struct MtpDraft {
     state: MtpState,
     /// Rows of kept positions (the rest are recursive drafts).
     kept: usize,
     /// The last kept row's block output and logits.
     last: Option<(Vec<f32>, Vec<f32>)>,
+    /// Kept positions not yet through the head: hidden rows, and the
+    /// token after each.
+    pending_hidden: Vec<f32>,
+    pending_next: Vec<u32>,
 }
+
+/// The most kept positions [`MtpDraft`] holds back before running them
+/// through its head (one prefill chunk: bounds the rows held, and a batch
+/// of that many reads the head's experts once).
+pub const MTP_PENDING_MAX: usize = crate::model::PREFILL_CHUNK;
 
 impl MtpDraft {
     /// A drafter for a sequence of up to `capacity` MTP rows.
@@ -212,11 +251,47 @@ impl MtpDraft {
             state: model.new_mtp_state(capacity)?,
             kept: 0,
             last: None,
+            pending_hidden: Vec::new(),
+            pending_next: Vec::new(),
         })
+    }
+
+    /// Kept positions held back, not yet run through the head.
+    pub fn pending(&self) -> usize {
+        self.pending_next.len()
+    }
+
+    /// Runs the held-back positions through the head (dropping the last
+    /// proposal's recursive rows first).
+    fn catch_up(&mut self, model: &Model, prof: &mut Profile) -> Result<()> {
+        if self.pending_next.is_empty() {
+            return Ok(());
+        }
+        self.state.truncate(self.kept);
+        self.state.reserve_more(self.pending_next.len());
+        let (out, logits) = model.mtp_forward(
+            &mut self.state,
+            &self.pending_hidden,
+            &self.pending_next,
+            prof,
+        )?;
+        self.kept += self.pending_next.len();
+        self.pending_hidden.clear();
+        self.pending_next.clear();
+        let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
+        self.last = Some((
+            out[out.len() - h..].to_vec(),
+            logits[logits.len() - v..].to_vec(),
+        ));
+        Ok(())
     }
 }
 
 impl DraftSource for MtpDraft {
+    fn name(&self) -> &'static str {
+        "mtp"
+    }
+
     fn observe(
         &mut self,
         model: &Model,
@@ -224,18 +299,11 @@ impl DraftSource for MtpDraft {
         next: &[u32],
         prof: &mut Profile,
     ) -> Result<()> {
-        if next.is_empty() {
-            return Ok(());
+        if self.pending_next.len() + next.len() > MTP_PENDING_MAX {
+            self.catch_up(model, prof)?;
         }
-        self.state.truncate(self.kept);
-        self.state.reserve_more(next.len());
-        let (out, logits) = model.mtp_forward(&mut self.state, hidden, next, prof)?;
-        self.kept += next.len();
-        let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
-        self.last = Some((
-            out[out.len() - h..].to_vec(),
-            logits[logits.len() - v..].to_vec(),
-        ));
+        self.pending_hidden.extend_from_slice(hidden);
+        self.pending_next.extend_from_slice(next);
         Ok(())
     }
 
@@ -247,12 +315,14 @@ impl DraftSource for MtpDraft {
         out: &mut Vec<u32>,
         prof: &mut Profile,
     ) -> Result<()> {
-        let Some((row, logits)) = &self.last else {
-            return Ok(());
-        };
         if k == 0 {
             return Ok(());
         }
+        self.catch_up(model, prof)?;
+        self.state.truncate(self.kept);
+        let Some((row, logits)) = &self.last else {
+            return Ok(());
+        };
         out.push(argmax(logits));
         let mut row = row.clone();
         while out.len() < k {
@@ -276,6 +346,10 @@ pub const NGRAM_MAX: usize = 4;
 pub struct NgramDraft;
 
 impl DraftSource for NgramDraft {
+    fn name(&self) -> &'static str {
+        "ngram"
+    }
+
     fn propose(
         &mut self,
         _model: &Model,

@@ -8,6 +8,7 @@
 //! interrupted generation never leaves a half-written model behind.
 
 pub mod geometry;
+pub mod presets;
 pub mod realistic;
 
 use crate::engine::sampler::Rng;
