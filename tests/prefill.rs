@@ -254,3 +254,63 @@ fn a_pass_reports_progress_layer_by_layer_and_the_engine_counts_prefill() {
     assert_eq!(tokens, 1000, "prompt positions prefilled");
     assert!(seconds > 0.0);
 }
+
+/// `moestream serve` with prefill passes of one chunk: a streamed
+/// completion of a 700-token prompt asking `return_progress` gets a
+/// `prompt_progress` chunk after every pass, its positions increasing to
+/// the total, all before the first text; without it, SSE comments say the
+/// same and no data chunk carries progress.
+#[test]
+fn a_streamed_long_prompt_reports_its_prefill_progress_up_to_the_total() {
+    use common::server::Server;
+    use serde_json::json;
+    use std::io::{BufRead, BufReader};
+    let dir = long_fixture("qwen3_moe", 1024);
+    let s = Server::start(dir.path(), &["--prefill-pass", "256", "--context", "1024"]);
+    let ids = prompt(700, 384);
+    let body = json!({"prompt": ids, "max_tokens": 2, "temperature": 0, "ignore_eos": true,
+                      "stream": true, "return_progress": true});
+    let chunks = s.stream("/v1/completions", &body);
+    let progress: Vec<(u64, u64, usize)> = chunks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let p = c.get("prompt_progress")?;
+            Some((p["processed"].as_u64()?, p["total"].as_u64()?, i))
+        })
+        .collect();
+    let positions: Vec<(u64, u64)> = progress.iter().map(|p| (p.0, p.1)).collect();
+    assert_eq!(positions, [(256, 700), (512, 700), (700, 700)]);
+    let first_text = chunks
+        .iter()
+        .position(|c| c["choices"][0]["text"].is_string())
+        .expect("a text chunk");
+    assert!(progress.iter().all(|p| p.2 < first_text), "{chunks:?}");
+    // Without return_progress: comments, no progress chunks (another
+    // prompt, so that none of it continues the first one's kept KV).
+    let other: Vec<u32> = ids.iter().map(|&t| (t + 1) % 384).collect();
+    let mut plain = body.clone();
+    plain["prompt"] = json!(other);
+    plain["return_progress"] = json!(false);
+    let resp = ureq::post(&format!("{}/v1/completions", s.base))
+        .send_json(plain)
+        .unwrap();
+    let lines: Vec<String> = BufReader::new(resp.into_reader())
+        .lines()
+        .map(Result::unwrap)
+        .collect();
+    let comments: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with(": prefill"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        comments,
+        [
+            ": prefill 256/700",
+            ": prefill 512/700",
+            ": prefill 700/700"
+        ]
+    );
+    assert!(!lines.iter().any(|l| l.contains("prompt_progress")));
+}

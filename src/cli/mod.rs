@@ -299,6 +299,12 @@ struct ModelArgs {
     /// `run` column tells them apart). Tokens do not change.
     #[arg(long, value_name = "FILE", help_heading = H_RESEARCH)]
     trace: Option<PathBuf>,
+    /// Positions each layer of a long prefill runs over before the next
+    /// layer starts (default: the RAM plan's `prefill pass`, the most it
+    /// allows; a smaller pass re-reads the experts once per pass: 256 is
+    /// the chunked prefill that came before layer-major passes).
+    #[arg(long, value_name = "POSITIONS", help_heading = H_RESEARCH)]
+    prefill_pass: Option<usize>,
 }
 
 impl ModelArgs {
@@ -907,6 +913,11 @@ fn load_with_inputs(m: &ModelArgs, input_bytes: u64) -> Result<Model> {
     );
     if let Some(path) = &m.trace {
         replay::start_trace(&mut model, path)?;
+    }
+    if let Some(positions) = m.prefill_pass {
+        model
+            .set_prefill_pass(positions)
+            .map_err(|e| anyhow::anyhow!("--prefill-pass: {e}"))?;
     }
     // Only once the model loaded: a profile that could not be read because
     // the model directory is bad would only precede the real error.

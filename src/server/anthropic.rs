@@ -482,6 +482,10 @@ impl respond::StreamOut for AnthropicOut {
         true // the Messages API has none
     }
 
+    async fn progress(&mut self, pr: super::worker::Progress) -> bool {
+        respond::send_progress_comment(&self.tx, pr).await
+    }
+
     async fn text(&mut self, text: String) -> bool {
         self.delta("text", &text).await
     }

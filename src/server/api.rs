@@ -227,6 +227,10 @@ pub struct Request {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
+    /// Streamed: a `prompt_progress` chunk (llama-server's) each time the
+    /// prefill moves; without it, an SSE comment says the same.
+    #[serde(default)]
+    pub return_progress: bool,
     /// Chat: `true`/`false`; completions: the number of alternatives.
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<usize>,

@@ -9,7 +9,7 @@ use super::metrics::{Histogram, TOKEN_BOUNDS_S};
 use super::split::Splitter;
 use super::stop::{scan, Scan};
 use super::tools::{self, ToolPlan};
-use super::worker::{Command, Event, Submit};
+use super::worker::{Command, Event, Progress, Submit};
 use super::Shared;
 use crate::engine::generate::GenOptions;
 use crate::engine::sampler::{fresh_seed, SamplingParams};
@@ -35,6 +35,8 @@ pub(super) struct Prepared {
     stops: Vec<String>,
     pub stream: bool,
     include_usage: bool,
+    /// Streamed: prefill progress as data chunks, not comments.
+    return_progress: bool,
     id: String,
     created: u64,
     /// Tools offered (tool_choice not `none`): the answer is parsed for calls.
@@ -256,6 +258,7 @@ fn prepare(s: &Shared, req: &Request, chat: bool) -> Result<Prepared, ApiError> 
         stops: req.stops()?,
         stream: req.stream,
         include_usage: req.include_usage(),
+        return_progress: req.return_progress,
         // Random, and the counter: unique across restarts and within one.
         id: format!(
             "{}-{:016x}{n:x}",
@@ -715,6 +718,7 @@ pub(super) async fn collect(
                 }
             }
             Event::Logprobs(lp) => entries.push(logprob_entry(s, answer.last.unwrap_or(0), &lp)),
+            Event::Progress(_) => {}
             Event::Done {
                 reused: r,
                 constraint_complete,
@@ -893,6 +897,8 @@ pub(super) trait StreamOut: Send {
     fn start(&mut self) -> impl std::future::Future<Output = bool> + Send;
     /// One token's logprobs entry.
     fn logprobs(&mut self, entry: Value) -> impl std::future::Future<Output = bool> + Send;
+    /// The prefill moved.
+    fn progress(&mut self, pr: Progress) -> impl std::future::Future<Output = bool> + Send;
     /// Text of a completion (not a chat).
     fn text(&mut self, text: String) -> impl std::future::Future<Output = bool> + Send;
     /// A chat's reasoning and content pieces.
@@ -929,6 +935,12 @@ pub(super) async fn drive<O: StreamOut>(
             Event::Logprobs(lp) => {
                 let entry = logprob_entry(&s, answer.last.unwrap_or(0), &lp);
                 if !out.logprobs(entry).await {
+                    return;
+                }
+                continue;
+            }
+            Event::Progress(pr) => {
+                if !out.progress(pr).await {
                     return;
                 }
                 continue;
@@ -1022,6 +1034,14 @@ impl StreamOut for OpenAiOut {
 
     async fn logprobs(&mut self, entry: Value) -> bool {
         send(&self.tx, self.chunks().text("", Some(entry))).await
+    }
+
+    /// A `prompt_progress` chunk with `return_progress`, else a comment.
+    async fn progress(&mut self, pr: Progress) -> bool {
+        match self.p.return_progress {
+            true => send(&self.tx, self.chunks().progress(pr)).await,
+            false => send_progress_comment(&self.tx, pr).await,
+        }
     }
 
     async fn text(&mut self, text: String) -> bool {
@@ -1131,6 +1151,25 @@ impl Chunks<'_> {
     fn usage(&self, usage: Value) -> Value {
         self.chunk(json!([]), Some(usage))
     }
+
+    /// llama-server's `prompt_progress` chunk (no choices), with the
+    /// choice's index and the milliseconds since the request arrived.
+    fn progress(&self, pr: Progress) -> Value {
+        let mut c = self.chunk(json!([]), None);
+        let time_ms = self.p.started.elapsed().as_secs_f64() * 1e3;
+        c["prompt_progress"] = json!({"index": self.index, "total": pr.total, "cache": pr.cache,
+                                      "processed": pr.processed, "time_ms": time_ms});
+        c
+    }
+}
+
+/// An SSE comment `prefill PROCESSED/TOTAL` (a keep-alive that says how
+/// far the prefill is); false once the client is gone.
+pub(super) async fn send_progress_comment(tx: &SseTx, pr: Progress) -> bool {
+    let comment = format!("prefill {}/{}", pr.processed, pr.total);
+    tx.send(Ok(sse::Event::default().comment(comment)))
+        .await
+        .is_ok()
 }
 
 /// Sends one chunk; false once the client is gone.

@@ -35,6 +35,19 @@ pub enum Event {
     /// It failed (the message says why) or waited too long in the queue.
     Failed(String),
     Expired,
+    /// Its prefill moved (sent after each step that prefilled some of it,
+    /// before that step's token).
+    Progress(Progress),
+}
+
+/// Where a request's prefill stands: `processed` of its prompt's `total`
+/// positions are in its KV cache, `cache` of them continued from a kept
+/// prefix (llama-server's `prompt_progress`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub processed: usize,
+    pub total: usize,
+    pub cache: usize,
 }
 
 /// A request for the engine thread: one choice per events channel, the
@@ -117,6 +130,7 @@ pub fn run(
         rate: Rate::default(),
         kv_dir: config.kv_dir,
         saved_generation: 0,
+        prefilling: HashMap::new(),
     };
     w.restore();
     w.saved_generation = w.pool.prefix_generation();
@@ -136,6 +150,7 @@ pub fn run(
         if !w.pool.is_idle() {
             let events = w.pool.step(&mut prof);
             let events = w.count(events);
+            let events = w.progress(events);
             // Published before the events go out: a client that sees its
             // answer finds it counted.
             w.publish(model, &metrics);
@@ -177,6 +192,8 @@ struct Worker<'m> {
     rate: Rate,
     kv_dir: Option<KvDir>,
     saved_generation: u64,
+    /// Requests whose prefill is not done: the progress last sent.
+    prefilling: HashMap<RequestId, Progress>,
 }
 
 impl Worker<'_> {
@@ -242,6 +259,16 @@ impl Worker<'_> {
                 return;
             }
             ids.push(id);
+        }
+        // The first choice prefills the prompt (the others fork its KV):
+        // its progress is the request's.
+        let start = Progress {
+            processed: 0,
+            total: s.prompt.len(),
+            cache: 0,
+        };
+        if let Some(&first) = ids.first() {
+            self.prefilling.insert(first, start);
         }
         for (id, events) in ids.into_iter().zip(s.events) {
             if let Some(top) = s.logprobs {
@@ -357,11 +384,48 @@ impl Worker<'_> {
         out
     }
 
+    /// A step's events with each prefilling request's progress ahead of
+    /// them, where the step moved it (a request that finished in the step
+    /// has its whole prompt in); a request whose prefill is done, or that
+    /// ended, is not followed further.
+    fn progress(&mut self, events: Vec<(RequestId, Event)>) -> Vec<(RequestId, Event)> {
+        let mut out = Vec::with_capacity(events.len());
+        let finished: Vec<RequestId> = events
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::Done { .. }))
+            .map(|(id, _)| *id)
+            .collect();
+        self.prefilling.retain(|id, last| {
+            let now = match self.pool.session(*id) {
+                Some(s) => Progress {
+                    processed: s.prefilled(),
+                    cache: s.reused(),
+                    ..*last
+                },
+                None if finished.contains(id) => Progress {
+                    processed: last.total,
+                    ..*last
+                },
+                None => return self.senders.contains_key(id), // queued, or gone
+            };
+            if now.processed != last.processed {
+                out.push((*id, Event::Progress(now)));
+                *last = now;
+            }
+            now.processed < now.total
+        });
+        out.extend(events);
+        out
+    }
+
     /// Sends each request its events; a request's last event closes its
     /// channel.
     fn deliver(&mut self, events: Vec<(RequestId, Event)>) {
         for (id, event) in events {
-            let last = !matches!(event, Event::Token(_) | Event::Logprobs(_));
+            let last = !matches!(
+                event,
+                Event::Token(_) | Event::Logprobs(_) | Event::Progress(_)
+            );
             if let Some(tx) = self.senders.get(&id) {
                 let _ = tx.send(event);
             }
