@@ -36,7 +36,7 @@ mod matmul;
 #[cfg(test)]
 mod tests;
 
-pub use matmul::{matmul, matmul_float, matmul_int};
+pub use matmul::{dequantize_row, matmul, matmul_float, matmul_int};
 
 use super::cpu::{isa, Isa};
 use half::f16;
