@@ -11,20 +11,25 @@ pub(super) struct ConvertArgs {
     /// Output directory (created).
     #[arg(long)]
     output: PathBuf,
-    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32).
-    #[arg(long, default_value_t = 4)]
-    expert_bits: u32,
-    /// Bits of attention, dense MLP and shared experts.
-    #[arg(long, default_value_t = 8)]
-    dense_bits: u32,
-    /// Bits of the token embeddings and lm_head.
-    #[arg(long, default_value_t = 8)]
-    io_bits: u32,
-    /// Bits of the multi-token-prediction layers.
-    #[arg(long, default_value_t = 8)]
-    mtp_bits: u32,
-    /// Per-class override CLASS=BITS (expert, shared, attention, dense,
-    /// embed, lm_head, mtp, other); repeatable; applied last.
+    /// Format of routed experts: bits per row (2, 4, 8, 16 = BF16, 32 =
+    /// f32) or a grouped format by name: q4g32, q4g64, q4g128 (int4, f16
+    /// scale per group), q4g32a, q4g64a, q4g128a (int4 with an f16 min),
+    /// q3g32, q3g64, q3g128, q2g32, q2g64, q2g128 (int3, int2 with scale
+    /// and min). See docs/FORMAT.md.
+    #[arg(long, visible_alias = "quant", default_value = "4")]
+    expert_bits: String,
+    /// Format of attention, dense MLP and shared experts (as --expert-bits).
+    #[arg(long, default_value = "8")]
+    dense_bits: String,
+    /// Format of the token embeddings and lm_head (as --expert-bits).
+    #[arg(long, default_value = "8")]
+    io_bits: String,
+    /// Format of the multi-token-prediction layers (as --expert-bits).
+    #[arg(long, default_value = "8")]
+    mtp_bits: String,
+    /// Per-class override CLASS=FORMAT (expert, shared, attention, dense,
+    /// embed, lm_head, mtp, other; formats as --expert-bits); repeatable;
+    /// applied last.
     #[arg(long = "bits")]
     overrides: Vec<String>,
     /// Continue an interrupted conversion into --output.
@@ -41,15 +46,15 @@ pub(super) struct ConvertArgs {
 
 pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
     let mut policy = Policy::default();
-    let classes: [(&[Class], u32, &str); 4] = [
-        (&[Class::Expert], a.expert_bits, "--expert-bits"),
+    let classes: [(&[Class], &str, &str); 4] = [
+        (&[Class::Expert], &a.expert_bits, "--expert-bits"),
         (
             &[Class::Attention, Class::Dense, Class::Shared],
-            a.dense_bits,
+            &a.dense_bits,
             "--dense-bits",
         ),
-        (&[Class::Embed, Class::LmHead], a.io_bits, "--io-bits"),
-        (&[Class::Mtp], a.mtp_bits, "--mtp-bits"),
+        (&[Class::Embed, Class::LmHead], &a.io_bits, "--io-bits"),
+        (&[Class::Mtp], &a.mtp_bits, "--mtp-bits"),
     ];
     for (cs, bits, flag) in classes {
         let w = width(bits, flag)?;
@@ -92,7 +97,7 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn width(bits: u32, flag: &str) -> Result<Width> {
-    Width::from_bits(bits)
-        .with_context(|| format!("{flag} {bits}: bits must be 2, 4, 8, 16 (BF16) or 32 (f32)"))
+pub(super) fn width(spelling: &str, flag: &str) -> Result<Width> {
+    Width::parse(spelling)
+        .with_context(|| format!("{flag} {spelling}: expected {}", Width::SPELLINGS))
 }

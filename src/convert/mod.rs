@@ -291,6 +291,14 @@ impl Source {
                     ),
                 ]
             }
+            Encoding::Matrix(Width::Grouped(f)) => {
+                let (rows, cols) = (shape[0], shape[1]);
+                let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+                vec![
+                    (name.clone(), "U8".into(), vec![rows, rb], (rows * rb) as u64),
+                    (scales_name(&name), "F16".into(), vec![rows, pr], (rows * pr * 2) as u64),
+                ]
+            }
             Encoding::Matrix(Width::Bf16) => vec![(name, "BF16".into(), shape, n as u64 * 2)],
             Encoding::Matrix(Width::F32) | Encoding::Vector => {
                 vec![(name, "F32".into(), shape, n as u64 * 4)]
@@ -478,8 +486,15 @@ fn file_layout(
         for (name, dtype, shape, len) in &outs {
             layout.push(name.clone(), dtype, shape.clone(), *len);
         }
-        if let Encoding::Matrix(Width::Int(q)) = s.encoding {
-            let meta = serde_json::json!({"bits": q.bits(), "cols": s.res.shape[1]});
+        let cols = s.res.shape.get(1).copied().unwrap_or(0);
+        let meta = match s.encoding {
+            Encoding::Matrix(Width::Int(q)) => Some(serde_json::json!({"bits": q.bits(), "cols": cols})),
+            Encoding::Matrix(Width::Grouped(f)) => Some(serde_json::json!({
+                "bits": f.bits().bits(), "cols": cols, "group": f.group().cols(), "min": f.has_min()
+            })),
+            _ => None,
+        };
+        if let Some(meta) = meta {
             layout.metadata.insert(
                 format!("{QUANT_META_PREFIX}{}", s.res.name),
                 meta.to_string(),
@@ -530,6 +545,10 @@ fn encode(index: &WeightIndex, s: &Source) -> Result<Vec<Vec<u8>>> {
                 MatData::Q(q) => vec![
                     q.data.to_vec(),
                     q.scales.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ],
+                MatData::Grouped(g) => vec![
+                    g.data.to_vec(),
+                    g.params.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 ],
                 MatData::Ggml { .. } => unreachable!("Mat::encode never makes GGUF blocks"),
             }

@@ -106,10 +106,8 @@ impl GMatrix {
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
         let f = self.format;
         let (rb, pr) = (f.row_bytes(self.cols), f.params_per_row(self.cols));
-        let mut full = vec![0f32; f.padded_cols(self.cols)];
         let params = &self.params[r * pr..(r + 1) * pr];
-        dequantize_row(f, &self.data[r * rb..(r + 1) * rb], params, &mut full);
-        out.copy_from_slice(&full[..self.cols]);
+        dequantize_row(f, &self.data[r * rb..(r + 1) * rb], params, out);
     }
 
     /// The whole matrix dequantized, row-major.

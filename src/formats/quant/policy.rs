@@ -3,6 +3,7 @@
 //! (defaults below, every one overridable). Routers, norms and biases stay
 //! f32 whatever the policy says: they are tiny and routing is sensitive.
 
+use super::grouped::GFormat;
 use super::QBits;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -106,10 +107,12 @@ pub fn layer_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// A stored width: an integer width of the container, BF16 or f32.
+/// A stored width: an integer width of the container (per row, or
+/// grouped), BF16 or f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Width {
     Int(QBits),
+    Grouped(GFormat),
     Bf16,
     F32,
 }
@@ -124,10 +127,23 @@ impl Width {
         }
     }
 
-    /// Bits per weight.
+    /// A bit count (see [`Width::from_bits`]) or a grouped format's name
+    /// (`q4g64`, `q4g64a`, `q3g64`, `q2g64`, …).
+    pub fn parse(s: &str) -> Option<Width> {
+        match s.parse() {
+            Ok(bits) => Width::from_bits(bits),
+            Err(_) => GFormat::parse(s).map(Width::Grouped),
+        }
+    }
+
+    /// What [`Width::parse`] accepts, for error messages.
+    pub const SPELLINGS: &str = "2, 4, 8, 16 (BF16), 32 (f32), or a grouped format q{4,3,2}g{32,64,128} (q4g64a: int4 with a min)";
+
+    /// Bits per stored level (grouped: without the group parameters).
     pub fn bits(self) -> u32 {
         match self {
             Width::Int(q) => q.bits(),
+            Width::Grouped(f) => f.bits().bits(),
             Width::Bf16 => 16,
             Width::F32 => 32,
         }
@@ -138,6 +154,7 @@ impl fmt::Display for Width {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Width::Int(q) => write!(f, "int{}", q.bits()),
+            Width::Grouped(g) => write!(f, "{g}"),
             Width::Bf16 => write!(f, "bf16"),
             Width::F32 => write!(f, "f32"),
         }
@@ -199,11 +216,8 @@ impl Policy {
             let names: Vec<_> = Class::ALL.iter().map(|c| c.name()).collect();
             format!("`{c}`: unknown class (classes: {})", names.join(", "))
         })?;
-        let width = b
-            .parse()
-            .ok()
-            .and_then(Width::from_bits)
-            .ok_or_else(|| format!("`{b}`: bits must be 2, 4, 8, 16 or 32"))?;
+        let width =
+            Width::parse(b).ok_or_else(|| format!("`{b}`: expected {}", Width::SPELLINGS))?;
         self.set(class, width)
     }
 

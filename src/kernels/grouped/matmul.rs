@@ -87,23 +87,23 @@ pub fn matmul_float(
     let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
     par_row_blocks(rows, cols, n, rb, y, |blk| {
         ROW_F32.with_borrow_mut(|row| {
-            row.resize(f.padded_cols(cols), 0.0);
+            row.resize(cols, 0.0);
             for r in blk.rows() {
                 dequantize_row(f, &w[r * rb..(r + 1) * rb], &params[r * pr..(r + 1) * pr], row);
                 for t in 0..n {
-                    blk.set(t, r, kf32::dot(&row[..cols], &x[t * cols..(t + 1) * cols]));
+                    blk.set(t, r, kf32::dot(row, &x[t * cols..(t + 1) * cols]));
                 }
             }
         });
     });
 }
 
-/// Packed row `w` with its parameters, dequantized into `out`
-/// (`f.padded_cols(cols)` values): `w = d·u + m` per group.
+/// Packed row `w` of `cols = out.len()` columns (or of its padded length)
+/// with its parameters, dequantized into `out`: `w = d·u + m` per group.
 pub fn dequantize_row(f: GFormat, w: &[u8], params: &[u16], out: &mut [f32]) {
     let (cb, gc) = (f.chunk_bytes(), f.group().cols());
-    assert_eq!(out.len() / CHUNK * cb, w.len(), "dequantize_row: length");
-    for (k, (chunk, out)) in w.chunks_exact(cb).zip(out.chunks_exact_mut(CHUNK)).enumerate() {
+    assert_eq!(f.row_bytes(out.len()), w.len(), "dequantize_row: length");
+    for (k, (chunk, out)) in w.chunks_exact(cb).zip(out.chunks_mut(CHUNK)).enumerate() {
         let (d, m) = group_params(f, params, k * CHUNK / gc);
         for (o, u) in out.iter_mut().zip(unpack_chunk(f.bits(), chunk)) {
             *o = d.mul_add(u as f32, m);
