@@ -85,12 +85,18 @@ const KL_MAX: [(&str, f64); 5] = [
 fn each_format_converts_runs_and_stays_within_its_error() {
     let reference = tempfile::tempdir().unwrap();
     let ref_file = reference.path().join("ref.safetensors");
-    eval_json(&fixture(TRAINED), &["--save-logits", ref_file.to_str().unwrap()]);
+    eval_json(
+        &fixture(TRAINED),
+        &["--save-logits", ref_file.to_str().unwrap()],
+    );
     for (format, kl_max) in KL_MAX {
         let (_t, dst) = container(format);
         let v = eval_json(&dst, &["--ref-logits", ref_file.to_str().unwrap()]);
         let kl = v["ref"]["mean_kl"].as_f64().unwrap();
-        assert!(kl.is_finite() && kl < kl_max, "{format}: mean KL {kl} (max {kl_max})");
+        assert!(
+            kl.is_finite() && kl < kl_max,
+            "{format}: mean KL {kl} (max {kl_max})"
+        );
         experts_are_aligned_grouped_spans(&dst, format);
     }
 }
@@ -129,7 +135,10 @@ fn experts_are_aligned_grouped_spans(dst: &Path, format: &str) {
         panic!("{format}: the gate is not grouped");
     };
     assert_eq!(g.format.name(), format);
-    assert!(g.data.is_shared() && g.params.is_shared(), "{format}: copied");
+    assert!(
+        g.data.is_shared() && g.params.is_shared(),
+        "{format}: copied"
+    );
 }
 
 /// `--quantize-at-load` stores every expert exactly as the converter does.
@@ -142,7 +151,9 @@ fn converter_and_runtime_quantizer_give_identical_grouped_bytes() {
     let src = fixture(TRAINED);
     let container = WeightIndex::open(&dst, ReadMode::Buffered).unwrap();
     let mut runtime = WeightIndex::open(&src, ReadMode::Buffered).unwrap();
-    let layers = moestream::formats::config::ModelConfig::load(&src).unwrap().num_layers;
+    let layers = moestream::formats::config::ModelConfig::load(&src)
+        .unwrap()
+        .num_layers;
     runtime.set_at_load(Some(AtLoad { policy, layers }));
     let mut grouped = 0;
     for (name, e) in runtime.iter() {
@@ -166,9 +177,21 @@ fn lying_grouped_headers_are_refused_naming_the_tensor() {
     let name = "model.layers.0.mlp.experts.0.up_proj.weight";
     let key = format!("moestream.quant.{name}");
     let cases: [(&str, &str, &[&str]); 3] = [
-        ("q4g64", "{\"bits\":4,\"cols\":%C,\"group\":32,\"min\":false}", &[name, "q4g32"]),
-        ("q3g64", "{\"bits\":3,\"cols\":%C,\"group\":64,\"min\":false}", &[name, "min"]),
-        ("q4g64", "{\"bits\":4,\"cols\":%C,\"group\":64,\"min\":true}", &[name, "q4g64a"]),
+        (
+            "q4g64",
+            "{\"bits\":4,\"cols\":%C,\"group\":32,\"min\":false}",
+            &[name, "q4g32"],
+        ),
+        (
+            "q3g64",
+            "{\"bits\":3,\"cols\":%C,\"group\":64,\"min\":false}",
+            &[name, "min"],
+        ),
+        (
+            "q4g64",
+            "{\"bits\":4,\"cols\":%C,\"group\":64,\"min\":true}",
+            &[name, "q4g64a"],
+        ),
     ];
     for (format, lie, needles) in cases {
         let (_t, dst) = container(format);
@@ -179,7 +202,13 @@ fn lying_grouped_headers_are_refused_naming_the_tensor() {
         let lie = lie.replace("%C", &meta["cols"].to_string());
         header["__metadata__"][&key] = serde_json::json!(lie);
         common::write_shard(&shard, &header, &data);
-        let out = moestream(&["eval", "--model", dst.to_str().unwrap(), "--prompt-ids", "1,2,3"]);
+        let out = moestream(&[
+            "eval",
+            "--model",
+            dst.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+        ]);
         assert_clean_failure(&out, needles);
     }
 }

@@ -295,8 +295,18 @@ impl Source {
                 let (rows, cols) = (shape[0], shape[1]);
                 let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
                 vec![
-                    (name.clone(), "U8".into(), vec![rows, rb], (rows * rb) as u64),
-                    (scales_name(&name), "F16".into(), vec![rows, pr], (rows * pr * 2) as u64),
+                    (
+                        name.clone(),
+                        "U8".into(),
+                        vec![rows, rb],
+                        (rows * rb) as u64,
+                    ),
+                    (
+                        scales_name(&name),
+                        "F16".into(),
+                        vec![rows, pr],
+                        (rows * pr * 2) as u64,
+                    ),
                 ]
             }
             Encoding::Matrix(Width::Bf16) => vec![(name, "BF16".into(), shape, n as u64 * 2)],
@@ -488,7 +498,9 @@ fn file_layout(
         }
         let cols = s.res.shape.get(1).copied().unwrap_or(0);
         let meta = match s.encoding {
-            Encoding::Matrix(Width::Int(q)) => Some(serde_json::json!({"bits": q.bits(), "cols": cols})),
+            Encoding::Matrix(Width::Int(q)) => {
+                Some(serde_json::json!({"bits": q.bits(), "cols": cols}))
+            }
             Encoding::Matrix(Width::Grouped(f)) => Some(serde_json::json!({
                 "bits": f.bits().bits(), "cols": cols, "group": f.group().cols(), "min": f.has_min()
             })),

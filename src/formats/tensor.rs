@@ -6,8 +6,8 @@
 //! kernels; GGUF block matrices (Q4_0 … Q6_K) stay in their blocks and
 //! multiply through [`crate::kernels::ggml`].
 
-use crate::formats::quant::policy::Width;
 use crate::formats::quant::grouped::GMatrix;
+use crate::formats::quant::policy::Width;
 use crate::formats::quant::QMatrix;
 use crate::formats::quant::Words;
 use crate::formats::weights::dtype::{self, DType};

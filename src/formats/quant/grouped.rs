@@ -16,8 +16,8 @@
 //! `range / (2·levels_max)` plus f16 rounding (bounds in the tests).
 
 use super::Words;
-pub use crate::kernels::grouped::{GBits, GFormat, Group};
 use crate::kernels::grouped::{self, dequantize_row, pack_chunk, CHUNK};
+pub use crate::kernels::grouped::{GBits, GFormat, Group};
 use half::f16;
 
 /// Stretched or shrunk ranges tried beside the plain one.
@@ -55,7 +55,10 @@ impl GMatrix {
         let mut params = vec![0u16; rows * pr];
         for r in 0..rows {
             let row = &w[r * cols..(r + 1) * cols];
-            let (d, p) = (&mut data[r * rb..(r + 1) * rb], &mut params[r * pr..(r + 1) * pr]);
+            let (d, p) = (
+                &mut data[r * rb..(r + 1) * rb],
+                &mut params[r * pr..(r + 1) * pr],
+            );
             quantize_row(format, row, importance, d, p);
         }
         GMatrix {
@@ -154,7 +157,10 @@ fn quantize_row(
             params[groups + g] = m.to_bits();
         }
         let out = &mut data[g * group_bytes..(g + 1) * group_bytes];
-        for (lv, o) in levels.chunks_exact(CHUNK).zip(out.chunks_exact_mut(f.chunk_bytes())) {
+        for (lv, o) in levels
+            .chunks_exact(CHUNK)
+            .zip(out.chunks_exact_mut(f.chunk_bytes()))
+        {
             pack_chunk(f.bits(), lv.try_into().expect("32 levels"), o);
         }
     }
@@ -252,7 +258,14 @@ fn level(v: f32, d: f32, m: f32, top: f32) -> u8 {
 
 /// The weighted least-squares `(d, m)` for the levels of `(d, m)`
 /// (symmetric: `d` alone, `m = −8·d`); the input pair when singular.
-fn refine(f: GFormat, w: &[f32], imp: &impl Fn(usize) -> f32, d: f32, m: f32, top: f32) -> (f32, f32) {
+fn refine(
+    f: GFormat,
+    w: &[f32],
+    imp: &impl Fn(usize) -> f32,
+    d: f32,
+    m: f32,
+    top: f32,
+) -> (f32, f32) {
     let (d16, m16) = (f16::from_f32(d), f16::from_f32(m));
     let (dd, mm) = (d16.to_f32(), min_of(f, d16, m16));
     let (mut suu, mut su, mut s1, mut suw, mut sw) = (0f64, 0f64, 0f64, 0f64, 0f64);
@@ -260,16 +273,29 @@ fn refine(f: GFormat, w: &[f32], imp: &impl Fn(usize) -> f32, d: f32, m: f32, to
         let a = imp(c) as f64;
         let u = level(v, dd, mm, top) as f64 - if f.has_min() { 0.0 } else { 8.0 };
         let v = if v.is_finite() { v as f64 } else { 0.0 };
-        (suu, su, s1, suw, sw) = (suu + a * u * u, su + a * u, s1 + a, suw + a * u * v, sw + a * v);
+        (suu, su, s1, suw, sw) = (
+            suu + a * u * u,
+            su + a * u,
+            s1 + a,
+            suw + a * u * v,
+            sw + a * v,
+        );
     }
     if !f.has_min() {
-        return if suu > 0.0 { ((suw / suu) as f32, 0.0) } else { (d, m) };
+        return if suu > 0.0 {
+            ((suw / suu) as f32, 0.0)
+        } else {
+            (d, m)
+        };
     }
     let det = suu * s1 - su * su;
     if det.abs() <= 1e-12 * (suu * s1).max(f64::MIN_POSITIVE) {
         return (d, m);
     }
-    (((suw * s1 - su * sw) / det) as f32, ((suu * sw - su * suw) / det) as f32)
+    (
+        ((suw * s1 - su * sw) / det) as f32,
+        ((suu * sw - su * suw) / det) as f32,
+    )
 }
 
 /// `(d, m)` rounded to f16 with its levels' weighted squared error.
@@ -285,7 +311,11 @@ fn evaluate(f: GFormat, w: &[f32], imp: &impl Fn(usize) -> f32, d: f32, m: f32, 
             e + imp(c) as f64 * ((q - v) as f64).powi(2)
         })
     };
-    Fit { d: d16, m: m16, err }
+    Fit {
+        d: d16,
+        m: m16,
+        err,
+    }
 }
 
 #[cfg(test)]

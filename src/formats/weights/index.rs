@@ -10,8 +10,8 @@ mod gguf;
 
 use super::dtype::{self, DType};
 use crate::error::{Error, Result};
-use crate::formats::quant::policy::{Policy, Width};
 use crate::formats::quant::grouped::{GFormat, GMatrix};
+use crate::formats::quant::policy::{Policy, Width};
 use crate::formats::quant::{fp8, QBits, QMatrix, Words};
 use crate::formats::tensor::{Mat, MatData};
 use crate::kernels::ggml::BlockType;
@@ -104,12 +104,24 @@ impl QuantMeta {
         let cols = self.cols;
         Ok(match (self.packing, comp) {
             (Packing::Row(bits), CompanionWords::F32(scales)) => {
-                let q = QMatrix { bits, rows, cols, data, scales };
+                let q = QMatrix {
+                    bits,
+                    rows,
+                    cols,
+                    data,
+                    scales,
+                };
                 q.check()?;
                 Mat::quant(q)
             }
             (Packing::Grouped(format), CompanionWords::F16(params)) => {
-                let g = GMatrix { format, rows, cols, data, params };
+                let g = GMatrix {
+                    format,
+                    rows,
+                    cols,
+                    data,
+                    params,
+                };
                 g.check()?;
                 Mat::grouped(g)
             }
@@ -130,7 +142,11 @@ impl CompanionWords {
         match meta.packing {
             Packing::Row(_) => CompanionWords::F32(f32s(bytes).into()),
             Packing::Grouped(_) => CompanionWords::F16(
-                bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect::<Vec<_>>().into(),
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect::<Vec<_>>()
+                    .into(),
             ),
         }
     }
@@ -384,7 +400,11 @@ impl WeightIndex {
                 return Err(self.shard_error(
                     &scales,
                     &scales_name(name),
-                    format!("shape {:?}, expected {shape:?} ({})", scales.shape, meta.name()),
+                    format!(
+                        "shape {:?}, expected {shape:?} ({})",
+                        scales.shape,
+                        meta.name()
+                    ),
                 ));
             }
             (Stored::Quant { meta, scales }, vec![rows, meta.cols])
@@ -582,7 +602,9 @@ impl WeightIndex {
             (Stored::Ggml(_), _) => r.entry.len as u64,
             (Stored::Quant { meta, .. }, _) => meta.bytes(rows),
             (_, Some(Width::Int(q))) => packed(q),
-            (_, Some(Width::Grouped(f))) => (rows * (f.row_bytes(cols) + 2 * f.params_per_row(cols))) as u64,
+            (_, Some(Width::Grouped(f))) => {
+                (rows * (f.row_bytes(cols) + 2 * f.params_per_row(cols))) as u64
+            }
             (_, Some(Width::Bf16)) | (Stored::Float(DType::BF16), None) => n as u64 * 2,
             _ => n as u64 * 4,
         }
@@ -914,7 +936,10 @@ fn packing(j: &serde_json::Value) -> std::result::Result<Packing, String> {
         Some(4) => GBits::Q4,
         _ => return Err("`bits` of a grouped format must be 2, 3 or 4".into()),
     };
-    let min = j.get("min").and_then(|m| m.as_bool()).ok_or("`min` (true or false) missing")?;
+    let min = j
+        .get("min")
+        .and_then(|m| m.as_bool())
+        .ok_or("`min` (true or false) missing")?;
     GFormat::new(bits, group, min)
         .map(Packing::Grouped)
         .ok_or_else(|| "grouped int3 and int2 always store a min (`min`: true)".into())

@@ -134,7 +134,11 @@ pub(super) fn min_term(f: GFormat, params: &[u16], xs: &[i32]) -> f32 {
                 _mm256_cvtepi32_ps(_mm256_loadu_si256(xs.as_ptr().add(g).cast())),
             )
         };
-        let m = if f.has_min() { m } else { _mm256_mul_ps(m, sym) };
+        let m = if f.has_min() {
+            m
+        } else {
+            _mm256_mul_ps(m, sym)
+        };
         acc = _mm256_fmadd_ps(m, s, acc);
     }
     let mut lanes = [0f32; LANES];

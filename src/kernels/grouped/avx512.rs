@@ -94,10 +94,5 @@ unsafe fn group_pairs<const T: usize>(
             *acc = _mm512_dpbusd_epi32(*acc, u, x);
         }
     }
-    acc.map(|v| {
-        _mm256_add_epi32(
-            _mm512_castsi512_si256(v),
-            _mm512_extracti64x4_epi64::<1>(v),
-        )
-    })
+    acc.map(|v| _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)))
 }

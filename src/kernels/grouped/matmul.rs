@@ -89,7 +89,12 @@ pub fn matmul_float(
         ROW_F32.with_borrow_mut(|row| {
             row.resize(cols, 0.0);
             for r in blk.rows() {
-                dequantize_row(f, &w[r * rb..(r + 1) * rb], &params[r * pr..(r + 1) * pr], row);
+                dequantize_row(
+                    f,
+                    &w[r * rb..(r + 1) * rb],
+                    &params[r * pr..(r + 1) * pr],
+                    row,
+                );
                 for t in 0..n {
                     blk.set(t, r, kf32::dot(row, &x[t * cols..(t + 1) * cols]));
                 }
@@ -123,7 +128,11 @@ fn check_shapes(
     y: &[f32],
 ) {
     assert_eq!(w.len(), rows * f.row_bytes(cols), "packed weight bytes");
-    assert_eq!(params.len(), rows * f.params_per_row(cols), "group parameters");
+    assert_eq!(
+        params.len(),
+        rows * f.params_per_row(cols),
+        "group parameters"
+    );
     assert_eq!(x.len(), n * cols, "activation shape");
     assert_eq!(y.len(), n * rows, "output shape");
 }
@@ -159,7 +168,9 @@ impl Acts {
             let q = &mut self.q[t * self.padded..(t + 1) * self.padded];
             let (s, _) = quantize_activation(&x[t * cols..(t + 1) * cols], &mut q[..cols]);
             self.scale.push(s);
-            let sums = q.chunks_exact(gc).map(|g| g.iter().map(|&v| v as i32).sum::<i32>());
+            let sums = q
+                .chunks_exact(gc)
+                .map(|g| g.iter().map(|&v| v as i32).sum::<i32>());
             self.xs.extend(sums);
         }
     }

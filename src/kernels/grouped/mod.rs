@@ -241,7 +241,11 @@ pub fn pack_chunk(bits: GBits, levels: &[u8; CHUNK], out: &mut [u8]) {
 #[inline]
 pub fn group_params(f: GFormat, params: &[u16], g: usize) -> (f32, f32) {
     let d = f16::from_bits(params[g]).to_f32();
-    let groups = if f.min { params.len() / 2 } else { params.len() };
+    let groups = if f.min {
+        params.len() / 2
+    } else {
+        params.len()
+    };
     let m = if f.min {
         f16::from_bits(params[groups + g]).to_f32()
     } else {
@@ -285,7 +289,8 @@ fn check_row<const T: usize>(f: GFormat, w: &[u8], params: &[u16], acts: &[ActRo
         "grouped dot: weight row shape"
     );
     assert!(
-        acts.iter().all(|a| a.x.len() == cols && a.xs.len() == groups),
+        acts.iter()
+            .all(|a| a.x.len() == cols && a.xs.len() == groups),
         "grouped dot: activation shape"
     );
 }

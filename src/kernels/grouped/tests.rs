@@ -39,7 +39,11 @@ fn acts(f: GFormat, cols: usize, t: usize, seed: u64) -> (Vec<Vec<i8>>, Vec<Vec<
             .collect();
         x.resize(f.padded_cols(cols), 0);
         let gc = f.group().cols();
-        sums.push(x.chunks(gc).map(|g| g.iter().map(|&v| v as i32).sum()).collect());
+        sums.push(
+            x.chunks(gc)
+                .map(|g| g.iter().map(|&v| v as i32).sum())
+                .collect(),
+        );
         xs.push(x);
     }
     (xs, sums)
@@ -51,16 +55,31 @@ fn check<const T: usize>(f: GFormat, cols: usize, seed: u64) {
     let w = bytes(f.row_bytes(cols), seed);
     let p = params(f.params_per_row(cols), seed + 7);
     let (x, s) = acts(f, cols, T, seed);
-    let a: [ActRow<'_>; T] = std::array::from_fn(|t| ActRow { x: &x[t], xs: &s[t] });
+    let a: [ActRow<'_>; T] = std::array::from_fn(|t| ActRow {
+        x: &x[t],
+        xs: &s[t],
+    });
     let want = dot_scalar(f, &w, &p, a);
     let what = format!("{f} cols {cols} T {T} seed {seed}");
     let mut row = vec![0f32; f.padded_cols(cols)];
     dequantize_row(f, &w, &p, &mut row);
     for t in 0..T {
-        let natural: f64 = row.iter().zip(&x[t]).map(|(&w, &x)| w as f64 * x as f64).sum();
-        let mag: f64 = row.iter().zip(&x[t]).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+        let natural: f64 = row
+            .iter()
+            .zip(&x[t])
+            .map(|(&w, &x)| w as f64 * x as f64)
+            .sum();
+        let mag: f64 = row
+            .iter()
+            .zip(&x[t])
+            .map(|(&w, &x)| (w as f64 * x as f64).abs())
+            .sum();
         let tol = 1e-5 * mag + 1e-3;
-        assert!((want[t] as f64 - natural).abs() <= tol, "{what}: {} vs {natural}", want[t]);
+        assert!(
+            (want[t] as f64 - natural).abs() <= tol,
+            "{what}: {} vs {natural}",
+            want[t]
+        );
     }
     let bits = |v: [f32; T]| v.map(f32::to_bits);
     assert_eq!(bits(dot(f, &w, &p, a)), bits(want), "dispatched, {what}");
@@ -83,7 +102,11 @@ fn check<const T: usize>(f: GFormat, cols: usize, seed: u64) {
 #[test]
 fn names_parse_back_and_int3_int2_always_store_a_min() {
     let all = GFormat::all();
-    assert_eq!(all.len(), 12, "q4 sym/asym + q3 + q2, three group sizes each");
+    assert_eq!(
+        all.len(),
+        12,
+        "q4 sym/asym + q3 + q2, three group sizes each"
+    );
     for f in all {
         assert_eq!(GFormat::parse(&f.name()), Some(f));
     }
@@ -97,10 +120,17 @@ fn names_parse_back_and_int3_int2_always_store_a_min() {
 #[test]
 fn row_sizes_follow_the_layout() {
     let f = GFormat::parse("q4g64").unwrap();
-    assert_eq!((f.groups(2048), f.row_bytes(2048), f.params_per_row(2048)), (32, 1024, 32));
+    assert_eq!(
+        (f.groups(2048), f.row_bytes(2048), f.params_per_row(2048)),
+        (32, 1024, 32)
+    );
     assert_eq!(f.bits_per_weight(2048), 4.25);
     let f = GFormat::parse("q3g128").unwrap();
-    assert_eq!((f.row_bytes(200), f.params_per_row(200)), (2 * 48, 4), "200 pads to 256");
+    assert_eq!(
+        (f.row_bytes(200), f.params_per_row(200)),
+        (2 * 48, 4),
+        "200 pads to 256"
+    );
     let f = GFormat::parse("q2g32").unwrap();
     assert_eq!((f.row_bytes(64), f.bits_per_weight(64)), (16, 3.0));
 }
@@ -108,7 +138,8 @@ fn row_sizes_follow_the_layout() {
 #[test]
 fn chunks_pack_and_unpack_in_column_order() {
     for bits in [GBits::Q2, GBits::Q3, GBits::Q4] {
-        let levels: [u8; CHUNK] = std::array::from_fn(|c| ((c * 5 + 3) as u32 % (bits.levels_max() + 1)) as u8);
+        let levels: [u8; CHUNK] =
+            std::array::from_fn(|c| ((c * 5 + 3) as u32 % (bits.levels_max() + 1)) as u8);
         let mut out = vec![0u8; CHUNK * bits.bits() as usize / 8];
         pack_chunk(bits, &levels, &mut out);
         assert_eq!(unpack_chunk(bits, &out), levels, "{bits:?}");
@@ -121,7 +152,11 @@ fn chunks_pack_and_unpack_in_column_order() {
     assert_eq!((o[0], o[9]), (0x21, 0x03));
     let mut o = [0u8; 8];
     pack_chunk(GBits::Q2, &l, &mut o);
-    assert_eq!((o[0], o[1]), (0b0010_0001, 0b0000_1100), "column 9 = byte 1, k = 1");
+    assert_eq!(
+        (o[0], o[1]),
+        (0b0010_0001, 0b0000_1100),
+        "column 9 = byte 1, k = 1"
+    );
     let mut o = [0u8; 12];
     (l[0], l[31]) = (7, 4);
     pack_chunk(GBits::Q3, &l, &mut o);
@@ -149,9 +184,16 @@ fn twins_agree_at_extreme_levels() {
         for (wb, xv) in [(0xFFu8, 127i8), (0xFF, -127), (0, 127), (0x88, -127)] {
             let w = vec![wb; f.row_bytes(cols)];
             let x = vec![xv; f.padded_cols(cols)];
-            let xs: Vec<i32> = x.chunks(f.group().cols()).map(|g| g.iter().map(|&v| v as i32).sum()).collect();
+            let xs: Vec<i32> = x
+                .chunks(f.group().cols())
+                .map(|g| g.iter().map(|&v| v as i32).sum())
+                .collect();
             let a = [ActRow { x: &x, xs: &xs }];
-            assert_eq!(dot(f, &w, &p, a)[0].to_bits(), dot_scalar(f, &w, &p, a)[0].to_bits(), "{f}");
+            assert_eq!(
+                dot(f, &w, &p, a)[0].to_bits(),
+                dot_scalar(f, &w, &p, a)[0].to_bits(),
+                "{f}"
+            );
         }
     }
 }
@@ -162,14 +204,21 @@ fn matmul_matches_the_dequantized_product() {
     let (rows, cols, n) = (9, 300, 6);
     let w = bytes(rows * f.row_bytes(cols), 5);
     let p = params(rows * f.params_per_row(cols), 6);
-    let x: Vec<f32> = (0..n * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
     let (mut yi, mut yf) = (vec![0f32; n * rows], vec![0f32; n * rows]);
     matmul_int(f, &w, &p, rows, cols, &x, n, &mut yi);
     matmul_float(f, &w, &p, rows, cols, &x, n, &mut yf);
     let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
     for r in 0..rows {
         let mut row = vec![0f32; f.padded_cols(cols)];
-        dequantize_row(f, &w[r * rb..(r + 1) * rb], &p[r * pr..(r + 1) * pr], &mut row);
+        dequantize_row(
+            f,
+            &w[r * rb..(r + 1) * rb],
+            &p[r * pr..(r + 1) * pr],
+            &mut row,
+        );
         let wabs: f32 = row[..cols].iter().map(|v| v.abs()).sum();
         for t in 0..n {
             let xr = &x[t * cols..(t + 1) * cols];
@@ -177,7 +226,10 @@ fn matmul_matches_the_dequantized_product() {
             // Only the activation is rounded on the integer path: ½·xscale per column.
             let bound = 0.5 * xscale * wabs * 1.001 + 1e-4;
             let (a, b) = (yi[t * rows + r], yf[t * rows + r]);
-            assert!((a - b).abs() <= bound, "row {r} t {t}: {a} vs {b} (bound {bound})");
+            assert!(
+                (a - b).abs() <= bound,
+                "row {r} t {t}: {a} vs {b} (bound {bound})"
+            );
         }
     }
 }

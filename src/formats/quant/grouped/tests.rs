@@ -58,7 +58,10 @@ fn every_format_round_trips_within_its_bound_on_random_weights() {
 fn constant_and_zero_groups_are_exact() {
     for f in GFormat::all() {
         let w = vec![0.0f32; 2 * 70];
-        assert!(GMatrix::quantize(&w, 2, 70, f, None).dequantize().iter().all(|&v| v == 0.0));
+        assert!(GMatrix::quantize(&w, 2, 70, f, None)
+            .dequantize()
+            .iter()
+            .all(|&v| v == 0.0));
         if f.has_min() {
             let w = vec![0.375f32; 70];
             let d = GMatrix::quantize(&w, 1, 70, f, None).dequantize();
@@ -71,7 +74,9 @@ fn constant_and_zero_groups_are_exact() {
 fn the_search_is_no_worse_than_plain_rounding() {
     let f = GFormat::parse("q4g64a").unwrap();
     let w = weights(64, 9);
-    let (lo, hi) = w.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+    let (lo, hi) = w
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
     let plain = evaluate(f, &w, &|_| 1.0, (hi - lo) / 15.0, lo, 15.0).err;
     let mut levels = [0u8; 64];
     let (d, m) = quantize_group(f, &w, None, &mut levels);
@@ -86,7 +91,9 @@ fn the_search_is_no_worse_than_plain_rounding() {
 fn importance_lowers_the_weighted_error() {
     let (rows, cols) = (16, 256);
     let w = weights(rows * cols, 4);
-    let imp: Vec<f32> = (0..cols).map(|c| if c % 5 == 0 { 50.0 } else { 0.05 }).collect();
+    let imp: Vec<f32> = (0..cols)
+        .map(|c| if c % 5 == 0 { 50.0 } else { 0.05 })
+        .collect();
     for f in GFormat::all() {
         let weighted = |m: &GMatrix| -> f64 {
             let d = m.dequantize();
@@ -96,7 +103,10 @@ fn importance_lowers_the_weighted_error() {
         };
         let plain = weighted(&GMatrix::quantize(&w, rows, cols, f, None));
         let with = weighted(&GMatrix::quantize(&w, rows, cols, f, Some(&imp)));
-        assert!(with < 0.9 * plain, "{f}: weighted error {with} with importance, {plain} without");
+        assert!(
+            with < 0.9 * plain,
+            "{f}: weighted error {with} with importance, {plain} without"
+        );
     }
 }
 
@@ -106,5 +116,8 @@ fn the_matrix_check_names_the_mismatch() {
     let mut m = GMatrix::quantize(&weights(2 * 40, 2), 2, 40, f, None);
     m.params = vec![0u16; 3].into();
     let why = m.check().unwrap_err();
-    assert!(why.contains("3 group parameters") && why.contains("needs 8"), "{why}");
+    assert!(
+        why.contains("3 group parameters") && why.contains("needs 8"),
+        "{why}"
+    );
 }
