@@ -28,8 +28,8 @@ pub unsafe fn dot<const T: usize>(
     let groups = acts.first().map_or(0, |a| a.xs.len());
     let ones = _mm256_set1_epi16(1);
     let mut main = [_mm256_setzero_ps(); T];
-    for g in 0..groups {
-        let d = scale(params[g]);
+    for (g, &bits) in params[..groups].iter().enumerate() {
+        let d = scale(bits);
         let mut p = [_mm256_setzero_si256(); T];
         for k in g * per..(g + 1) * per {
             // SAFETY: chunk k < groups·per lies inside the row (shape checked).

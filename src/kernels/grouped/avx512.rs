@@ -25,7 +25,7 @@ pub unsafe fn dot<const T: usize>(
     let (cb, per) = (f.chunk_bytes(), f.group().cols() / CHUNK);
     let groups = acts.first().map_or(0, |a| a.xs.len());
     let mut main = [_mm256_setzero_ps(); T];
-    for g in 0..groups {
+    for (g, &bits) in params[..groups].iter().enumerate() {
         let p = if per == 1 {
             // SAFETY: chunk g lies inside the row and each activation row.
             unsafe { group32(f, w.as_ptr().add(g * cb), &acts, g * CHUNK) }
@@ -34,7 +34,7 @@ pub unsafe fn dot<const T: usize>(
             // activation row (shapes checked by the caller).
             unsafe { group_pairs(f, w, &acts, g * per, per) }
         };
-        let d = scale(params[g]);
+        let d = scale(bits);
         for (m, p) in main.iter_mut().zip(p) {
             *m = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *m);
         }

@@ -342,10 +342,10 @@ pub fn dot<const T: usize>(
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI (VL and F16C come with
         // them on every such CPU, checked by `simd_ok`); shapes checked above.
         Isa::Avx512Vnni if simd_ok() => return unsafe { avx512::dot(f, w, params, acts) },
-        // SAFETY: `isa()` reported AVX2 + FMA; F16C checked by `simd_ok`;
-        // shapes checked above.
         Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni if simd_ok() => {
-            return unsafe { avx2::dot(f, w, params, acts) }
+            // SAFETY: `isa()` reported AVX2 + FMA; F16C checked by
+            // `simd_ok`; shapes checked above.
+            return unsafe { avx2::dot(f, w, params, acts) };
         }
         _ => {}
     }
