@@ -217,7 +217,7 @@ impl Policy {
             format!("`{c}`: unknown class (classes: {})", names.join(", "))
         })?;
         let width =
-            Width::parse(b).ok_or_else(|| format!("`{b}`: expected {}", Width::SPELLINGS))?;
+            Width::parse(b).ok_or_else(|| format!("`{b}`: bits must be {}", Width::SPELLINGS))?;
         self.set(class, width)
     }
 
@@ -300,6 +300,12 @@ mod tests {
             .unwrap_err()
             .contains("unknown class"));
         assert!(p.apply_override("expert=3").unwrap_err().contains("bits"));
+        p.apply_override("expert=q3g64").unwrap();
+        assert_eq!(p.width(Class::Expert).to_string(), "q3g64");
+        assert!(p
+            .apply_override("expert=q3g64a")
+            .unwrap_err()
+            .contains("q4g64a"));
         assert!(p.apply_override("expert").is_err());
     }
 }
