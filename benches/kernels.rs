@@ -17,6 +17,11 @@
 //!   at the Qwen3-30B-A3B expert shapes (768x2048, 2048x768) and 6144x2048,
 //!   batch 1/4, cycling through >= 256 MiB of matrices. Throughput = block
 //!   bytes per call (scales included).
+//! - `grouped_{q4g64,q4g64a,q3g64,q2g64,...}`: the grouped container
+//!   formats (`kernels::grouped::matmul_int`) at the Qwen3-30B-A3B expert
+//!   shapes and 6144x2048, batch 1/4, cycling through >= 256 MiB of
+//!   matrices of random levels and small finite f16 parameters.
+//!   Throughput = packed bytes + f16 parameters per call.
 //! - `decode_sequence`: 24 back-to-back Qwen3 expert matvecs (8 experts x
 //!   gate/up 768x2048 + down 2048x768, int4) under each `Threading`, from
 //!   memory (a fresh set of experts per iteration) and from cache (one set).
@@ -35,6 +40,7 @@ use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criteri
 use moestream::formats::quant::QBits;
 use moestream::kernels::f32::{dot, dot_scalar, matvec};
 use moestream::kernels::ggml::{self, BlockType};
+use moestream::kernels::grouped::{self, GFormat};
 use moestream::kernels::int8::{vnni_peak_probe, PEAK_MACS_PER_STEP};
 use moestream::kernels::quant::{matmul_float, matmul_int};
 use moestream::kernels::{f32 as kf32, pool, set_threading, Threading};
@@ -261,6 +267,40 @@ fn bench_ggml(c: &mut Criterion) {
     }
 }
 
+fn bench_grouped(c: &mut Criterion) {
+    set_threading(threading_from_env());
+    let only = std::env::var("MOESTREAM_BENCH_FORMATS").unwrap_or_default();
+    for f in GFormat::all() {
+        if !only.is_empty() && !only.split(',').any(|n| n == f.name()) {
+            continue;
+        }
+        let mut g = c.benchmark_group(format!("grouped_{f}"));
+        for (rows, cols) in GGML_SHAPES {
+            let (rb, pr) = (rows * f.row_bytes(cols), rows * f.params_per_row(cols));
+            let params: Vec<u16> = (0..pr)
+                .map(|i| half::f16::from_f32(1e-3 * (1 + i % 7) as f32).to_bits())
+                .collect();
+            let mats: Vec<Vec<u8>> = (0..WORKING_SET_BYTES.div_ceil(rb + 2 * pr))
+                .map(|k| bytes(rb, k as u64 + 21))
+                .collect();
+            g.throughput(Throughput::Bytes((rb + 2 * pr) as u64));
+            for n in [1usize, 4] {
+                let x = weights(n * cols);
+                let mut y = vec![0f32; n * rows];
+                let mut i = 0;
+                g.bench_function(BenchmarkId::new(format!("{rows}x{cols}"), n), |b| {
+                    b.iter(|| {
+                        i = (i + 1) % mats.len();
+                        let w = &mats[i];
+                        grouped::matmul_int(f, w, &params, rows, cols, black_box(&x), n, &mut y)
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
 /// 24 back-to-back int4 expert matvecs, as one MoE layer of Qwen3-30B-A3B
 /// decodes one token (8 experts x gate, up, down).
 fn bench_decode_sequence(c: &mut Criterion) {
@@ -365,6 +405,7 @@ criterion_group!(
     bench_int4,
     bench_int4_float,
     bench_ggml,
+    bench_grouped,
     bench_decode_sequence
 );
 criterion_main!(benches);

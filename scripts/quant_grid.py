@@ -10,8 +10,12 @@ FILE.jsonl` the multiple-choice accuracy of `score` (acc, acc_norm), each beside
 unconverted model's. Writes a markdown table (stdout, or --out FILE). Needs only the built
 binary.
 
+With `--formats q4g64,q3g64,...` it makes instead one row per routed-expert format (bit
+counts or grouped format names, docs/FORMAT.md) with everything else at 8 bits, beside the
+experts' bytes (from the convert census) and bits per weight.
+
 Usage: python3 scripts/quant_grid.py [--bin target/release/moestream] [--out results/quant-grid.md]
-       [--text FILE] [--tasks FILE.jsonl] [--bits 16,8,4,2] [DIR...]
+       [--text FILE] [--tasks FILE.jsonl] [--bits 16,8,4,2] [--formats F,F,...] [DIR...]
 """
 
 import argparse
@@ -56,8 +60,11 @@ def main():
     p.add_argument("--text", help="a text file: perplexity per cell (eval --text)")
     p.add_argument("--tasks", help="a JSONL of multiple-choice tasks: acc, acc_norm per cell (score)")
     p.add_argument("--bits", default="16,8,4,2", help="bit widths of the grid's rows and columns")
+    p.add_argument("--formats", help="routed-expert formats, one row each, dense at 8 bits")
     p.add_argument("dirs", nargs="*")
     a = p.parse_args()
+    if a.formats:
+        return formats_table(a)
     global BITS
     BITS = [int(b) for b in a.bits.split(",")]
     dirs = a.dirs or sorted(d for d in glob.glob("tests/fixtures/*") if os.path.isdir(d))
@@ -117,6 +124,48 @@ def main():
                 f"{cells[(e, dn)][0]}/{cells[(e, dn)][1]}, {cells[(e, dn)][2]:.4f}"
                 + (f"; {fmt_quality(cells[(e, dn)][3:])}" if len(cells[(e, dn)]) > 3 else "")
                 for dn in BITS) + " |")
+    text = "\n".join(lines) + "\n"
+    if a.out:
+        open(a.out, "w").write(text)
+    else:
+        print(text)
+
+
+def expert_bytes(out):
+    """Bytes of the routed experts (all their widths) from a container's census."""
+    census = json.load(open(os.path.join(out, "moestream-convert.json")))["census"]
+    return sum(w["bytes"] for w in census["rows"]["expert"].values())
+
+
+def formats_table(a):
+    """One row per routed-expert format: KL and top-1 against f32 per model."""
+    dirs = a.dirs or sorted(d for d in glob.glob("tests/fixtures/*") if os.path.isdir(d))
+    extra = [] if a.int_dot == "on" else ["--no-int-dot"]
+    fmts = a.formats.split(",")
+    lines = ["| experts | " + " | ".join(
+        f"{os.path.basename(os.path.normpath(d))}: expert bytes, top-1, mean KL" for d in dirs) + " |",
+        "|---|" + "---|" * len(dirs)]
+    cells = {f: [] for f in fmts}
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in dirs:
+            name = os.path.basename(os.path.normpath(d))
+            ids = ",".join(map(str, json.load(open(os.path.join(d, "oracle.json")))["eval_ids"]))
+            ref = os.path.join(tmp, name + ".ref.safetensors")
+            run([a.bin, "eval", "--model", d, "--prompt-ids", ids, "--save-logits", ref])
+            for f in fmts:
+                out = os.path.join(tmp, f"{name}-{f}")
+                run([a.bin, "convert", "--input", d, "--output", out, "--quiet", "--expert-bits", f,
+                     "--dense-bits", "8", "--io-bits", "8", "--mtp-bits", "8"])
+                v = json.loads(run([a.bin, "eval", "--model", out, "--prompt-ids", ids,
+                                    "--ref-logits", ref] + extra))["ref"]
+                nbytes = expert_bytes(out)
+                q = quality(a, out, extra)
+                cells[f].append(f"{nbytes:,}, {v['top1_matched']}/{v['positions']}, {v['mean_kl']:.4f}"
+                                + (f"; {fmt_quality(q)}" if q else ""))
+                run(["rm", "-rf", out])
+            print(f"{name}: done", file=sys.stderr)
+    for f in fmts:
+        lines.append(f"| **{f}** | " + " | ".join(cells[f]) + " |")
     text = "\n".join(lines) + "\n"
     if a.out:
         open(a.out, "w").write(text)

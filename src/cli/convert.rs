@@ -19,26 +19,27 @@ pub(super) struct ConvertArgs {
     /// tiny (routed gate/up int2). The flags below change it.
     #[arg(long, default_value = "default", value_name = "NAME")]
     recipe: String,
-    /// Bits of routed experts (2, 4, 8, 16 = BF16, 32 = f32), over the recipe.
-    #[arg(long, conflicts_with = "quant")]
-    expert_bits: Option<u32>,
-    /// Routed experts as llama.cpp blocks: q8_0, q4_0, q4_k, q5_k or q6_k,
-    /// over the recipe (K types fall back to q4_0 / q8_0 on rows that are
-    /// not whole 256-value blocks; docs/FORMAT.md).
-    #[arg(long)]
-    quant: Option<String>,
-    /// Bits of attention, dense MLP and shared experts, over the recipe.
-    #[arg(long)]
-    dense_bits: Option<u32>,
-    /// Bits of the token embeddings and lm_head, over the recipe.
-    #[arg(long)]
-    io_bits: Option<u32>,
-    /// Bits of the multi-token-prediction layers, over the recipe.
-    #[arg(long)]
-    mtp_bits: Option<u32>,
-    /// Per-class override CLASS=BITS or CLASS=WIDTH (expert, expert_gate_up,
+    /// Format of routed experts, over the recipe: bits per row (2, 4, 8,
+    /// 16 = BF16, 32 = f32); a grouped format: q4g32, q4g64, q4g128 (int4,
+    /// f16 scale per group), q4g32a, q4g64a, q4g128a (int4 with an f16
+    /// min), q3g32, q3g64, q3g128, q2g32, q2g64, q2g128 (int3, int2 with
+    /// scale and min); or llama.cpp blocks: q8_0, q4_0, q4_k, q5_k, q6_k (K
+    /// types fall back to q4_0 / q8_0 on rows that are not whole 256-value
+    /// blocks). See docs/FORMAT.md.
+    #[arg(long, visible_alias = "quant", value_name = "FORMAT")]
+    expert_bits: Option<String>,
+    /// Format of attention, dense MLP and shared experts (as --expert-bits).
+    #[arg(long, value_name = "FORMAT")]
+    dense_bits: Option<String>,
+    /// Format of the token embeddings and lm_head (as --expert-bits).
+    #[arg(long, value_name = "FORMAT")]
+    io_bits: Option<String>,
+    /// Format of the multi-token-prediction layers (as --expert-bits).
+    #[arg(long, value_name = "FORMAT")]
+    mtp_bits: Option<String>,
+    /// Per-class override CLASS=FORMAT (expert, expert_gate_up,
     /// expert_down, shared, attention, dense, embed, lm_head, mtp, other;
-    /// widths int4, bf16, … or a block type such as q6_k); repeatable;
+    /// formats as --expert-bits); repeatable;
     /// applied last.
     #[arg(long = "bits")]
     overrides: Vec<String>,
@@ -115,19 +116,18 @@ pub(super) fn cmd_convert(a: ConvertArgs) -> Result<()> {
 /// The bit policy the flags ask for (the recipe, then the flags); a GGUF
 /// input takes none of them.
 fn policy(a: &ConvertArgs) -> Result<Policy> {
-    let classes: [(&[Class], Option<u32>, &str); 4] = [
-        (&Class::ROUTED, a.expert_bits, "--expert-bits"),
+    let classes: [(&[Class], &Option<String>, &str); 4] = [
+        (&Class::ROUTED, &a.expert_bits, "--expert-bits"),
         (
             &[Class::Attention, Class::Dense, Class::Shared],
-            a.dense_bits,
+            &a.dense_bits,
             "--dense-bits",
         ),
-        (&[Class::Embed, Class::LmHead], a.io_bits, "--io-bits"),
-        (&[Class::Mtp], a.mtp_bits, "--mtp-bits"),
+        (&[Class::Embed, Class::LmHead], &a.io_bits, "--io-bits"),
+        (&[Class::Mtp], &a.mtp_bits, "--mtp-bits"),
     ];
     let given = classes.iter().find(|c| c.1.is_some()).map(|c| c.2);
     let given = given
-        .or(a.quant.as_ref().map(|_| "--quant"))
         .or((!a.overrides.is_empty()).then_some("--bits"))
         .or((a.recipe != "default").then_some("--recipe"))
         .or(a.importance.as_ref().map(|_| "--importance"));
@@ -140,20 +140,11 @@ fn policy(a: &ConvertArgs) -> Result<Policy> {
     let mut policy = moestream::formats::quant::recipe::Recipe::find(&a.recipe)
         .map_err(|e| anyhow::anyhow!("--recipe {e}"))?
         .policy();
-    for (cs, bits, flag) in classes {
-        let Some(bits) = bits else { continue };
-        let w = width(bits, flag)?;
+    for (cs, spelling, flag) in classes {
+        let Some(spelling) = spelling else { continue };
+        let w = width(spelling, flag)?;
         for c in cs {
             policy.set(*c, w).map_err(anyhow::Error::msg)?;
-        }
-    }
-    if let Some(q) = &a.quant {
-        let ty = moestream::kernels::ggml::BlockType::parse(q)
-            .with_context(|| format!("--quant {q}: one of q8_0, q4_0, q4_k, q5_k, q6_k"))?;
-        for c in Class::ROUTED {
-            policy
-                .set(c, Width::Blocks(ty))
-                .map_err(anyhow::Error::msg)?;
         }
     }
     for o in &a.overrides {
@@ -162,7 +153,7 @@ fn policy(a: &ConvertArgs) -> Result<Policy> {
     Ok(policy)
 }
 
-pub(super) fn width(bits: u32, flag: &str) -> Result<Width> {
-    Width::from_bits(bits)
-        .with_context(|| format!("{flag} {bits}: bits must be 2, 4, 8, 16 (BF16) or 32 (f32)"))
+pub(super) fn width(spelling: &str, flag: &str) -> Result<Width> {
+    Width::parse(spelling)
+        .with_context(|| format!("{flag} {spelling}: expected {}", Width::SPELLINGS))
 }

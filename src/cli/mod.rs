@@ -260,10 +260,11 @@ struct ModelArgs {
     #[arg(long, value_name = "λ", help_heading = H_RESEARCH)]
     cache_aware_routing: Option<f32>,
     /// Quantize a float or FP8 checkpoint while loading: routed experts at
-    /// BITS, the rest by the converter's default policy (identical bytes to
-    /// `convert --expert-bits BITS`).
+    /// BITS (2, 4, 8, 16, 32) or a grouped format (q4g64, q4g64a, q3g64,
+    /// q2g64, …), the rest by the converter's default policy (identical
+    /// bytes to `convert --expert-bits BITS`).
     #[arg(long, value_name = "BITS")]
-    quantize_at_load: Option<u32>,
+    quantize_at_load: Option<String>,
     /// Packed weights multiply in f32 (dequantized rows) instead of
     /// integer dot products against an int8-quantized activation.
     #[arg(long, help_heading = H_RESEARCH)]
@@ -980,7 +981,7 @@ fn planning_options(dir: Option<&Path>, req: &Requested) -> LoadOptions {
 /// What `m` asks for, checked, before any profile; `--ram-gb` as given.
 fn request(m: &ModelArgs) -> Result<Requested> {
     limits::model_args(m)?;
-    let quantize_at_load = match m.quantize_at_load {
+    let quantize_at_load = match &m.quantize_at_load {
         None => None,
         Some(bits) => {
             let mut p = Policy::default();

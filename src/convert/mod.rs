@@ -358,6 +358,24 @@ impl Source {
                 let len = (shape[0] * rb) as u64;
                 vec![(name, "U8".into(), vec![shape[0], rb], len)]
             }
+            Encoding::Matrix(Width::Grouped(f)) => {
+                let (rows, cols) = (shape[0], shape[1]);
+                let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+                vec![
+                    (
+                        name.clone(),
+                        "U8".into(),
+                        vec![rows, rb],
+                        (rows * rb) as u64,
+                    ),
+                    (
+                        scales_name(&name),
+                        "F16".into(),
+                        vec![rows, pr],
+                        (rows * pr * 2) as u64,
+                    ),
+                ]
+            }
             Encoding::Matrix(Width::Bf16) => vec![(name, "BF16".into(), shape, n as u64 * 2)],
             Encoding::Matrix(Width::F32) | Encoding::Vector => {
                 vec![(name, "F32".into(), shape, n as u64 * 4)]
@@ -577,6 +595,12 @@ fn file_layout(
                 QUANT_META_PREFIX,
                 serde_json::json!({"bits": q.bits(), "cols": cols}),
             )),
+            Encoding::Matrix(Width::Grouped(f)) => Some((
+                QUANT_META_PREFIX,
+                serde_json::json!({
+                    "bits": f.bits().bits(), "cols": cols, "group": f.group().cols(), "min": f.has_min()
+                }),
+            )),
             Encoding::Matrix(Width::Blocks(ty)) => Some((
                 BLOCKS_META_PREFIX,
                 serde_json::json!({"type": ty.name(), "cols": cols}),
@@ -662,6 +686,10 @@ fn encode(index: &WeightIndex, s: &Source, weighting: Option<&Weighting>) -> Res
                 MatData::Q(q) => vec![
                     q.data.to_vec(),
                     q.scales.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ],
+                MatData::Grouped(g) => vec![
+                    g.data.to_vec(),
+                    g.params.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 ],
                 MatData::Ggml { data, .. } => vec![data.to_vec()],
             }

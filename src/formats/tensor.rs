@@ -1,11 +1,12 @@
 //! Weight matrices in the element type they are kept in RAM. F32 and BF16
 //! checkpoints keep their own type (BF16 halves the RAM of every expert and
 //! needs no widening on a cache miss); F16 is widened to f32 on load; packed
-//! int8/int4/int2 container tensors stay packed. BF16 products are identical
+//! int8/int4/int2 container tensors (per row or grouped) stay packed. BF16 products are identical
 //! to the f32 path on the widened weights; packed products run the integer
 //! kernels; GGUF block matrices (Q4_0 … Q6_K) stay in their blocks and
 //! multiply through [`crate::kernels::ggml`].
 
+use crate::formats::quant::grouped::GMatrix;
 use crate::formats::quant::policy::Width;
 use crate::formats::quant::QMatrix;
 use crate::formats::quant::Words;
@@ -21,6 +22,8 @@ pub enum MatData {
     Bf16(Vec<u16>),
     /// Packed integers with per-row scales.
     Q(QMatrix),
+    /// Packed integers with f16 scales (and mins) per group of columns.
+    Grouped(GMatrix),
     /// llama.cpp blocks, `rows * ty.row_bytes(cols)` bytes.
     Ggml {
         ty: BlockType,
@@ -49,6 +52,7 @@ impl Mat {
                 .iter()
                 .position(|x| !x.is_finite())
                 .map(|row| row * self.cols),
+            MatData::Grouped(g) => g.first_non_finite_row().map(|row| row * self.cols),
             MatData::Ggml { ty, data } => ggml::first_non_finite(*ty, data),
         }
     }
@@ -100,6 +104,15 @@ impl Mat {
         }
     }
 
+    /// A grouped packed matrix.
+    pub fn grouped(g: GMatrix) -> Mat {
+        Mat {
+            rows: g.rows,
+            cols: g.cols,
+            data: MatData::Grouped(g),
+        }
+    }
+
     /// A matrix of llama.cpp blocks; `None` when `data` is not exactly
     /// `rows` rows of `cols` elements of `ty`.
     pub fn ggml(ty: BlockType, rows: usize, cols: usize, data: Words<u8>) -> Option<Mat> {
@@ -131,6 +144,7 @@ impl Mat {
                 let data = crate::formats::quant::kquant::quantize(ty, &w, rows, cols, None);
                 Mat::ggml(ty, rows, cols, data.into()).expect("whole blocks")
             }
+            Width::Grouped(f) => Mat::grouped(GMatrix::quantize(&w, rows, cols, f, None)),
         }
     }
 
@@ -154,6 +168,9 @@ impl Mat {
                     crate::formats::quant::kquant::quantize(ty, &w, rows, cols, Some(importance));
                 Mat::ggml(ty, rows, cols, q.into()).expect("whole blocks")
             }
+            Width::Grouped(f) => {
+                Mat::grouped(GMatrix::quantize(&w, rows, cols, f, Some(importance)))
+            }
             _ => Mat::encode(w, rows, cols, width),
         }
     }
@@ -164,6 +181,7 @@ impl Mat {
             MatData::F32(_) => Some(Width::F32),
             MatData::Bf16(_) => Some(Width::Bf16),
             MatData::Q(q) => Some(Width::Int(q.bits)),
+            MatData::Grouped(g) => Some(Width::Grouped(g.format)),
             MatData::Ggml { ty, .. } => Some(Width::Blocks(*ty)),
         }
     }
@@ -174,6 +192,7 @@ impl Mat {
             MatData::F32(v) => v.len() * 4,
             MatData::Bf16(v) => v.len() * 2,
             MatData::Q(q) => q.data.len() + q.scales.len() * 4,
+            MatData::Grouped(g) => g.bytes(),
             MatData::Ggml { data, .. } => data.len(),
         }
     }
@@ -184,6 +203,7 @@ impl Mat {
             MatData::F32(v) => v.clone(),
             MatData::Bf16(v) => v.iter().map(|b| bf16::widen(*b)).collect(),
             MatData::Q(q) => q.dequantize(),
+            MatData::Grouped(g) => g.dequantize(),
             MatData::Ggml { .. } => {
                 let mut out = vec![0f32; self.rows * self.cols];
                 for (r, row) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
@@ -206,6 +226,7 @@ impl Mat {
                 }
             }
             MatData::Q(q) => q.dequant_row(r, out),
+            MatData::Grouped(g) => g.dequant_row(r, out),
             MatData::Ggml { ty, data } => {
                 let rb = ty.row_bytes(c).expect("checked in Mat::ggml");
                 ggml::dequantize_row(*ty, &data[r * rb..(r + 1) * rb], out);
@@ -222,6 +243,7 @@ impl Mat {
                 bf16::dot(&w[r * c..(r + 1) * c], xr)
             }),
             MatData::Q(q) => q.matmul(x, n, y),
+            MatData::Grouped(g) => g.matmul(x, n, y),
             MatData::Ggml { ty, data } => ggml::matmul(*ty, data, self.rows, c, x, n, y),
         }
     }

@@ -11,6 +11,7 @@ pub mod bf16;
 pub mod cpu;
 pub mod f32;
 pub mod ggml;
+pub mod grouped;
 pub mod int2;
 pub mod int4;
 pub mod int8;

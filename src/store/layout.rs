@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// narrows).
 fn check_scales(name: &str, m: &Mat) -> Result<()> {
     match m.data {
-        MatData::Q(_) | MatData::Ggml { .. } => {
+        MatData::Q(_) | MatData::Grouped(_) | MatData::Ggml { .. } => {
             crate::formats::weights::index::check_finite(name, m)
         }
         MatData::F32(_) | MatData::Bf16(_) => Ok(()),

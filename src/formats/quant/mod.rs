@@ -13,6 +13,7 @@
 //!   of byte `j`; padding fields are 2 (q = 0). For experiments only.
 
 pub mod fp8;
+pub mod grouped;
 pub mod importance;
 pub mod kquant;
 pub mod policy;

@@ -3,6 +3,7 @@
 //! (defaults below, every one overridable). Routers, norms and biases stay
 //! f32 whatever the policy says: they are tiny and routing is sensitive.
 
+use super::grouped::GFormat;
 use super::QBits;
 use crate::kernels::ggml::BlockType;
 use std::collections::BTreeMap;
@@ -128,11 +129,12 @@ pub fn layer_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// A stored width: an integer width of the container, llama.cpp blocks,
-/// BF16 or f32.
+/// A stored width: an integer width of the container (per row, or
+/// grouped), llama.cpp blocks, BF16 or f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Width {
     Int(QBits),
+    Grouped(GFormat),
     /// ggml blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), see
     /// [`crate::formats::quant::kquant`].
     Blocks(BlockType),
@@ -150,9 +152,14 @@ impl Width {
         }
     }
 
-    /// Parses the spelling [`Width`]'s `Display` writes (`int4`, `bf16`,
-    /// `f32`, …, and block types as llama.cpp spells them: `q4_k`, `Q8_0`).
+    /// A bit count (see [`Width::from_bits`]), the spelling [`Width`]'s
+    /// `Display` writes (`int4`, `bf16`, `f32`), a grouped format's name
+    /// (`q4g64`, `q4g64a`, `q3g64`, `q2g64`, …) or a block type as llama.cpp
+    /// spells it (`q4_k`, `Q8_0`).
     pub fn parse(s: &str) -> Option<Width> {
+        if let Ok(bits) = s.parse() {
+            return Width::from_bits(bits);
+        }
         match s {
             "bf16" => Some(Width::Bf16),
             "f32" => Some(Width::F32),
@@ -161,15 +168,22 @@ impl Width {
                 .and_then(|b| b.parse().ok())
                 .and_then(QBits::from_bits)
                 .map(Width::Int)
+                .or_else(|| GFormat::parse(s).map(Width::Grouped))
                 .or_else(|| BlockType::parse(s).map(Width::Blocks)),
         }
     }
 
-    /// Whole bits per weight (a block type's storage per weight, scales
-    /// included, rounded down: Q8_0 8, Q6_K 6, Q4_K 4).
+    /// What [`Width::parse`] accepts, for error messages.
+    pub const SPELLINGS: &str = "2, 4, 8, 16 (BF16), 32 (f32), int2/int4/int8/bf16/f32, a grouped format q{4,3,2}g{32,64,128} (q4g64a: int4 with a min), or a block type q8_0, q4_0, q4_k, q5_k, q6_k";
+
+    /// Whole bits per weight: per-row widths and grouped formats their
+    /// levels' bits (without the group parameters); a block type its
+    /// storage per weight, scales included, rounded down (Q8_0 8, Q6_K 6,
+    /// Q4_K 4).
     pub fn bits(self) -> u32 {
         match self {
             Width::Int(q) => q.bits(),
+            Width::Grouped(f) => f.bits().bits(),
             Width::Blocks(t) => (t.block_bytes() * 8 / t.block_elems()) as u32,
             Width::Bf16 => 16,
             Width::F32 => 32,
@@ -206,6 +220,7 @@ impl fmt::Display for Width {
         match self {
             Width::Int(q) => write!(f, "int{}", q.bits()),
             Width::Blocks(t) => write!(f, "{}", t.name().to_lowercase()),
+            Width::Grouped(g) => write!(f, "{g}"),
             Width::Bf16 => write!(f, "bf16"),
             Width::F32 => write!(f, "f32"),
         }
@@ -277,11 +292,8 @@ impl Policy {
                 names.join(", ")
             )
         })?;
-        let width = Width::parse(b)
-            .or_else(|| b.parse().ok().and_then(Width::from_bits))
-            .ok_or_else(|| {
-                format!("`{b}`: bits must be 2, 4, 8, 16 or 32 (or a width: int4, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)")
-            })?;
+        let width =
+            Width::parse(b).ok_or_else(|| format!("`{b}`: bits must be {}", Width::SPELLINGS))?;
         self.set_all(&classes, width)
     }
 
@@ -379,6 +391,12 @@ mod tests {
             .unwrap_err()
             .contains("unknown class"));
         assert!(p.apply_override("expert=3").unwrap_err().contains("bits"));
+        p.apply_override("expert=q3g64").unwrap();
+        assert_eq!(p.width(Class::ExpertDown).to_string(), "q3g64");
+        assert!(p
+            .apply_override("expert=q3g64a")
+            .unwrap_err()
+            .contains("q4g64a"));
         assert!(p.apply_override("expert").is_err());
         p.apply_override("expert=q4_k").unwrap();
         assert_eq!(p.width(Class::ExpertDown), Width::Blocks(BlockType::Q4K));

@@ -17,6 +17,7 @@ use std::sync::Arc;
 /// valid value, and the alignment is at most 4.
 pub trait Plain: Copy + 'static {}
 impl Plain for u8 {}
+impl Plain for u16 {}
 impl Plain for f32 {}
 
 /// Owned elements, or a window of a shared slab viewed as `T`.

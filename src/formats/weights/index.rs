@@ -10,6 +10,7 @@ mod gguf;
 
 use super::dtype::{self, DType};
 use crate::error::{Error, Result};
+use crate::formats::quant::grouped::{GFormat, GMatrix};
 use crate::formats::quant::policy::{Policy, Width};
 use crate::formats::quant::{fp8, QBits, QMatrix, Words};
 use crate::formats::tensor::{Mat, MatData};
@@ -47,13 +48,121 @@ pub struct TensorEntry {
 /// What the container's header metadata says of a packed tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantMeta {
-    pub bits: QBits,
-    /// Logical columns (the stored shape is `(rows, bits.row_bytes(cols))`).
+    pub packing: Packing,
+    /// Logical columns (the stored shape is `(rows, row_bytes())`).
     pub cols: usize,
 }
 
+/// How a packed tensor's rows are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// One F32 scale per row.
+    Row(QBits),
+    /// F16 scales (and mins) per group of columns.
+    Grouped(GFormat),
+}
+
+impl QuantMeta {
+    /// Bytes of one packed row.
+    pub fn row_bytes(&self) -> usize {
+        match self.packing {
+            Packing::Row(q) => q.row_bytes(self.cols),
+            Packing::Grouped(f) => f.row_bytes(self.cols),
+        }
+    }
+
+    /// The format's name (`int4`, `q4g64`).
+    pub fn name(&self) -> String {
+        match self.packing {
+            Packing::Row(q) => format!("int{}", q.bits()),
+            Packing::Grouped(f) => f.name(),
+        }
+    }
+
+    /// The companion's dtype and shape for `rows` rows.
+    fn companion(&self, rows: usize) -> (safetensors::Dtype, Vec<usize>) {
+        match self.packing {
+            Packing::Row(_) => (safetensors::Dtype::F32, vec![rows]),
+            Packing::Grouped(f) => (
+                safetensors::Dtype::F16,
+                vec![rows, f.params_per_row(self.cols)],
+            ),
+        }
+    }
+
+    /// Bytes of a `rows`-row tensor and its companion.
+    pub fn bytes(&self, rows: usize) -> u64 {
+        let params = match self.packing {
+            Packing::Row(_) => 4,
+            Packing::Grouped(f) => 2 * f.params_per_row(self.cols),
+        };
+        (rows * (self.row_bytes() + params)) as u64
+    }
+
+    /// The matrix of `rows` rows from its packed bytes and companion.
+    fn mat(&self, rows: usize, data: Words<u8>, comp: CompanionWords) -> Result<Mat, String> {
+        let cols = self.cols;
+        Ok(match (self.packing, comp) {
+            (Packing::Row(bits), CompanionWords::F32(scales)) => {
+                let q = QMatrix {
+                    bits,
+                    rows,
+                    cols,
+                    data,
+                    scales,
+                };
+                q.check()?;
+                Mat::quant(q)
+            }
+            (Packing::Grouped(format), CompanionWords::F16(params)) => {
+                let g = GMatrix {
+                    format,
+                    rows,
+                    cols,
+                    data,
+                    params,
+                };
+                g.check()?;
+                Mat::grouped(g)
+            }
+            _ => unreachable!("the companion's type follows the packing"),
+        })
+    }
+}
+
+/// A packed tensor's companion viewed in its element type.
+enum CompanionWords {
+    F32(Words<f32>),
+    F16(Words<u16>),
+}
+
+impl CompanionWords {
+    /// The companion of `meta` from its bytes (copied).
+    fn copied(meta: &QuantMeta, bytes: &[u8]) -> CompanionWords {
+        match meta.packing {
+            Packing::Row(_) => CompanionWords::F32(f32s(bytes).into()),
+            Packing::Grouped(_) => CompanionWords::F16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+        }
+    }
+
+    /// The companion of `meta` as a window of `slab`, when aligned.
+    fn shared(meta: &QuantMeta, slab: &Arc<Slab>, w: Range<usize>) -> Option<CompanionWords> {
+        match meta.packing {
+            Packing::Row(_) => Words::shared(slab, w).map(CompanionWords::F32),
+            Packing::Grouped(_) => Words::shared(slab, w).map(CompanionWords::F16),
+        }
+    }
+}
+
 /// Header-metadata key prefix of a packed tensor: `moestream.quant.<name>`
-/// maps to `{"bits": B, "cols": C}`.
+/// maps to `{"bits": B, "cols": C}`, and for a grouped format also
+/// `"group": G, "min": true|false`.
 pub const QUANT_META_PREFIX: &str = "moestream.quant.";
 
 /// Header-metadata key prefix of a tensor of llama.cpp blocks:
@@ -265,40 +374,46 @@ impl WeightIndex {
         if let Some(id) = e.ggml {
             return self.resolve_ggml(name, e, id);
         }
-        let companion = |cname: &str| -> Result<TensorEntry> {
+        let companion = |cname: &str, dtype: safetensors::Dtype| -> Result<TensorEntry> {
             let c = self.entry(cname).map_err(|_| {
                 self.shard_error(e, name, format!("its companion `{cname}` is missing"))
             })?;
-            if c.stored != safetensors::Dtype::F32 {
+            if c.stored != dtype {
                 return Err(self.shard_error(
                     c,
                     cname,
-                    format!("stored as {:?}, scales must be F32", c.stored),
+                    format!("stored as {:?}, scales must be {dtype:?}", c.stored),
                 ));
             }
             Ok(c.clone())
         };
         let (stored, shape) = if let Some(meta) = e.quant {
             let rows = e.shape.first().copied().unwrap_or(0);
-            let want = [rows, meta.bits.row_bytes(meta.cols)];
+            let want = [rows, meta.row_bytes()];
             if e.stored != safetensors::Dtype::U8 || e.shape != want {
                 return Err(self.shard_error(
                     e,
                     name,
                     format!(
-                        "packed int{} tensor must be U8 {want:?}, header says {:?} {:?}",
-                        meta.bits.bits(),
+                        "packed {} tensor of {} columns must be U8 {want:?}, header says {:?} {:?}",
+                        meta.name(),
+                        meta.cols,
                         e.stored,
                         e.shape
                     ),
                 ));
             }
-            let scales = companion(&scales_name(name))?;
-            if scales.shape != [rows] {
+            let (dtype, shape) = meta.companion(rows);
+            let scales = companion(&scales_name(name), dtype)?;
+            if scales.shape != shape {
                 return Err(self.shard_error(
                     &scales,
                     &scales_name(name),
-                    format!("shape {:?}, expected [{rows}]", scales.shape),
+                    format!(
+                        "shape {:?}, expected {shape:?} ({})",
+                        scales.shape,
+                        meta.name()
+                    ),
                 ));
             }
             (Stored::Quant { meta, scales }, vec![rows, meta.cols])
@@ -306,7 +421,7 @@ impl WeightIndex {
             if e.shape.len() != 2 {
                 return Err(self.shard_error(e, name, "FP8 tensors must be 2-D".into()));
             }
-            let scale_inv = companion(&scale_inv_name(name))?;
+            let scale_inv = companion(&scale_inv_name(name), safetensors::Dtype::F32)?;
             let grid = fp8::scale_grid(e.shape[0], e.shape[1]);
             if scale_inv.shape != grid {
                 return Err(self.shard_error(
@@ -429,16 +544,9 @@ impl WeightIndex {
                 })?
             }
             (Stored::Quant { meta, .. }, _) => {
-                let q = QMatrix {
-                    bits: meta.bits,
-                    rows,
-                    cols,
-                    data: data.to_vec().into(),
-                    scales: f32s(companion.unwrap_or_default()).into(),
-                };
-                q.check()
-                    .map_err(|why| self.shard_error(&r.entry, &r.name, why))?;
-                Mat::quant(q)
+                let comp = CompanionWords::copied(&meta, companion.unwrap_or_default());
+                meta.mat(rows, data.to_vec().into(), comp)
+                    .map_err(|why| self.shard_error(&r.entry, &r.name, why))?
             }
             (Stored::Float(dt), None) => Mat::from_bytes(dt, data, rows, cols),
             (Stored::Fp8 { .. }, None) => Mat::f32(rows, cols, floats(None)?),
@@ -474,18 +582,11 @@ impl WeightIndex {
         }
         if let (Stored::Quant { meta, .. }, Some((cs, cw))) = (&r.stored, &companion) {
             let data = Words::shared(slab, window.clone());
-            let scales = Words::shared(cs, cw.clone());
-            if let (Some(data), Some(scales)) = (data, scales) {
-                let q = QMatrix {
-                    bits: meta.bits,
-                    rows: r.shape[0],
-                    cols: r.shape[1],
-                    data,
-                    scales,
-                };
-                q.check()
-                    .map_err(|why| self.shard_error(&r.entry, &r.name, why))?;
-                return Ok(Mat::quant(q));
+            let comp = CompanionWords::shared(meta, cs, cw.clone());
+            if let (Some(data), Some(comp)) = (data, comp) {
+                return meta
+                    .mat(r.shape[0], data, comp)
+                    .map_err(|why| self.shard_error(&r.entry, &r.name, why));
             }
         }
         let bytes = slab
@@ -508,9 +609,12 @@ impl WeightIndex {
         let packed = |q: QBits| (rows * q.row_bytes(cols) + rows * 4) as u64;
         match (&r.stored, width) {
             (Stored::Ggml(_), _) => r.entry.len as u64,
-            (Stored::Quant { meta, .. }, _) => packed(meta.bits),
+            (Stored::Quant { meta, .. }, _) => meta.bytes(rows),
             (_, Some(Width::Int(q))) => packed(q),
             (_, Some(Width::Blocks(ty))) => (rows * ty.row_bytes(cols).unwrap_or(0)) as u64,
+            (_, Some(Width::Grouped(f))) => {
+                (rows * (f.row_bytes(cols) + 2 * f.params_per_row(cols))) as u64
+            }
             (_, Some(Width::Bf16)) | (Stored::Float(DType::BF16), None) => n as u64 * 2,
             _ => n as u64 * 4,
         }
@@ -586,7 +690,7 @@ pub fn check_finite(name: &str, m: &Mat) -> Result<()> {
     let cols = m.cols.max(1);
     let (row, col) = (index / cols, index % cols);
     let at = match &m.data {
-        MatData::Q(_) => format!("row {row}"),
+        MatData::Q(_) | MatData::Grouped(_) => format!("row {row}"),
         MatData::Ggml { ty, .. } => {
             let be = ty.block_elems();
             format!(
@@ -870,11 +974,7 @@ fn quant_metadata(
         let bad = |why: &str| format!("metadata `{k}` = `{v}`: {why}");
         let j: serde_json::Value =
             serde_json::from_str(v).map_err(|e| bad(&format!("not JSON: {e}")))?;
-        let bits = j
-            .get("bits")
-            .and_then(|b| b.as_u64())
-            .and_then(|b| QBits::from_bits(b as u32))
-            .ok_or_else(|| bad("`bits` must be 2, 4 or 8"))?;
+        let packing = packing(&j).map_err(|why| bad(&why))?;
         let cols = j
             .get("cols")
             .and_then(|c| c.as_u64())
@@ -882,7 +982,37 @@ fn quant_metadata(
         if meta.info(name).is_none() {
             return Err(bad("names a tensor the header does not hold"));
         }
-        out.insert(name.to_string(), QuantMeta { bits, cols });
+        out.insert(name.to_string(), QuantMeta { packing, cols });
     }
     Ok(out)
+}
+
+/// The packing a tensor's metadata names: `bits` alone (per row: 2, 4, 8),
+/// or `bits`, `group` and `min` (grouped: docs/FORMAT.md).
+fn packing(j: &serde_json::Value) -> std::result::Result<Packing, String> {
+    use crate::formats::quant::grouped::{GBits, Group};
+    let bits = j.get("bits").and_then(|b| b.as_u64());
+    let Some(group) = j.get("group") else {
+        return bits
+            .and_then(|b| QBits::from_bits(b as u32))
+            .map(Packing::Row)
+            .ok_or_else(|| "`bits` must be 2, 4 or 8".into());
+    };
+    let group = group
+        .as_u64()
+        .and_then(|g| Group::from_cols(g as usize))
+        .ok_or("`group` must be 32, 64 or 128")?;
+    let bits = match bits {
+        Some(2) => GBits::Q2,
+        Some(3) => GBits::Q3,
+        Some(4) => GBits::Q4,
+        _ => return Err("`bits` of a grouped format must be 2, 3 or 4".into()),
+    };
+    let min = j
+        .get("min")
+        .and_then(|m| m.as_bool())
+        .ok_or("`min` (true or false) missing")?;
+    GFormat::new(bits, group, min)
+        .map(Packing::Grouped)
+        .ok_or_else(|| "grouped int3 and int2 always store a min (`min`: true)".into())
 }

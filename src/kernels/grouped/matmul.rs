@@ -1,0 +1,196 @@
+//! Grouped matmul: `Y[t, r] = Σ_c w[r, c] · X[t, c]` for a grouped packed
+//! matrix (`rows · f.row_bytes(cols)` bytes, `rows · f.params_per_row(cols)`
+//! f16 parameters) and `n` f32 activation rows.
+//!
+//! On the integer path (the default, `quant::int_dot`) each activation row
+//! is quantized once per call to int8 (`quant::quantize_activation`), padded
+//! with zeros to whole groups, with the sum of each group; every weight row
+//! then meets up to [`ACTS_PER_CALL`] activation rows per `grouped::dot`
+//! call (each chunk unpacked once for all of them), and
+//! `y = dot · xscale`. The float path dequantizes a row into a per-thread
+//! buffer and takes f32 dots (`--no-int-dot`).
+
+use super::{dot, group_params, unpack_chunk, ActRow, GFormat, CHUNK};
+use crate::kernels::quant::{int_dot, quantize_activation};
+use crate::kernels::{f32 as kf32, par_row_blocks};
+use std::cell::RefCell;
+
+/// Activation rows one `grouped::dot` call takes (each unpacked weight chunk
+/// meets all of them).
+pub const ACTS_PER_CALL: usize = 4;
+
+/// `Y (n, rows) = X (n, cols) · Wᵀ` on the path `quant::int_dot` selects.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    f: GFormat,
+    w: &[u8],
+    params: &[u16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    if int_dot() {
+        matmul_int(f, w, params, rows, cols, x, n, y)
+    } else {
+        matmul_float(f, w, params, rows, cols, x, n, y)
+    }
+}
+
+/// The integer path of [`matmul`], whatever the switch says.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_int(
+    f: GFormat,
+    w: &[u8],
+    params: &[u16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    check_shapes(f, w, params, rows, cols, x, n, y);
+    let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+    ACTS.with_borrow_mut(|acts| {
+        acts.prepare(f, cols, x, n);
+        let acts = &*acts;
+        par_row_blocks(rows, cols, n, rb, y, |blk| {
+            for r in blk.rows() {
+                let (wr, pr) = (&w[r * rb..(r + 1) * rb], &params[r * pr..(r + 1) * pr]);
+                for t0 in (0..n).step_by(ACTS_PER_CALL) {
+                    let t1 = (t0 + ACTS_PER_CALL).min(n);
+                    let mut out = [0f32; ACTS_PER_CALL];
+                    acts.dots(f, wr, pr, t0, &mut out[..t1 - t0]);
+                    for (t, v) in (t0..t1).zip(out) {
+                        blk.set(t, r, v * acts.scale[t]);
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// The float path of [`matmul`], whatever the switch says.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_float(
+    f: GFormat,
+    w: &[u8],
+    params: &[u16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    check_shapes(f, w, params, rows, cols, x, n, y);
+    let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+    par_row_blocks(rows, cols, n, rb, y, |blk| {
+        ROW_F32.with_borrow_mut(|row| {
+            row.resize(cols, 0.0);
+            for r in blk.rows() {
+                dequantize_row(
+                    f,
+                    &w[r * rb..(r + 1) * rb],
+                    &params[r * pr..(r + 1) * pr],
+                    row,
+                );
+                for t in 0..n {
+                    blk.set(t, r, kf32::dot(row, &x[t * cols..(t + 1) * cols]));
+                }
+            }
+        });
+    });
+}
+
+/// Packed row `w` of `cols = out.len()` columns (or of its padded length)
+/// with its parameters, dequantized into `out`: `w = d·u + m` per group.
+pub fn dequantize_row(f: GFormat, w: &[u8], params: &[u16], out: &mut [f32]) {
+    let (cb, gc) = (f.chunk_bytes(), f.group().cols());
+    assert_eq!(f.row_bytes(out.len()), w.len(), "dequantize_row: length");
+    for (k, (chunk, out)) in w.chunks_exact(cb).zip(out.chunks_mut(CHUNK)).enumerate() {
+        let (d, m) = group_params(f, params, k * CHUNK / gc);
+        for (o, u) in out.iter_mut().zip(unpack_chunk(f.bits(), chunk)) {
+            *o = d.mul_add(u as f32, m);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_shapes(
+    f: GFormat,
+    w: &[u8],
+    params: &[u16],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &[f32],
+) {
+    assert_eq!(w.len(), rows * f.row_bytes(cols), "packed weight bytes");
+    assert_eq!(
+        params.len(),
+        rows * f.params_per_row(cols),
+        "group parameters"
+    );
+    assert_eq!(x.len(), n * cols, "activation shape");
+    assert_eq!(y.len(), n * rows, "output shape");
+}
+
+thread_local! {
+    /// The caller's quantized activations, reused across calls.
+    static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
+    /// One dequantized weight row per thread (float path).
+    static ROW_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `n` activation rows quantized once for one product.
+#[derive(Default)]
+struct Acts {
+    /// `(n, padded)` int8 levels, zero past `cols`.
+    q: Vec<i8>,
+    padded: usize,
+    /// `(n, groups)` sums per group.
+    xs: Vec<i32>,
+    groups: usize,
+    scale: Vec<f32>,
+}
+
+impl Acts {
+    fn prepare(&mut self, f: GFormat, cols: usize, x: &[f32], n: usize) {
+        (self.padded, self.groups) = (f.padded_cols(cols), f.groups(cols));
+        self.q.clear();
+        self.q.resize(n * self.padded, 0);
+        self.xs.clear();
+        self.scale.clear();
+        let gc = f.group().cols();
+        for t in 0..n {
+            let q = &mut self.q[t * self.padded..(t + 1) * self.padded];
+            let (s, _) = quantize_activation(&x[t * cols..(t + 1) * cols], &mut q[..cols]);
+            self.scale.push(s);
+            let sums = q
+                .chunks_exact(gc)
+                .map(|g| g.iter().map(|&v| v as i32).sum::<i32>());
+            self.xs.extend(sums);
+        }
+    }
+
+    fn row(&self, t: usize) -> ActRow<'_> {
+        ActRow {
+            x: &self.q[t * self.padded..(t + 1) * self.padded],
+            xs: &self.xs[t * self.groups..(t + 1) * self.groups],
+        }
+    }
+
+    /// `out[k]` = the dot of weight row `w` with activation row `t0 + k`
+    /// (at most [`ACTS_PER_CALL`] rows), before the activation scale.
+    fn dots(&self, f: GFormat, w: &[u8], params: &[u16], t0: usize, out: &mut [f32]) {
+        let a = |k: usize| self.row(t0 + k);
+        match out.len() {
+            1 => out.copy_from_slice(&dot(f, w, params, [a(0)])),
+            2 => out.copy_from_slice(&dot(f, w, params, [a(0), a(1)])),
+            3 => out.copy_from_slice(&dot(f, w, params, [a(0), a(1), a(2)])),
+            _ => out.copy_from_slice(&dot(f, w, params, [a(0), a(1), a(2), a(3)])),
+        }
+    }
+}
