@@ -206,10 +206,10 @@ fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
         &dir.path().join("o2"),
         &["--quant", "q4_k"],
     );
-    assert_clean_failure(&out, &["--quant", "GGUF", "as stored"]);
+    assert_clean_failure(&out, &["--expert-bits", "GGUF", "as stored"]);
     let src = fixture("qwen3_moe");
     let out = convert(&src, &dir.path().join("o3"), &["--quant", "q3_k"]);
-    assert_clean_failure(&out, &["--quant q3_k", "q6_k"]);
+    assert_clean_failure(&out, &["--expert-bits q3_k", "q6_k"]);
 }
 
 /// Metadata that disagrees with the stored bytes (another type, a column
