@@ -22,7 +22,7 @@ for m in "${models[@]}"; do
   name=$(basename "$m")
   echo "| $name | (unconverted BF16) | | $(ppl "$m") |"
   "$bin" calibrate --model "$m" --text "$work/calib.txt" --out "$work/$name.imp" 2>/dev/null
-  for recipe in default down8 tiny; do
+  for recipe in default down8 g32 k4m tiny; do
     for imp in no yes; do
       out="$work/$name-$recipe-$imp"
       extra=()

@@ -16,7 +16,8 @@ pub(super) struct ConvertArgs {
     /// The widths of every tensor class, by name (`moestream plan --recipes
     /// --model DIR` shows each one's bytes per token): default (routed
     /// experts int4, the rest int8), bf16, int8, down8 (routed down int8),
-    /// tiny (routed gate/up int2). The flags below change it.
+    /// g32 (routed experts q4g32), k4m (Q4_K_M-like blocks), tiny (routed
+    /// gate/up int2). The flags below change it.
     #[arg(long, default_value = "default", value_name = "NAME")]
     recipe: String,
     /// Format of routed experts, over the recipe: bits per row (2, 4, 8,

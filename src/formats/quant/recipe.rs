@@ -50,6 +50,25 @@ pub const RECIPES: &[Recipe] = &[
         widths: &[("expert_down", "int8")],
     },
     Recipe {
+        name: "g32",
+        about: "routed experts grouped int4 (f16 scale per 32 weights, q4g32); the rest int8",
+        widths: &[("expert", "q4g32")],
+    },
+    Recipe {
+        name: "k4m",
+        about: "llama.cpp Q4_K_M-like blocks: routed gate/up q4_k, routed down q6_k, the rest q8_0 (K types fall back to q4_0/q8_0 on partial blocks)",
+        widths: &[
+            ("expert_gate_up", "q4_k"),
+            ("expert_down", "q6_k"),
+            ("shared", "q8_0"),
+            ("attention", "q8_0"),
+            ("dense", "q8_0"),
+            ("embed", "q8_0"),
+            ("lm_head", "q8_0"),
+            ("mtp", "q8_0"),
+        ],
+    },
+    Recipe {
         name: "tiny",
         about: "routed gate/up int2, routed down int4 (experimental: the fewest bytes per token)",
         widths: &[("expert_gate_up", "int2")],
@@ -94,6 +113,11 @@ mod tests {
         let down8 = Recipe::find("down8").unwrap().policy();
         assert_eq!(down8.width(Class::ExpertDown), Width::Int(QBits::Int8));
         assert_eq!(down8.width(Class::ExpertGateUp), Width::Int(QBits::Int4));
+        let g32 = Recipe::find("g32").unwrap().policy();
+        assert_eq!(g32.width(Class::ExpertDown).to_string(), "q4g32");
+        let k4m = Recipe::find("k4m").unwrap().policy();
+        assert_eq!(k4m.width(Class::ExpertDown).to_string(), "q6_k");
+        assert_eq!(k4m.width(Class::Attention).to_string(), "q8_0");
         let e = Recipe::find("q4").unwrap_err();
         assert!(e.contains("down8") && e.contains("unknown recipe"), "{e}");
     }
