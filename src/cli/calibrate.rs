@@ -35,7 +35,8 @@ pub(super) fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
     let logits = (window as u64).saturating_mul(cfg.vocab_size as u64 * 4);
     let inputs = tokenize_bytes(text_len)
         .saturating_add(text_len)
-        .saturating_add(logits);
+        .saturating_add(logits)
+        .saturating_add(recorded_bytes(&cfg));
     let model = super::load_with_inputs(&a.model, inputs)?;
     let text = moestream::fs::read_to_string(&a.text, moestream::fs::read::PROMPTS)
         .with_context(|| format!("--text {}", a.text.display()))?;
@@ -54,4 +55,24 @@ pub(super) fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+/// At most what the taps record and the file holds: per layer, a gate/up
+/// and a down input for every routed expert and for the shared and dense
+/// MLPs, and attention's three inputs, at 16 bytes a column (the f64 sums
+/// while recording, then the f32 means and their serialized copy).
+fn recorded_bytes(cfg: &ModelConfig) -> u64 {
+    let (h, heads) = (cfg.hidden_size as u64, cfg.num_heads as u64);
+    let inter = cfg.intermediate_size.max(cfg.moe_intermediate_size) as u64;
+    let head = match &cfg.mla {
+        Some(m) => m.v_head_dim.max(m.q_lora_rank.unwrap_or(0)),
+        None => cfg.head_dim,
+    } as u64;
+    let mlps = cfg.num_experts as u64 + 2;
+    let per_layer = mlps
+        .saturating_mul(h + inter)
+        .saturating_add(h + 2 * heads.saturating_mul(head).max(h));
+    per_layer
+        .saturating_mul(cfg.num_layers as u64 + 1)
+        .saturating_mul(16)
 }
