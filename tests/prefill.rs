@@ -216,11 +216,19 @@ fn a_streamed_pass_gives_the_chunks_logits_and_kv_cache_bit_for_bit_in_every_fam
             let mut model = load(dir.path(), opts);
             model.set_attention_modes(m, d);
             let ids = prompt(600, model.cfg.vocab_size);
-            assert!(model.prefill_pass.positions >= ids.len(), "{what}: one pass");
-            assert!(model.prefill_pass.sub_rows < ids.len(), "{what}: sub-chunks");
+            assert!(
+                model.prefill_pass.positions >= ids.len(),
+                "{what}: one pass"
+            );
+            assert!(
+                model.prefill_pass.sub_rows < ids.len(),
+                "{what}: sub-chunks"
+            );
             let mut prof = Profile::default();
             let mut layered_kv = model.new_kv(ids.len());
-            let layered = model.prefill(&ids, &mut layered_kv, false, &mut prof).unwrap();
+            let layered = model
+                .prefill(&ids, &mut layered_kv, false, &mut prof)
+                .unwrap();
             let mut chunked_kv = model.new_kv(ids.len());
             let chunked = model
                 .forward_chunked(&ids, &mut chunked_kv, false, &mut prof, PREFILL_CHUNK)
@@ -243,9 +251,10 @@ fn a_streamed_pass_gives_the_chunks_logits_and_kv_cache_bit_for_bit_in_every_fam
 #[test]
 fn a_prompt_too_long_for_whole_rows_runs_as_one_pass_reading_each_expert_once_per_layer() {
     let n = 4096;
-    let dir = long_fixture("qwen3_moe", n);
+    // Room for the prompt and the token after it.
+    let dir = long_fixture("qwen3_moe", n + 1);
     let free = LoadOptions {
-        context: n,
+        context: n + 1,
         ..LoadOptions::default()
     };
     let smallest = moestream::inspect::plan::plan(dir.path(), &free)
@@ -266,14 +275,14 @@ fn a_prompt_too_long_for_whole_rows_runs_as_one_pass_reading_each_expert_once_pe
     let whole_rows = pass.bytes_per_position + pass.sub_bytes_per_row + routed_rows;
     let ids = prompt(n, model.cfg.vocab_size);
     drop(model);
-    assert_eq!(pass.positions, n, "one pass: {plan}");
+    assert!(pass.positions >= n, "one pass: {plan}");
     assert!(
         n as u64 * whole_rows > plan.activations() + plan.reserve("prefill pass"),
         "a pass holding every row's temporaries would need several: {plan}"
     );
     assert!((plan.slots_per_layer as u64) < experts, "{plan}");
     let one = counters_under(dir.path(), opts.clone(), &ids, n);
-    assert_eq!(one.layer_fetches, layers, "one fetch per layer");
+    assert_eq!(one.layer_fetches, layers, "one fetch per layer: {one:?}");
     assert!(
         one.demand_reads <= layers * experts,
         "{} reads for {layers} layers of {experts} experts",

@@ -313,7 +313,7 @@ impl Model {
     ) -> Result<Scratch> {
         let sub = self.prefill_pass.sub_rows;
         assert!(
-            sub > 0 && sub % PREFILL_CHUNK == 0,
+            sub > 0 && sub.is_multiple_of(PREFILL_CHUNK),
             "a pass's sub-chunk is whole chunks (so its rows attend as the chunks did)"
         );
         let mut seqs: Vec<Seq> = batch
@@ -522,7 +522,15 @@ impl Model {
     /// sub-chunk of at most `sub` rows at a time: rmsnorm → attention →
     /// residual. A row's attention reads only its own row and the cache,
     /// whose earlier rows the sub-chunks before it wrote.
-    fn attend(&self, layer: &Layer, x: &mut [f32], s: &mut Seg, at: usize, sub: usize, prof: &mut Profile) {
+    fn attend(
+        &self,
+        layer: &Layer,
+        x: &mut [f32],
+        s: &mut Seg,
+        at: usize,
+        sub: usize,
+        prof: &mut Profile,
+    ) {
         let h = self.cfg.hidden_size;
         let rows = s.rows;
         for (c, lo) in (0..rows.n).step_by(sub).enumerate() {

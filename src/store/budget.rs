@@ -456,7 +456,10 @@ mod tests {
         ];
         for (activations, per, granule, context, want) in table {
             let p = prefill_pass(activations, per, granule, context);
-            assert_eq!(p.positions, want, "{activations} {per:?} {granule} {context}");
+            assert_eq!(
+                p.positions, want,
+                "{activations} {per:?} {granule} {context}"
+            );
             assert!(p.positions <= context.max(1));
             assert_eq!(p.sub_rows, granule);
             if p.positions > 1 {
@@ -493,7 +496,10 @@ mod tests {
         let p = plan(&i).unwrap();
         assert_eq!(p.prefill_pass.positions, 6144, "(64 MiB - 5.12 MB) / 10 kB");
         assert_eq!(p.prefill_pass.sub_chunk_bytes(), 256 * 20_000);
-        assert_eq!(p.reserve("prefill pass"), 6144 * 10_000 + 256 * 20_000 - 4 * MIB);
+        assert_eq!(
+            p.reserve("prefill pass"),
+            6144 * 10_000 + 256 * 20_000 - 4 * MIB
+        );
         assert!(p.prefill_pass.bytes() <= 512 * MIB / 8);
         // A short context: one pass holds all of it.
         i.context = 1000;

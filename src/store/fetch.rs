@@ -423,7 +423,12 @@ impl<'s> Pending<'s> {
             }
             Source::Prefetch => {
                 let a = &self.awaited[k];
-                (a.expert, &a.read.plans[0], a.read.submitted, a.read.bytes[0])
+                (
+                    a.expert,
+                    &a.read.plans[0],
+                    a.read.submitted,
+                    a.read.bytes[0],
+                )
             }
         };
         let us = submitted.elapsed().as_micros() as u64;

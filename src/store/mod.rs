@@ -49,7 +49,6 @@ pub use prefetch::{Lookahead, Variant};
 pub use routes::Routes;
 pub use stats::StoreCounters;
 
-
 use crate::error::{Error, Result};
 use crate::formats::trace::record::LayerShape;
 use crate::formats::trace::{self, Tier};
