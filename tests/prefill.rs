@@ -1,9 +1,10 @@
 //! Layer-major prefill: a prompt longer than one chunk runs in passes of
 //! `Model::prefill_pass` positions, each layer over the whole pass before
-//! the next. It gives chunked prefill's bits (greedy tokens, logits, the
-//! teacher-forced eval) in every family, reads each routed expert at most
-//! once per layer per pass, and never runs a longer pass than the RAM
-//! plan set aside activations for.
+//! the next (attention and the MLPs a sub-chunk at a time, the routed
+//! experts streamed one after another). It gives chunked prefill's bits
+//! (greedy tokens, logits, the teacher-forced eval, the KV cache) in every
+//! family, reads each routed expert at most once per layer per pass, and
+//! never runs a longer pass than the RAM plan set aside activations for.
 
 mod common;
 
@@ -136,16 +137,14 @@ fn layer_major_prefill_is_chunked_prefill_bit_for_bit_in_every_family() {
 }
 
 /// Cold store counters after a greedy prefill of `ids` (one token) at
-/// `pass` positions per pass, 2 expert slots per layer.
-fn prefill_counters(dir: &Path, ids: &[u32], pass: usize) -> moestream::store::StoreCounters {
-    let mut model = load(
-        dir,
-        LoadOptions {
-            expert_cache: 2,
-            context: 1100,
-            ..LoadOptions::default()
-        },
-    );
+/// `pass` positions per pass, under `opts`.
+fn counters_under(
+    dir: &Path,
+    opts: LoadOptions,
+    ids: &[u32],
+    pass: usize,
+) -> moestream::store::StoreCounters {
+    let mut model = load(dir, opts);
     model.set_prefill_pass(pass).unwrap();
     let before = model.store.counters();
     generate(&model, ids, &greedy(1), |_| Ok(())).unwrap();
@@ -156,6 +155,146 @@ fn prefill_counters(dir: &Path, ids: &[u32], pass: usize) -> moestream::store::S
         misses: after.misses - before.misses,
         ..after
     }
+}
+
+/// Cold store counters after a greedy prefill of `ids` (one token) at
+/// `pass` positions per pass, 2 expert slots per layer.
+fn prefill_counters(dir: &Path, ids: &[u32], pass: usize) -> moestream::store::StoreCounters {
+    let opts = LoadOptions {
+        expert_cache: 2,
+        context: 1100,
+        ..LoadOptions::default()
+    };
+    counters_under(dir, opts, ids, pass)
+}
+
+/// Every KV cache value, as bits, layer after layer.
+fn kv_bits(kv: &moestream::model::kv::KvCache) -> Vec<u32> {
+    use moestream::model::kv::LayerKv;
+    let mut out = Vec::new();
+    for layer in &kv.layers {
+        let parts: [&[f32]; 3] = match layer {
+            LayerKv::Gqa { k, v } => [k, v, &[]],
+            LayerKv::Mla {
+                latent,
+                k_rope,
+                index_k,
+            } => [latent, k_rope, index_k],
+        };
+        out.extend(parts.iter().flat_map(|p| p.iter().map(|x| x.to_bits())));
+    }
+    out
+}
+
+/// A pass longer than its sub-chunk, with 2 expert slots per layer (every
+/// layer's experts stream through it, read in id order, most dropped once
+/// their rows are done), pipelined and not: the last logits and every
+/// layer's KV cache (GQA keys and values, MLA latents and rotary keys, DSA
+/// indexer keys) are chunk-by-chunk prefill's, bit for bit, in every
+/// family and attention mode.
+#[test]
+fn a_streamed_pass_gives_the_chunks_logits_and_kv_cache_bit_for_bit_in_every_family() {
+    for family in FAMILIES {
+        let dir = long_fixture(family, 700);
+        let mla = family.starts_with("deepseek") || family == "glm_moe_dsa";
+        let mut modes = vec![(MlaMode::Auto, DsaMode::Auto, true)];
+        modes.push((MlaMode::Auto, DsaMode::Auto, false));
+        if mla {
+            modes.push((MlaMode::Absorb, DsaMode::Auto, true));
+        }
+        if family == "glm_moe_dsa" {
+            modes.push((MlaMode::Absorb, DsaMode::On, true));
+            modes.push((MlaMode::Explicit, DsaMode::On, false));
+        }
+        for (m, d, pipeline) in modes {
+            let what = format!("{family} {m:?} {d:?} pipelined {pipeline}");
+            let mut opts = LoadOptions {
+                expert_cache: 2,
+                ..LoadOptions::default()
+            };
+            opts.schedule.pipeline = pipeline;
+            let mut model = load(dir.path(), opts);
+            model.set_attention_modes(m, d);
+            let ids = prompt(600, model.cfg.vocab_size);
+            assert!(
+                model.prefill_pass.positions >= ids.len(),
+                "{what}: one pass"
+            );
+            assert!(
+                model.prefill_pass.sub_rows < ids.len(),
+                "{what}: sub-chunks"
+            );
+            let mut prof = Profile::default();
+            let mut layered_kv = model.new_kv(ids.len());
+            let layered = model
+                .prefill(&ids, &mut layered_kv, false, &mut prof)
+                .unwrap();
+            let mut chunked_kv = model.new_kv(ids.len());
+            let chunked = model
+                .forward_chunked(&ids, &mut chunked_kv, false, &mut prof, PREFILL_CHUNK)
+                .unwrap();
+            assert!(same_bits(&layered, &chunked), "{what}: last logits");
+            assert_eq!(layered_kv.len(), chunked_kv.len(), "{what}");
+            assert!(
+                kv_bits(&layered_kv) == kv_bits(&chunked_kv),
+                "{what}: the KV caches differ"
+            );
+        }
+    }
+}
+
+/// A prompt whose every row's temporaries (the attention projections, the
+/// MLP rows, one routed output row per selected expert) would not fit the
+/// plan's pass runs as one pass under a small budget, and reads each
+/// routed expert at most once per layer, where chunk-by-chunk prefill
+/// re-reads them.
+#[test]
+fn a_prompt_too_long_for_whole_rows_runs_as_one_pass_reading_each_expert_once_per_layer() {
+    let n = 4096;
+    // Room for the prompt and the token after it.
+    let dir = long_fixture("qwen3_moe", n + 1);
+    let free = LoadOptions {
+        context: n + 1,
+        ..LoadOptions::default()
+    };
+    let smallest = moestream::inspect::plan::plan(dir.path(), &free)
+        .unwrap()
+        .smallest_budget_bytes;
+    let opts = LoadOptions {
+        ram_budget: Some(smallest),
+        ..free
+    };
+    let model = load(dir.path(), opts.clone());
+    let plan = model.plan.clone().expect("a plan under a budget");
+    let pass = plan.prefill_pass;
+    let (layers, experts) = (
+        model.store.moe_layers() as u64,
+        model.store.experts_in(0) as u64,
+    );
+    let routed_rows = (model.cfg.top_k * model.cfg.hidden_size * 4) as u64;
+    let whole_rows = pass.bytes_per_position + pass.sub_bytes_per_row + routed_rows;
+    let ids = prompt(n, model.cfg.vocab_size);
+    drop(model);
+    assert!(pass.positions >= n, "one pass: {plan}");
+    assert!(
+        n as u64 * whole_rows > plan.activations() + plan.reserve("prefill pass"),
+        "a pass holding every row's temporaries would need several: {plan}"
+    );
+    assert!((plan.slots_per_layer as u64) < experts, "{plan}");
+    let one = counters_under(dir.path(), opts.clone(), &ids, n);
+    assert_eq!(one.layer_fetches, layers, "one fetch per layer: {one:?}");
+    assert!(
+        one.demand_reads <= layers * experts,
+        "{} reads for {layers} layers of {experts} experts",
+        one.demand_reads
+    );
+    let chunked = counters_under(dir.path(), opts, &ids, PREFILL_CHUNK);
+    assert!(
+        chunked.demand_reads > one.demand_reads,
+        "chunked {} vs one pass {}",
+        chunked.demand_reads,
+        one.demand_reads
+    );
 }
 
 #[test]
@@ -211,6 +350,36 @@ fn the_pass_is_the_plans_and_no_longer() {
         "{plan}"
     );
     assert!(plan.to_string().contains("prefill pass"), "{plan}");
+    // Whatever the budget and context, the pass (what it holds for every
+    // position and one sub-chunk's temporaries) is within the items the
+    // plan itemizes for it, and never a sub-chunk that is not whole chunks.
+    for budget in [60_000_000, 100_000_000, 200_000_000, 1_000_000_000] {
+        for context in [100, 256, 1000, 4096] {
+            let opts = LoadOptions {
+                ram_budget: Some(budget),
+                context,
+                pin_history: false,
+                ..LoadOptions::default()
+            };
+            let Ok(model) = Model::load(dir.path(), &opts) else {
+                continue; // a budget too small for this context
+            };
+            let p = model.plan.expect("a plan under a budget");
+            let pass = p.prefill_pass;
+            assert_eq!(model.prefill_pass, pass);
+            let what = format!("{budget} B, {context} positions: {p}");
+            assert!(pass.positions >= 1 && pass.positions <= context, "{what}");
+            assert_eq!(pass.sub_rows % PREFILL_CHUNK, 0, "{what}");
+            assert!(
+                pass.bytes() <= p.activations() + p.reserve("prefill pass"),
+                "{what}"
+            );
+            assert!(pass.bytes() <= (budget / 8).max(p.activations()), "{what}");
+            if pass.positions < context {
+                assert_eq!(pass.positions % PREFILL_CHUNK, 0, "{what}");
+            }
+        }
+    }
     let mut model = model;
     let e = model.set_prefill_pass(pass.positions + 1).unwrap_err();
     assert!(e.to_string().contains("prefill_pass"), "{e}");

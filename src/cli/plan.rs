@@ -285,6 +285,13 @@ fn print_placement(b: &moestream::inspect::plan::Placement, p: &Plan, a: &PlanAr
         println!("  slack: {name:<18} {}", human(*bytes));
     }
     println!(
+        "  prefill pass      {} positions a pass ({} B held each, sub-chunks of {} rows x {} B)",
+        b.prefill_pass_positions,
+        b.prefill_pass_bytes_per_position,
+        b.prefill_pass_sub_rows,
+        b.prefill_pass_sub_bytes_per_row
+    );
+    println!(
         "  warm experts      {} = {} slots per layer x {} layers (of {} experts each)",
         human(b.warm_expert_bytes),
         b.slots_per_layer,

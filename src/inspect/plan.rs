@@ -83,6 +83,12 @@ pub struct Placement {
     /// Routed experts only ever read from disk (never all cached at once).
     pub cold_expert_bytes: u64,
     pub projected_peak_bytes: u64,
+    /// The layer-major prefill pass: positions each layer runs over
+    /// before the next, what it holds per position, and its sub-chunk.
+    pub prefill_pass_positions: usize,
+    pub prefill_pass_bytes_per_position: u64,
+    pub prefill_pass_sub_rows: usize,
+    pub prefill_pass_sub_bytes_per_row: u64,
     /// No GPU tier in this build: every expert lives in RAM or on disk.
     pub vram_bytes: u64,
 }
@@ -159,6 +165,10 @@ fn placement(fp: &Footprint, p: &BudgetPlan) -> Placement {
         warm_expert_bytes: warm,
         cold_expert_bytes: (fp.experts_disk_total as f64 * (1.0 - cached_share)) as u64,
         projected_peak_bytes: p.projected_peak,
+        prefill_pass_positions: p.prefill_pass.positions,
+        prefill_pass_bytes_per_position: p.prefill_pass.bytes_per_position,
+        prefill_pass_sub_rows: p.prefill_pass.sub_rows,
+        prefill_pass_sub_bytes_per_row: p.prefill_pass.sub_bytes_per_row,
         vram_bytes: 0,
     }
 }

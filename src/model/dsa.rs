@@ -205,3 +205,34 @@ pub fn recycle(sel: Selection) {
         }
     });
 }
+
+/// One sequence's DSA selections over a forward, one per sub-chunk of its
+/// rows (a layer-major pass attends a sub-chunk at a time): a full indexer
+/// layer replaces a sub-chunk's selection, a shared layer reuses it. The
+/// first needs no list, so a decode step allocates nothing.
+#[derive(Default)]
+pub struct Selections {
+    first: Option<Selection>,
+    rest: Vec<Option<Selection>>,
+}
+
+impl Selections {
+    /// Sub-chunk `c`'s selection.
+    pub fn part(&mut self, c: usize) -> &mut Option<Selection> {
+        if c == 0 {
+            return &mut self.first;
+        }
+        if self.rest.len() < c {
+            self.rest.resize_with(c, || None);
+        }
+        &mut self.rest[c - 1]
+    }
+
+    /// Gives every selection back for a later forward.
+    pub fn recycle(&mut self) {
+        let rest = self.rest.drain(..).flatten();
+        for sel in self.first.take().into_iter().chain(rest) {
+            recycle(sel);
+        }
+    }
+}

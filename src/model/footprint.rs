@@ -45,9 +45,12 @@ pub struct Footprint {
     pub kv_bytes_per_position: u64,
     /// Activation and logit bytes per position of a forward.
     pub activation_bytes_per_position: u64,
-    /// Activation bytes per position of a layer-major prefill pass (no
-    /// logits; see [`pass_bytes_per_position`]).
+    /// Bytes a layer-major prefill pass holds per position across a layer
+    /// (no logits; see [`pass_bytes_per_position`]).
     pub pass_bytes_per_position: u64,
+    /// A pass's temporaries per row of a sub-chunk (see
+    /// [`pass_row_bytes`]).
+    pub pass_row_bytes: u64,
     /// The model's longest context.
     pub context_max: usize,
 }
@@ -86,6 +89,7 @@ impl Footprint {
             kv_bytes_per_position: kv as u64,
             activation_bytes_per_position: activation_bytes_per_position(cfg),
             pass_bytes_per_position: pass_bytes_per_position(cfg),
+            pass_row_bytes: pass_row_bytes(cfg),
             context_max: cfg.rope.max_position_embeddings,
         })
     }
@@ -111,6 +115,7 @@ impl Footprint {
             kv: self.kv_bytes_per_position.saturating_mul(context as u64),
             activations: activations_bytes(self.activation_bytes_per_position, context),
             pass_bytes_per_position: self.pass_bytes_per_position,
+            pass_row_bytes: self.pass_row_bytes,
             pass_granule: PREFILL_CHUNK,
             context,
             page_cache: opts.read_mode != moestream_io::ReadMode::Direct,
@@ -153,23 +158,41 @@ pub fn unbudgeted_pass(cfg: &ModelConfig, context: usize) -> PrefillPass {
     let context = context.min(cfg.rope.max_position_embeddings).max(1);
     budget::prefill_pass(
         u64::MAX,
-        pass_bytes_per_position(cfg),
+        (pass_bytes_per_position(cfg), pass_row_bytes(cfg)),
         PREFILL_CHUNK,
         context,
     )
 }
 
-/// Bytes one position of a layer-major prefill pass holds while a layer
-/// runs: the residual stream, its normed copy, the block output, the
-/// shared expert's rows and the final normed rows (`hidden` each), one
-/// routed output row per selected expert (`top_k × hidden`) with its
-/// routing entry, the attention's per-row projections, a dense MLP's or
-/// the shared expert's gate, up and activation rows, and a DSA query's
-/// selected positions. A routed expert's own rows are a fraction of the
-/// pass (its share of the routings) and not counted; nor are logits: a
-/// pass keeps only its last row's.
+/// Bytes one position of a layer-major prefill pass holds for a whole
+/// layer: the residual stream and the block output being summed (`hidden`
+/// each; the normed input is recomputed per sub-chunk and per routed row,
+/// and the final norm is taken in place), the routing entries (each
+/// selected expert's pair, id and weight, the row's end and margin) and a
+/// DSA query's selected positions. Per-row temporaries are
+/// [`pass_row_bytes`], held for one sub-chunk at a time.
 fn pass_bytes_per_position(cfg: &ModelConfig) -> u64 {
-    let attention = match &cfg.mla {
+    let floats = 2 * cfg.hidden_size;
+    let pair = std::mem::size_of::<(usize, usize, f32)>();
+    let entry = pair + std::mem::size_of::<usize>() + std::mem::size_of::<f32>();
+    let row = std::mem::size_of::<usize>() + std::mem::size_of::<f32>();
+    let routing = cfg.top_k * entry + row;
+    let selection = cfg
+        .indexer
+        .as_ref()
+        .map_or(0, |ix| ix.topk * std::mem::size_of::<usize>());
+    (4 * floats + routing + selection) as u64
+}
+
+/// A layer-major pass's temporaries per row of a sub-chunk, the largest of
+/// its phases (each frees its buffers before the next starts): attention
+/// (the normed rows, the block output, the per-row projections, a DSA
+/// indexer's query and head weights), a routed expert's rows (gathered
+/// input, gate, up, output) and a dense MLP's or the shared expert's rows
+/// (normed input, gate, up, output).
+fn pass_row_bytes(cfg: &ModelConfig) -> u64 {
+    let h = cfg.hidden_size;
+    let projections = match &cfg.mla {
         // q, context, the q latent (and its normed copy), [latent | rope].
         Some(m) => {
             cfg.num_heads * (m.qk_head_dim() + m.v_head_dim)
@@ -180,6 +203,11 @@ fn pass_bytes_per_position(cfg: &ModelConfig) -> u64 {
         // q, k, v, context.
         None => 2 * (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim,
     };
+    let indexer = cfg
+        .indexer
+        .as_ref()
+        .map_or(0, |ix| ix.n_heads * ix.head_dim + ix.n_heads + ix.head_dim);
+    let attention = 2 * h + projections + indexer;
     let dense = if cfg.sparse_layers.iter().all(|&s| s) {
         0
     } else {
@@ -189,13 +217,8 @@ fn pass_bytes_per_position(cfg: &ModelConfig) -> u64 {
         SharedExperts::None => 0,
         SharedExperts::Gated(size) | SharedExperts::Plain(size) => size,
     };
-    let floats = (5 + cfg.top_k) * cfg.hidden_size + attention + 3 * dense.max(shared);
-    let routing = cfg.top_k * std::mem::size_of::<(usize, usize, f32)>();
-    let selection = cfg
-        .indexer
-        .as_ref()
-        .map_or(0, |ix| ix.topk * std::mem::size_of::<usize>());
-    (4 * floats + routing + selection) as u64
+    let mlp = 2 * h + 2 * dense.max(shared).max(cfg.moe_intermediate_size);
+    4 * attention.max(mlp) as u64
 }
 
 /// The KV layout of decoder layer `l` (as [`super::Model::kv_layout`] gives

@@ -35,7 +35,7 @@ use crate::model::profile::Profile;
 use crate::model::progress::Work;
 use crate::store::{ExpertStore, Variant};
 use attention::{Attention, AttentionShape};
-use dsa::Selection;
+use dsa::Selections;
 use mla::{DsaMode, MlaAttention, MlaMode, MlaShape};
 use mlp::Mlp;
 use moe::MoeBlock;
@@ -114,11 +114,11 @@ pub struct PassProgress {
 }
 
 /// One sequence of a forward: its new tokens, its KV cache, and its DSA
-/// selection (shared across the layers of one forward).
+/// selections (shared across the layers of one forward).
 struct Seq<'a> {
     tokens: &'a [u32],
     kv: &'a mut KvCache,
-    selection: Option<Selection>,
+    selections: Selections,
     /// MLA picks its attention path for every this many rows.
     attend_rows: usize,
 }
@@ -134,17 +134,17 @@ impl Seq<'_> {
                 attend_rows: self.attend_rows,
             },
             kv: &mut self.kv.layers[l],
-            selection: &mut self.selection,
+            selections: &mut self.selections,
         }
     }
 }
 
 /// One sequence's part of one layer: where its rows sit, that layer's KV,
-/// and its DSA selection.
+/// and its DSA selections.
 pub(crate) struct Seg<'a> {
     rows: Rows,
     kv: &'a mut LayerKv,
-    selection: &'a mut Option<Selection>,
+    selections: &'a mut Selections,
 }
 
 /// Where a chunk of rows sits: cache rows `start..`, RoPE positions
@@ -282,10 +282,10 @@ impl Model {
         let mut seqs = [Seq {
             tokens,
             kv,
-            selection: None,
+            selections: Selections::default(),
             attend_rows: usize::MAX,
         }];
-        self.forward_hidden_seqs(&mut seqs, None, prof)
+        self.forward_hidden_seqs(&mut seqs, usize::MAX, None, prof)
     }
 
     /// One forward over several sequences at once (a batched step): each
@@ -299,33 +299,33 @@ impl Model {
     /// It is a layer-major pass: MLA picks its attention path for every
     /// [`PREFILL_CHUNK`] rows of a sequence (so a pass of many chunks gives
     /// each row the bits the chunks did), and with `progress` each layer
-    /// done is reported.
+    /// done is reported. Over more rows than the pass's sub-chunk
+    /// ([`PrefillPass::sub_rows`](crate::store::budget::PrefillPass)), each
+    /// layer holds only the residual stream, its block output and the
+    /// routing for every row; attention and the MLPs run a sub-chunk at a
+    /// time, and the routed experts one after another (see
+    /// [`MoeBlock::forward_streamed`]), each read at most once.
     pub fn forward_pass_batch(
         &self,
         batch: &mut [(&[u32], &mut KvCache)],
         progress: Option<PassProgress>,
         prof: &mut Profile,
     ) -> Result<Scratch> {
-        self.forward_hidden_rows(batch, PREFILL_CHUNK, progress, prof)
-    }
-
-    fn forward_hidden_rows(
-        &self,
-        batch: &mut [(&[u32], &mut KvCache)],
-        attend_rows: usize,
-        progress: Option<PassProgress>,
-        prof: &mut Profile,
-    ) -> Result<Scratch> {
+        let sub = self.prefill_pass.sub_rows;
+        assert!(
+            sub > 0 && sub.is_multiple_of(PREFILL_CHUNK),
+            "a pass's sub-chunk is whole chunks (so its rows attend as the chunks did)"
+        );
         let mut seqs: Vec<Seq> = batch
             .iter_mut()
             .map(|(tokens, kv)| Seq {
                 tokens,
                 kv,
-                selection: None,
-                attend_rows,
+                selections: Selections::default(),
+                attend_rows: PREFILL_CHUNK,
             })
             .collect();
-        self.forward_hidden_seqs(&mut seqs, progress, prof)
+        self.forward_hidden_seqs(&mut seqs, sub, progress, prof)
     }
 
     /// A long prompt's prefill in layer-major passes of
@@ -390,9 +390,12 @@ impl Model {
         Ok(())
     }
 
+    /// The decoder over `seqs`' rows, attention and MLPs `sub` rows at a
+    /// time; the final-normed hidden states of every row.
     fn forward_hidden_seqs(
         &self,
         seqs: &mut [Seq],
+        sub: usize,
         progress: Option<PassProgress>,
         prof: &mut Profile,
     ) -> Result<Scratch> {
@@ -409,10 +412,10 @@ impl Model {
         for (l, layer) in self.layers.iter().enumerate() {
             if let [one] = seqs {
                 // One sequence: no list to allocate (decode allocates nothing).
-                self.layer_forward(l, layer, &mut x, &mut [one.seg(l)], prof)?;
+                self.layer_forward(l, layer, &mut x, &mut [one.seg(l)], sub, prof)?;
             } else {
                 let mut segs: Vec<Seg> = seqs.iter_mut().map(|s| s.seg(l)).collect();
-                self.layer_forward(l, layer, &mut x, &mut segs, prof)?;
+                self.layer_forward(l, layer, &mut x, &mut segs, sub, prof)?;
             }
             if x.iter().any(|v| !v.is_finite()) {
                 return Err(Error::NonFinite {
@@ -426,15 +429,17 @@ impl Model {
             }
         }
         for s in seqs.iter_mut() {
-            if let Some(sel) = s.selection.take() {
-                dsa::recycle(sel);
-            }
+            s.selections.recycle();
             s.kv.advance(s.tokens.len());
         }
         self.store.tick(n as u64);
-        let mut out = Scratch::zeroed(n * h); // (n, hidden)
-        self.norm_rows(&x, &self.norm, &mut out);
-        Ok(out)
+        // The final norm in place: (n, hidden)
+        let mut row = Scratch::zeroed(h);
+        for xr in x.chunks_exact_mut(h) {
+            row.copy_from_slice(xr);
+            rms_norm(&row, &self.norm, self.cfg.rms_norm_eps, xr);
+        }
+        Ok(x)
     }
 
     /// `(m, vocab)` logits of `(m, hidden)` final-normed rows.
@@ -473,7 +478,9 @@ impl Model {
     /// One decoder layer over `x` `(n, hidden)` in place, `x` holding the
     /// rows of `segs` one sequence after another:
     /// rmsnorm → attention (per sequence) → residual → rmsnorm →
-    /// (MoE | dense MLP, all rows) → residual.
+    /// (MoE | dense MLP, all rows) → residual. Attention runs `sub` rows of
+    /// a sequence at a time; over more than `sub` rows, so do the MLPs and
+    /// the MoE streams its experts ([`Model::ffn_streamed`]).
     /// `l` is the layer's index in the expert store.
     fn layer_forward(
         &self,
@@ -481,45 +488,25 @@ impl Model {
         layer: &Layer,
         x: &mut [f32],
         segs: &mut [Seg],
+        sub: usize,
         prof: &mut Profile,
     ) -> Result<()> {
-        let h = self.cfg.hidden_size;
-        let n = x.len() / h;
-        let mut xn = Scratch::zeroed(x.len()); // (n, hidden) normed input
-        let mut y = Scratch::zeroed(x.len()); // (n, hidden) block output
-        self.norm_rows(x, &layer.input_norm, &mut xn);
+        let n = x.len() / self.cfg.hidden_size;
         tap::at_layer(l);
-        tap::record(Part::AttnIn, &xn, h);
-        let t0 = Instant::now();
         let mut at = 0;
         for s in segs.iter_mut() {
-            let rows = s.rows;
-            let span = at * h..(at + rows.n) * h;
-            match &layer.attn {
-                AttnBlock::Gqa(a) => a.forward(
-                    &self.shapes.gqa,
-                    &xn[span.clone()],
-                    rows,
-                    s.kv,
-                    &mut y[span],
-                ),
-                AttnBlock::Mla(a) => {
-                    let sh = self
-                        .shapes
-                        .mla
-                        .as_ref()
-                        .expect("MLA layers come with an MLA shape");
-                    a.forward(sh, &xn[span.clone()], rows, s.kv, s.selection, &mut y[span])
-                }
-            }
-            at += rows.n;
+            self.attend(layer, x, s, at, sub, prof);
+            at += s.rows.n;
         }
-        prof.attention += t0.elapsed();
-        add(x, &y);
-        self.norm_rows(x, &layer.post_attn_norm, &mut xn);
         if n == 1 {
             self.look_ahead(l, x, Variant::Attn);
         }
+        if n > sub {
+            return self.ffn_streamed(l, layer, x, sub, prof);
+        }
+        let mut xn = Scratch::zeroed(x.len()); // (n, hidden) normed input
+        let mut y = Scratch::zeroed(x.len()); // (n, hidden) block output
+        self.norm_rows(x, &layer.post_attn_norm, &mut xn);
         match &layer.ffn {
             Ffn::Dense(mlp) => mlp.forward(Block::Dense, &xn, n, &mut y),
             Ffn::Moe(block) => block.forward(l, &self.store, &xn, n, prof, &mut y)?,
@@ -527,6 +514,87 @@ impl Model {
         add(x, &y);
         if n == 1 {
             self.look_ahead(l, x, Variant::Output);
+        }
+        Ok(())
+    }
+
+    /// Attention of one sequence (its rows start at row `at` of `x`), a
+    /// sub-chunk of at most `sub` rows at a time: rmsnorm → attention →
+    /// residual. A row's attention reads only its own row and the cache,
+    /// whose earlier rows the sub-chunks before it wrote.
+    fn attend(
+        &self,
+        layer: &Layer,
+        x: &mut [f32],
+        s: &mut Seg,
+        at: usize,
+        sub: usize,
+        prof: &mut Profile,
+    ) {
+        let h = self.cfg.hidden_size;
+        let rows = s.rows;
+        for (c, lo) in (0..rows.n).step_by(sub).enumerate() {
+            let part = Rows {
+                n: sub.min(rows.n - lo),
+                start: rows.start + lo,
+                ..rows
+            };
+            let span = (at + lo) * h..(at + lo + part.n) * h;
+            let mut xn = Scratch::zeroed(part.n * h); // (m, hidden) normed input
+            let mut y = Scratch::zeroed(part.n * h); // (m, hidden) attention output
+            self.norm_rows(&x[span.clone()], &layer.input_norm, &mut xn);
+            tap::record(Part::AttnIn, &xn, h);
+            let t0 = Instant::now();
+            match &layer.attn {
+                AttnBlock::Gqa(a) => a.forward(&self.shapes.gqa, &xn, part, s.kv, &mut y),
+                AttnBlock::Mla(a) => {
+                    let sh = self
+                        .shapes
+                        .mla
+                        .as_ref()
+                        .expect("MLA layers come with an MLA shape");
+                    a.forward(sh, &xn, part, s.kv, s.selections.part(c), &mut y)
+                }
+            }
+            prof.attention += t0.elapsed();
+            add(&mut x[span], &y);
+        }
+    }
+
+    /// The feed-forward half of a layer over more rows than a sub-chunk:
+    /// a dense MLP a sub-chunk at a time (its rows normed as they go), or
+    /// the MoE block streaming its experts over every row's routing, its
+    /// output summed into one `(n, hidden)` buffer, then the residual.
+    fn ffn_streamed(
+        &self,
+        l: usize,
+        layer: &Layer,
+        x: &mut [f32],
+        sub: usize,
+        prof: &mut Profile,
+    ) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let norm = &layer.post_attn_norm;
+        match &layer.ffn {
+            Ffn::Dense(mlp) => {
+                for rows in x.chunks_mut(sub * h) {
+                    let mut xn = Scratch::zeroed(rows.len()); // (m, hidden)
+                    let mut y = Scratch::zeroed(rows.len()); // (m, hidden)
+                    self.norm_rows(rows, norm, &mut xn);
+                    mlp.forward(Block::Dense, &xn, rows.len() / h, &mut y);
+                    add(rows, &y);
+                }
+            }
+            Ffn::Moe(block) => {
+                let mut y = Scratch::zeroed(x.len()); // (n, hidden) block output
+                let normed = moe::NormedRows {
+                    x,
+                    weight: norm,
+                    eps: self.cfg.rms_norm_eps,
+                };
+                block.forward_streamed(l, &self.store, &normed, sub, prof, &mut y)?;
+                add(x, &y);
+            }
         }
         Ok(())
     }

@@ -3,8 +3,17 @@
 //! each unique expert once from the [`ExpertStore`], applies it to every
 //! token routed to it, and adds the weighted outputs (plus the optional
 //! gated shared expert).
+//!
+//! Each row's outputs are summed in expert order, as transformers sums
+//! them. [`MoeBlock::forward`] keeps one output row per (expert, row) pair
+//! and sums them at the end, so its experts may land in any order;
+//! [`MoeBlock::forward_streamed`] (a long prefill pass) applies the experts
+//! in id order and adds each one's rows as soon as they are computed, the
+//! same additions in the same order, so it holds no more than one
+//! expert's block of rows at a time.
 
 use super::mlp::Mlp;
+use super::norm::rms_norm;
 use super::router::{Lean, Route, Router};
 use crate::error::Result;
 use crate::kernels::f32::dot;
@@ -153,6 +162,94 @@ impl MoeBlock {
         Ok(())
     }
 
+    /// [`MoeBlock::forward`] over every row of a layer-major pass, with
+    /// bounded temporaries: `x`'s rows are normed as they are used (never
+    /// all held), the router's decision is kept for every row, and the
+    /// experts are applied in id order (hits from the cache, misses read in
+    /// id order by [`ExpertStore::fetch_in_order`] and taken as they land,
+    /// the reads running ahead while earlier experts compute), each to its
+    /// rows `sub` at a time, each block's weighted rows added to `out` at
+    /// once: every row gets its experts' outputs added in expert order, as
+    /// [`MoeBlock::forward`] adds them, so the sums are the same bits. An
+    /// expert is dropped once its rows are done, unless the cache keeps it.
+    /// The shared expert follows, `sub` rows at a time.
+    pub fn forward_streamed(
+        &self,
+        layer: usize,
+        store: &ExpertStore,
+        x: &NormedRows,
+        sub: usize,
+        prof: &mut Profile,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let mut w = WORK.with(|w| std::mem::take(&mut *w.borrow_mut()));
+        let res = self.routed_streamed(layer, store, x, sub, prof, out, &mut w);
+        w.routes.clear();
+        w.cached.clear();
+        WORK.with(|slot| *slot.borrow_mut() = w);
+        res?;
+        let (n, h) = (x.rows(), x.hidden());
+        for lo in (0..n).step_by(sub) {
+            let m = sub.min(n - lo);
+            let mut xs = Scratch::zeroed(m * h); // (m, hidden) normed rows
+            for (i, row) in xs.chunks_exact_mut(h).enumerate() {
+                x.row_into(lo + i, row);
+            }
+            if let Some(ys) = self.shared_rows(&xs, m) {
+                add(&mut out[lo * h..(lo + m) * h], &ys);
+            }
+        }
+        Ok(())
+    }
+
+    /// The routed experts' part of [`MoeBlock::forward_streamed`].
+    #[allow(clippy::too_many_arguments)]
+    fn routed_streamed(
+        &self,
+        layer: usize,
+        store: &ExpertStore,
+        x: &NormedRows,
+        sub: usize,
+        prof: &mut Profile,
+        out: &mut [f32],
+        w: &mut Work,
+    ) -> Result<()> {
+        let lambda = store.schedule.cache_lean;
+        if lambda.is_some() {
+            store.cached_mask(layer, &mut w.held);
+        }
+        let mut row = Scratch::zeroed(x.hidden()); // (hidden) one normed row
+        for t in 0..x.rows() {
+            x.row_into(t, &mut row);
+            let lean = lambda.map(|lambda| Lean {
+                cached: &w.held,
+                lambda,
+            });
+            self.router.route_into(&row, lean, &mut w.route);
+            let r = &w.route;
+            let moved = lean.is_some().then_some(r.moved);
+            w.routes.push(&r.experts, &r.weights, r.margin, moved);
+        }
+        w.routes.seal();
+        let mut pending = store.fetch_in_order(layer, &w.routes, &mut w.cached)?;
+        out.fill(0.0);
+        let overlap = store.schedule.pipeline;
+        for (&e, hit) in w.routes.ids().iter().zip(&w.cached) {
+            let expert = match hit {
+                Some(m) => m.clone(),
+                None => pending.take(e, overlap)?,
+            };
+            let start = Instant::now();
+            let pairs = &w.routes.pairs()[w.routes.pairs_of(e)];
+            for block in pairs.chunks(sub) {
+                add_expert_rows(e, &expert, x, block, out);
+            }
+            prof.expert_matmul += start.elapsed();
+        }
+        pending.finish();
+        Ok(())
+    }
+
     /// The shared expert's output rows `(n, hidden)`, gated where it has a
     /// gate; `None` without a shared expert. Added to the routed sum last,
     /// whenever it was computed, so the result does not depend on when.
@@ -208,4 +305,57 @@ fn apply_expert(
         xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
     }
     expert.forward(Block::Expert(e as u32), &xs, m, ys);
+}
+
+/// The rows of `x` `(n, hidden)` normed by `weight`, one at a time: what a
+/// layer-major pass's MoE reads instead of holding every normed row.
+pub struct NormedRows<'a> {
+    pub x: &'a [f32],
+    /// (hidden,)
+    pub weight: &'a [f32],
+    pub eps: f64,
+}
+
+impl NormedRows<'_> {
+    /// Width of a row.
+    pub fn hidden(&self) -> usize {
+        self.weight.len()
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.x.len() / self.hidden()
+    }
+
+    /// Row `t`, normed, into `out` `(hidden)`.
+    pub fn row_into(&self, t: usize, out: &mut [f32]) {
+        let h = self.hidden();
+        rms_norm(&self.x[t * h..(t + 1) * h], self.weight, self.eps, out);
+    }
+}
+
+/// Runs routed expert `e` on the rows of `pairs` (normed as gathered) and
+/// adds each output row, times its weight, to its row of `out`.
+fn add_expert_rows(
+    e: usize,
+    expert: &Mlp,
+    x: &NormedRows,
+    pairs: &[(usize, usize, f32)],
+    out: &mut [f32],
+) {
+    let (m, h) = (pairs.len(), x.hidden());
+    let mut xs = Scratch::zeroed(m * h); // (m, hidden) gathered rows
+    for (i, &(_, t, _)) in pairs.iter().enumerate() {
+        x.row_into(t, &mut xs[i * h..(i + 1) * h]);
+    }
+    let mut ys = Scratch::zeroed(m * h); // (m, hidden)
+    expert.forward(Block::Expert(e as u32), &xs, m, &mut ys);
+    for (k, &(_, t, wt)) in pairs.iter().enumerate() {
+        for (o, yv) in out[t * h..(t + 1) * h]
+            .iter_mut()
+            .zip(&ys[k * h..(k + 1) * h])
+        {
+            *o += yv * wt;
+        }
+    }
 }

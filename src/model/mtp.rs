@@ -113,13 +113,16 @@ impl Model {
             // them as it did chunk by chunk.
             attend_rows: super::PREFILL_CHUNK,
         };
-        let mut selection = None;
+        let mut selections = super::dsa::Selections::default();
         let mut segs = [super::Seg {
             rows,
             kv: &mut st.kv.layers[0],
-            selection: &mut selection,
+            selections: &mut selections,
         }];
-        self.layer_forward(mtp.store_layer, &mtp.block, &mut x, &mut segs, prof)?;
+        // A pass's rows a sub-chunk at a time, as the decoder takes them.
+        let sub = self.prefill_pass.sub_rows;
+        self.layer_forward(mtp.store_layer, &mtp.block, &mut x, &mut segs, sub, prof)?;
+        selections.recycle();
         st.kv.advance(m);
         let mut normed = vec![0f32; m * h];
         self.norm_rows(&x, &mtp.norm, &mut normed);

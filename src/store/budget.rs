@@ -35,13 +35,20 @@ pub struct BudgetInput {
     pub kv: u64,
     /// Activations and logits of the largest forward.
     pub activations: u64,
-    /// Activation bytes one position of a layer-major prefill pass holds
-    /// (hidden states and every layer's per-row scratch; no logits: a pass
-    /// keeps only its last row's).
+    /// What a layer-major prefill pass holds per position across a whole
+    /// layer (the residual stream, the MoE output being summed, the
+    /// routing entries, a DSA selection; no logits: a pass keeps only its
+    /// last row's).
     pub pass_bytes_per_position: u64,
+    /// A pass's per-row temporaries (attention projections, a routed
+    /// expert's rows, a dense MLP's or the shared expert's rows): they are
+    /// held for one sub-chunk of [`BudgetInput::pass_granule`] rows at a
+    /// time, never for the whole pass.
+    pub pass_row_bytes: u64,
     /// Positions a pass is a multiple of (the chunk of a chunked prefill,
     /// so a pass's rows attend exactly as the chunks did), unless it holds
-    /// the whole context or the activations leave less than one.
+    /// the whole context or the activations leave less than one; also the
+    /// rows of a pass's sub-chunk.
     pub pass_granule: usize,
     /// Context positions planned (a pass never needs more).
     pub context: usize,
@@ -76,43 +83,75 @@ pub struct BudgetPlan {
 
 /// A layer-major prefill pass: each layer runs over this many positions of
 /// a long prompt before the next layer starts, so a layer reads each of
-/// its routed experts once per pass, not once per chunk. Its bytes are
-/// the activations item and the `prefill pass` item together (a pass
-/// keeps one row's logits, so it reuses the activations item).
+/// its routed experts once per pass, not once per chunk. What it holds for
+/// every position is small (the residual stream, the MoE sum, the routing
+/// entries); its per-row temporaries live for one sub-chunk of `sub_rows`
+/// rows at a time. Its bytes are the activations item and the `prefill
+/// pass` item together (a pass keeps one row's logits, so it reuses the
+/// activations item).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PrefillPass {
     pub positions: usize,
+    /// Held for every position of the pass while a layer runs.
     pub bytes_per_position: u64,
+    /// Rows of a sub-chunk: attention, a routed expert's rows, a dense
+    /// MLP's or the shared expert's run this many rows at a time.
+    pub sub_rows: usize,
+    /// Temporaries per row of a sub-chunk.
+    pub sub_bytes_per_row: u64,
 }
 
 impl PrefillPass {
-    /// The pass's activation bytes (at most the plan's activations item).
-    pub fn bytes(&self) -> u64 {
+    /// What the pass holds for its positions, all layers' runs alike.
+    pub fn held_bytes(&self) -> u64 {
         (self.positions as u64).saturating_mul(self.bytes_per_position)
+    }
+
+    /// One sub-chunk's temporaries (a pass shorter than a sub-chunk has
+    /// only its own rows).
+    pub fn sub_chunk_bytes(&self) -> u64 {
+        (self.sub_rows.min(self.positions) as u64).saturating_mul(self.sub_bytes_per_row)
+    }
+
+    /// The pass's activation bytes: what it holds and one sub-chunk's
+    /// temporaries (at most the plan's activations and `prefill pass`
+    /// items together).
+    pub fn bytes(&self) -> u64 {
+        self.held_bytes().saturating_add(self.sub_chunk_bytes())
     }
 }
 
-/// The longest pass whose activations fit in `activations` bytes: a
-/// multiple of `granule` positions, capped at the context (one pass for
-/// the whole context needs no rounding); at least one position.
+/// The longest pass whose held bytes and one sub-chunk of temporaries fit
+/// in `activations` bytes: a multiple of `granule` positions (the
+/// sub-chunk's rows), capped at the context (one pass for the whole
+/// context needs no rounding); at least one position.
 pub fn prefill_pass(
     activations: u64,
-    bytes_per_position: u64,
+    (bytes_per_position, sub_bytes_per_row): (u64, u64),
     granule: usize,
     context: usize,
 ) -> PrefillPass {
+    let granule = granule.max(1);
+    let sub = (granule as u64).saturating_mul(sub_bytes_per_row);
     let fit = activations
+        .saturating_sub(sub)
         .checked_div(bytes_per_position)
         .map_or(usize::MAX, |f| usize::try_from(f).unwrap_or(usize::MAX));
-    let granule = granule.max(1);
     let aligned = if fit >= granule {
         fit / granule * granule
     } else {
-        fit
+        // Under one sub-chunk: as many rows as the whole of each fits.
+        let per_row = bytes_per_position.saturating_add(sub_bytes_per_row);
+        activations
+            .checked_div(per_row)
+            .map_or(usize::MAX, |f| usize::try_from(f).unwrap_or(usize::MAX))
+            .min(granule)
     };
     PrefillPass {
         positions: aligned.min(context).max(1),
         bytes_per_position,
+        sub_rows: granule,
+        sub_bytes_per_row,
     }
 }
 
@@ -146,7 +185,7 @@ pub fn plan(i: &BudgetInput) -> Result<BudgetPlan, String> {
         .and_then(|per| per.checked_mul(i.top_k as u64));
     let pass = prefill_pass(
         pass_share(i.budget).max(i.activations),
-        i.pass_bytes_per_position,
+        (i.pass_bytes_per_position, i.pass_row_bytes),
         i.pass_granule,
         i.context,
     );
@@ -258,8 +297,11 @@ impl fmt::Display for BudgetPlan {
                 let pass = &self.prefill_pass;
                 write!(
                     f,
-                    " ({} positions, {} with the activations)",
+                    " ({} positions x {} B held, sub-chunks of {} rows x {} B, {} with the activations)",
                     pass.positions,
+                    pass.bytes_per_position,
+                    pass.sub_rows.min(pass.positions),
+                    pass.sub_bytes_per_row,
                     human(pass.bytes().max(self.activations()))
                 )?;
             }
@@ -294,6 +336,7 @@ mod tests {
             activations: 4 * MIB,
             // 8192 positions take 4.1 MB: within the activations item.
             pass_bytes_per_position: 500,
+            pass_row_bytes: 0,
             pass_granule: 256,
             context: 8192,
             page_cache: false,
@@ -393,23 +436,35 @@ mod tests {
 
     #[test]
     fn the_prefill_pass_fits_the_activations_item() {
-        // (activations, bytes per position, granule, context) -> positions
+        // (activations, (held per position, per sub-chunk row), granule,
+        // context) -> positions
         let table = [
-            (4 * MIB, 1000, 256, 8192, 4096), // 4194 fit, rounded down to 256s
-            (4 * MIB, 1000, 256, 3000, 3000), // the whole context in one pass
-            (4 * MIB, 1000, 256, 4096, 4096), // exactly the context
-            (200_000, 1000, 256, 8192, 200),  // under one granule: what fits
-            (999, 1000, 256, 8192, 1),        // never zero
-            (4 * MIB, 0, 256, 8192, 8192),    // nothing per position
-            (4 * MIB, 1000, 1, 8192, 4194),   // granule 1
-            (u64::MAX, 1, 256, usize::MAX, usize::MAX / 256 * 256),
+            (4 * MIB, (1000, 0), 256, 8192, 4096), // 4194 fit, rounded down to 256s
+            (4 * MIB, (1000, 0), 256, 3000, 3000), // the whole context in one pass
+            (4 * MIB, (1000, 0), 256, 4096, 4096), // exactly the context
+            (200_000, (1000, 0), 256, 8192, 200),  // under one granule: what fits
+            (999, (1000, 0), 256, 8192, 1),        // never zero
+            (4 * MIB, (0, 0), 256, 8192, 8192),    // nothing per position
+            (4 * MIB, (1000, 0), 1, 8192, 4194),   // granule 1
+            (u64::MAX, (1, 0), 256, usize::MAX, usize::MAX / 256 * 256),
+            // One sub-chunk of temporaries first: (4 MiB - 1,024,000) / 1000.
+            (4 * MIB, (1000, 4000), 256, 8192, 3072),
+            // A sub-chunk over the item: fewer rows, each with all of it.
+            (4 * MIB, (1000, 20_000), 256, 8192, 199),
+            // The Qwen3-30B-A3B shape's eighth of 3.32 GB: all of 16k.
+            (415_000_000, (16_700, 40_000), 256, 16_384, 16_384),
         ];
         for (activations, per, granule, context, want) in table {
             let p = prefill_pass(activations, per, granule, context);
-            assert_eq!(p.positions, want, "{activations} {per} {granule} {context}");
+            assert_eq!(
+                p.positions, want,
+                "{activations} {per:?} {granule} {context}"
+            );
             assert!(p.positions <= context.max(1));
+            assert_eq!(p.sub_rows, granule);
             if p.positions > 1 {
                 assert!(p.bytes() <= activations, "{p:?} over {activations}");
+                assert!(p.held_bytes() + p.sub_chunk_bytes() == p.bytes());
             }
         }
         // Within the activations item: no extra reserve.
@@ -431,10 +486,21 @@ mod tests {
         assert!(p.projected_peak <= p.budget);
         assert!(
             p.to_string().contains(
-                ", prefill pass 59.5 MiB (6656 positions, 63.5 MiB with the activations)"
+                ", prefill pass 59.5 MiB (6656 positions x 10000 B held, \
+                 sub-chunks of 256 rows x 0 B, 63.5 MiB with the activations)"
             ),
             "{p}"
         );
+        // Per-row temporaries take one sub-chunk out of the share first.
+        i.pass_row_bytes = 20_000;
+        let p = plan(&i).unwrap();
+        assert_eq!(p.prefill_pass.positions, 6144, "(64 MiB - 5.12 MB) / 10 kB");
+        assert_eq!(p.prefill_pass.sub_chunk_bytes(), 256 * 20_000);
+        assert_eq!(
+            p.reserve("prefill pass"),
+            6144 * 10_000 + 256 * 20_000 - 4 * MIB
+        );
+        assert!(p.prefill_pass.bytes() <= 512 * MIB / 8);
         // A short context: one pass holds all of it.
         i.context = 1000;
         assert_eq!(plan(&i).unwrap().prefill_pass.positions, 1000);

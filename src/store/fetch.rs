@@ -7,12 +7,15 @@
 //! its demand reads for the misses, the prefetch reads of experts it turned
 //! out to need, and the experts prefetch had already delivered. The layer
 //! computes its hits, then takes experts from [`Pending::next_expert`] as
-//! they land, and [`Pending::finish`] replays the cache insertions in the
-//! order asked for, so the cache never depends on completion order.
+//! they land (or, a long prefill pass applying its experts in id order,
+//! asks for each miss in turn by [`Pending::take`]), and
+//! [`Pending::finish`] replays the cache insertions in the order asked
+//! for, so the cache never depends on completion order.
 //!
 //! Memory stays bounded whatever the union's size (a long prefill can miss
 //! every expert of a layer): at most `window` demand experts are read and
-//! not yet handed out at once, and an expert the cache would evict again
+//! not yet handed out at once (those [`Pending::take`] holds for their
+//! turn included), and an expert the cache would evict again
 //! within the same layer (known up front, [`super::cache::SlotCache::survivors`])
 //! is dropped as soon as it has been applied; the replay inserts a
 //! placeholder for it, which is evicted before the replay ends.
@@ -220,6 +223,9 @@ pub struct Pending<'s> {
     awaited: Vec<PrefetchRead>,
     /// Experts that arrived before they were asked for.
     ready: Vec<(usize, Arc<Mlp>)>,
+    /// Demand experts landed before [`Pending::take`] asked for them
+    /// (still counted in `outstanding`).
+    landed: Vec<(usize, Arc<Mlp>)>,
     /// Every expert handed out, for the cache.
     fetched: Vec<(usize, Arc<Mlp>)>,
     /// Time blocked waiting for reads.
@@ -251,6 +257,7 @@ impl<'s> Pending<'s> {
             demand: Vec::new(),
             awaited,
             ready,
+            landed: Vec::new(),
             fetched: Vec::new(),
             stall: Duration::ZERO,
             latencies: Vec::new(),
@@ -296,11 +303,79 @@ impl<'s> Pending<'s> {
     /// The next expert to arrive, blocking until one lands; `None` when
     /// every asked-for expert has been handed out.
     pub fn next_expert(&mut self) -> Result<Option<(usize, Arc<Mlp>)>> {
+        if let Some((e, m)) = self.ready.pop() {
+            self.keep(e, &m);
+            return Ok(Some((e, m)));
+        }
+        let Some((source, e, m)) = self.arrive()? else {
+            return Ok(None);
+        };
+        if source == Source::Demand {
+            self.handed_out();
+        }
+        self.keep(e, &m);
+        Ok(Some((e, m)))
+    }
+
+    /// Miss `e`, blocking until it lands; the experts landing before it
+    /// wait for their turn, still counted in the read window, so the
+    /// window bounds what is read and not yet applied (with
+    /// [`ExpertStore::fetch_in_order`](super::ExpertStore::fetch_in_order)
+    /// and misses taken in id order, `e` was asked for before any of
+    /// them). With `overlap` off, reads and compute never overlap: every
+    /// read in flight lands before `e` is handed out.
+    pub fn take(&mut self, e: usize, overlap: bool) -> Result<Arc<Mlp>> {
         loop {
-            if let Some((e, m)) = self.ready.pop() {
+            if let Some(i) = self.ready.iter().position(|r| r.0 == e) {
+                let (e, m) = self.ready.swap_remove(i);
                 self.keep(e, &m);
-                return Ok(Some((e, m)));
+                return Ok(m);
             }
+            if let Some(i) = self.landed.iter().position(|r| r.0 == e) {
+                let (e, m) = self.landed.swap_remove(i);
+                self.outstanding -= 1;
+                if overlap {
+                    self.refill();
+                }
+                self.keep(e, &m);
+                return Ok(m);
+            }
+            // Not here yet: ask for what the window allows and wait (for
+            // one expert, or without overlap for the whole wave).
+            self.refill();
+            let mut got = 0;
+            while let Some((source, k, m)) = self.arrive()? {
+                got += 1;
+                match source {
+                    Source::Demand => self.landed.push((k, m)),
+                    Source::Prefetch => self.ready.push((k, m)),
+                }
+                if overlap {
+                    break;
+                }
+            }
+            assert!(
+                got > 0,
+                "expert {e} of layer {} was never asked for",
+                self.layer
+            );
+        }
+    }
+
+    /// A demand expert left the window: tops the window up (unless a
+    /// wave is being collected).
+    fn handed_out(&mut self) {
+        self.outstanding -= 1;
+        if !self.hold {
+            self.refill();
+        }
+    }
+
+    /// The next expert to land, blocking: (source, expert, assembled), or
+    /// `None` with nothing outstanding. A demand expert still counts in
+    /// the window until it is handed out.
+    fn arrive(&mut self) -> Result<Option<(Source, usize, Arc<Mlp>)>> {
+        loop {
             let Some((source, k, event)) = self.wait()? else {
                 return Ok(None);
             };
@@ -313,40 +388,8 @@ impl<'s> Pending<'s> {
             };
             match (arrival, source) {
                 (Arrival::Ready(i, slabs), source) => {
-                    let (e, plan, submitted) = match source {
-                        Source::Demand => {
-                            let b = &self.demand[k];
-                            (b.experts[i], &b.plans[i], b.submitted)
-                        }
-                        Source::Prefetch => {
-                            let a = &self.awaited[k];
-                            (a.expert, &a.read.plans[0], a.read.submitted)
-                        }
-                    };
-                    let us = submitted.elapsed().as_micros() as u64;
-                    self.latencies.push(us);
-                    if self.parts.trace.on() {
-                        let bytes = match source {
-                            Source::Demand => self.demand[k].bytes[i],
-                            Source::Prefetch => self.awaited[k].read.bytes[0],
-                        };
-                        self.parts.trace.read(self.layer, e, bytes, us);
-                    }
-                    let mlp = Arc::new(self.parts.experts.assemble(self.layer, e, plan, slabs)?);
-                    match source {
-                        Source::Prefetch => {
-                            let bytes = self.awaited[k].read.bytes[0];
-                            self.parts.stats.prefetch_used(bytes, true);
-                        }
-                        Source::Demand => {
-                            self.outstanding -= 1;
-                            if !self.hold {
-                                self.refill();
-                            }
-                        }
-                    }
-                    self.keep(e, &mlp);
-                    return Ok(Some((e, mlp)));
+                    let e = self.assemble(source, k, i, slabs)?;
+                    return Ok(Some((source, e.0, e.1)));
                 }
                 (Arrival::Lost(Some(e)), Source::Demand) | (Arrival::Broken(e), Source::Demand) => {
                     return Err(e)
@@ -362,6 +405,42 @@ impl<'s> Pending<'s> {
                 }
             }
         }
+    }
+
+    /// Assembles expert `i` of read `k` of `source` from its slabs,
+    /// recording its latency (and, for a prefetch, that it was used).
+    fn assemble(
+        &mut self,
+        source: Source,
+        k: usize,
+        i: usize,
+        slabs: Vec<Slab>,
+    ) -> Result<(usize, Arc<Mlp>)> {
+        let (e, plan, submitted, bytes) = match source {
+            Source::Demand => {
+                let b = &self.demand[k];
+                (b.experts[i], &b.plans[i], b.submitted, b.bytes[i])
+            }
+            Source::Prefetch => {
+                let a = &self.awaited[k];
+                (
+                    a.expert,
+                    &a.read.plans[0],
+                    a.read.submitted,
+                    a.read.bytes[0],
+                )
+            }
+        };
+        let us = submitted.elapsed().as_micros() as u64;
+        self.latencies.push(us);
+        if self.parts.trace.on() {
+            self.parts.trace.read(self.layer, e, bytes, us);
+        }
+        let mlp = Arc::new(self.parts.experts.assemble(self.layer, e, plan, slabs)?);
+        if source == Source::Prefetch {
+            self.parts.stats.prefetch_used(bytes, true);
+        }
+        Ok((e, mlp))
     }
 
     /// Blocks until some outstanding read answers: (source, index, event),
@@ -430,7 +509,7 @@ impl<'s> Pending<'s> {
     /// out.
     pub fn finish(self) {
         assert!(
-            self.queue.is_empty() && self.outstanding == 0,
+            self.queue.is_empty() && self.outstanding == 0 && self.landed.is_empty(),
             "a layer finished with expert reads outstanding"
         );
         let fetched = self.fetched;

@@ -68,6 +68,15 @@ use std::sync::{Arc, Mutex};
 use tracing::Trace;
 use usage::UsageTable;
 
+/// The order a layer's misses are read in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadOrder {
+    /// Most rows first, so the experts with the most work land first.
+    MostRowsFirst,
+    /// Id order, as a layer applying its experts in id order takes them.
+    Ids,
+}
+
 /// Routed experts of every MoE layer, streamed from disk into slot caches.
 pub struct ExpertStore {
     experts: Experts,
@@ -273,7 +282,24 @@ impl ExpertStore {
         cached: &mut Vec<Option<Arc<Mlp>>>,
     ) -> Result<Pending<'_>> {
         self.observe(layer, routes);
-        self.begin(layer, routes.ids(), routes.rows_per_id(), cached)
+        let order = ReadOrder::MostRowsFirst;
+        self.begin(layer, routes.ids(), routes.rows_per_id(), cached, order)
+    }
+
+    /// [`ExpertStore::fetch`] reading the misses in id order (file order),
+    /// for a layer that applies its experts in id order and takes each
+    /// miss by [`Pending::take`]: the next expert it needs was always
+    /// asked for first, so the read window never fills with experts it
+    /// cannot use yet.
+    pub fn fetch_in_order(
+        &self,
+        layer: usize,
+        routes: &Routes,
+        cached: &mut Vec<Option<Arc<Mlp>>>,
+    ) -> Result<Pending<'_>> {
+        self.observe(layer, routes);
+        let order = ReadOrder::Ids;
+        self.begin(layer, routes.ids(), routes.rows_per_id(), cached, order)
     }
 
     /// Runs the observers of a routing decision (see [`ExpertStore::fetch`]).
@@ -328,6 +354,7 @@ impl ExpertStore {
         ids: &[usize],
         rows: &[usize],
         cached: &mut Vec<Option<Arc<Mlp>>>,
+        order: ReadOrder,
     ) -> Result<Pending<'_>> {
         assert_eq!(rows.len(), ids.len(), "one row count per expert");
         assert!(
@@ -376,8 +403,10 @@ impl ExpertStore {
                 self.reads.cancel(p.read.batch.id);
             }
         }
-        // Stable: ties keep id order.
-        to_read.sort_by_key(|e| std::cmp::Reverse(rows[ids.partition_point(|i| i < e)]));
+        if order == ReadOrder::MostRowsFirst {
+            // Stable: ties keep id order.
+            to_read.sort_by_key(|e| std::cmp::Reverse(rows[ids.partition_point(|i| i < e)]));
+        }
         self.grow_into_spare_buffers(layer, misses.len());
         let survives = self.layers[layer].lock().survivors(&misses, &self.clock);
         let misses = misses.into_iter().zip(survives).collect();
