@@ -341,7 +341,9 @@ def target(rows):
 def half_of_default(rows):
     """Rows with at most half the default recipe's KL at no more than 10% more bytes per token."""
     ours = [r for r in rows if r["side"] == "moestream" and r["moestream"] and r["census"]]
-    base = next(r for r in ours if r["label"] == "default" and not r["weighting"])
+    base = next((r for r in ours if r["label"] == "default" and not r["weighting"]), None)
+    if base is None:
+        return ["(the default recipe was not measured)"]
     kl, nbytes = base["moestream"]["kl"], base["census"]["per_token"]
     fit = [r for r in ours if r["census"]["per_token"] <= 1.1 * nbytes and r["moestream"]["kl"] <= kl / 2]
     lines = [f"The default recipe (routed experts per-row int4, no importance): KL {kl:.5f} at "
