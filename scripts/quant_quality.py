@@ -50,6 +50,7 @@ import numpy as np
 LLAMA_TYPES = ["Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K", "IQ4_XS"]
 # (label, convert flags): named recipes, then routed-expert formats over the default recipe.
 RECIPES = [
+    ("q8_0 (every matrix)", ["--expert-bits", "q8_0", "--dense-bits", "q8_0", "--io-bits", "q8_0"]),
     ("int8", ["--recipe", "int8"]),
     ("k4m", ["--recipe", "k4m"]),
     ("down8", ["--recipe", "down8"]),
@@ -274,6 +275,8 @@ def moestream_rows(a, calib, scorer, moe, rows):
     imp = os.path.join(a.workdir, "importance.safetensors")
     run([a.bin, "calibrate", "--model", a.model, "--text", calib, "--window", str(a.ctx), "--out", imp])
     for label, flags in RECIPES:
+        if a.recipes and label not in a.recipes.split(","):
+            continue
         for weighted in (False, True):
             out = os.path.join(a.workdir, "container")
             shutil.rmtree(out, ignore_errors=True)
@@ -405,6 +408,7 @@ def main():
     p.add_argument("--part", choices=["all", "llama.cpp", "moestream"], default="all",
                    help="measure only llama.cpp's rows or only moestream's (two runs side by side, "
                    "each with its own --workdir and --json, joined by --render)")
+    p.add_argument("--recipes", help="only these rows of RECIPES (labels, comma-separated)")
     p.add_argument("--render", metavar="JSON", nargs="+", help="only re-render the rows of earlier --json files")
     a = p.parse_args()
     if a.render:
