@@ -96,6 +96,8 @@ fn a_replay_reproduces_the_runs_hits_and_misses() {
         ("arc", "3", "off"),
         ("lfru", "3", "on"),
         ("arc", "5", "on"),
+        ("auto", "3", "off"),
+        ("auto", "2", "on"),
     ];
     let mut ids = Vec::new();
     for (policy, slots, prefetch) in cases {

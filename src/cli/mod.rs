@@ -277,11 +277,12 @@ struct ModelArgs {
     /// fits, else the run is planned under that budget. `none`: no bound.
     #[arg(long, value_name = "GB|none", value_parser = parse_ram, help_heading = H_MEM)]
     ram_gb: Option<RamArg>,
-    /// Which cached expert a full cache evicts: least-stale (the expert
-    /// chosen the most tokens ago), lru, lfru (frequency first, recency
-    /// breaks ties), lfu or arc (see `moestream replay` to compare them on
-    /// a recorded trace).
-    #[arg(long, value_enum, default_value_t = PolicyArg::LeastStale, help_heading = H_MEM)]
+    /// Which cached expert a full cache evicts: auto (per layer, whichever
+    /// of least-stale and lfru would have missed least on its recent
+    /// lookups), least-stale (the expert chosen the most tokens ago), lru,
+    /// lfru (frequency first, recency breaks ties), lfu or arc (see
+    /// `moestream replay` to compare them on a recorded trace).
+    #[arg(long, value_enum, default_value_t = PolicyArg::Auto, help_heading = H_MEM)]
     policy: PolicyArg,
     /// Context positions the --ram-gb plan reserves KV cache for (default:
     /// for `run` with one prompt, the prompt plus --max-tokens; otherwise
@@ -388,6 +389,9 @@ enum PolicyArg {
     LeastStale,
     /// Adaptive replacement cache (recency and frequency lists).
     Arc,
+    /// Per layer, whichever of least-stale and lfru would have missed
+    /// least on its recent lookups (measured by ghost caches).
+    Auto,
 }
 
 impl From<PolicyArg> for EvictPolicy {
@@ -398,6 +402,7 @@ impl From<PolicyArg> for EvictPolicy {
             PolicyArg::Lfu => EvictPolicy::Lfu,
             PolicyArg::LeastStale => EvictPolicy::LeastStale,
             PolicyArg::Arc => EvictPolicy::Arc,
+            PolicyArg::Auto => EvictPolicy::Auto,
         }
     }
 }

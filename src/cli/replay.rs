@@ -19,11 +19,12 @@ pub(super) struct ReplayArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32")]
     slots: Vec<String>,
     /// Eviction policies, comma-separated: lru, lfru, lfu, least-stale,
-    /// arc, belady (the offline optimum, always simulated for the ratio).
+    /// arc, auto, belady (the offline optimum, always simulated for the
+    /// ratio).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "lru,lfu,lfru,least-stale,arc,belady"
+        default_value = "lru,lfu,lfru,least-stale,arc,auto,belady"
     )]
     policy: Vec<String>,
     /// Which misses stall and what is read: none (every miss read on
@@ -187,6 +188,8 @@ fn print_json(
                 "bytes_per_token": o.bytes_per_token(),
                 "hit_rate": o.hit_rate(),
                 "ratio_to_belady": o.ratio_to_belady,
+                "switches": o.switches,
+                "ended": o.ended,
             })
         })
         .collect();

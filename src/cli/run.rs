@@ -388,6 +388,7 @@ pub(super) fn config_json(model: &Model) -> serde_json::Value {
     serde_json::json!({
         "io": read_mode_of(model).name(),
         "submit": if model.store.uses_reactor() { "reactor" } else { "sync" },
+        "policy": model.store.policy().name(),
         "pipeline": s.pipeline,
         "prefetch": lookahead_name(s.lookahead),
         "slots_per_layer": model.plan.as_ref().map(|p| p.slots_per_layer),

@@ -81,6 +81,13 @@ pub struct RunStats {
     /// have chosen, and all it chose (both 0 when it is off).
     pub leaned_moved: u64,
     pub leaned_chosen: u64,
+    /// The eviction policy asked for (`--policy`), the policies the MoE
+    /// layers' caches ran at the end with how many layers ran each (for
+    /// `auto`, each layer's choice), and how often a layer's cache changed
+    /// its policy during the run.
+    pub policy: &'static str,
+    pub policy_layers: std::collections::BTreeMap<&'static str, usize>,
+    pub policy_switches: u64,
     /// Speculative decoding's drafts and acceptance (`None` when off).
     pub speculation: Option<crate::engine::SpecStats>,
 }
@@ -92,6 +99,19 @@ impl RunStats {
         let mut main = self.main_line();
         if let Some(r) = self.recall_learned {
             main.push_str(&format!(" learned {:.1}%", 100.0 * r));
+        }
+        if self.policy_layers.len() > 1 || self.policy_layers.keys().any(|&p| p != self.policy) {
+            let chose: Vec<String> = self
+                .policy_layers
+                .iter()
+                .map(|(p, n)| format!("{p} {n}"))
+                .collect();
+            main.push_str(&format!(
+                " | policy {} ran {} (layers), {} switches",
+                self.policy,
+                chose.join(", "),
+                self.policy_switches
+            ));
         }
         if self.leaned_chosen > 0 {
             main.push_str(&format!(
@@ -382,6 +402,9 @@ impl Probe {
             decode_disk_wait_s: (after.disk_time - at_decode.disk_time).as_secs_f64(),
             leaned_moved: after.leaned_moved - before.leaned_moved,
             leaned_chosen: after.leaned_chosen - before.leaned_chosen,
+            policy: model.store.policy().name(),
+            policy_layers: model.store.active_policies(),
+            policy_switches: after.policy_switches - before.policy_switches,
             speculation: None,
         }
     }

@@ -159,6 +159,11 @@ pub struct Snapshot {
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub bytes_read: u64,
+    /// The eviction policies the MoE layers' caches run now, with how many
+    /// layers run each (`--policy auto` chooses per layer), and how often a
+    /// layer changed its policy.
+    pub policy_layers: std::collections::BTreeMap<&'static str, usize>,
+    pub policy_switches: u64,
     /// Cumulative read counts per [`LATENCY_BOUNDS_US`] bound, the count
     /// and the sum (µs).
     pub latency_below: Vec<u64>,
@@ -327,8 +332,28 @@ impl Snapshot {
             "Expert bytes read from disk.",
             self.bytes_read,
         );
+        self.render_policies(m);
         self.render_latency(m);
         o
+    }
+
+    fn render_policies(&self, m: &mut String) {
+        let name = "moestream_expert_policy_layers";
+        let _ = writeln!(
+            m,
+            "# HELP {name} MoE layers whose cache evicts by each policy now."
+        );
+        let _ = writeln!(m, "# TYPE {name} gauge");
+        for (policy, n) in &self.policy_layers {
+            let _ = writeln!(m, "{name}{{policy=\"{policy}\"}} {n}");
+        }
+        metric(
+            m,
+            "expert_policy_switches_total",
+            "counter",
+            "Times a layer's cache changed its eviction policy (--policy auto).",
+            self.policy_switches,
+        );
     }
 
     fn render_latency(&self, m: &mut String) {
@@ -358,9 +383,14 @@ mod tests {
             latency_below: vec![1; LATENCY_BOUNDS_US.len()],
             latency_count: 2,
             latency_sum_us: 3000.0,
+            policy_layers: [("least-stale", 1), ("lfru", 2)].into_iter().collect(),
+            policy_switches: 2,
             ..Snapshot::default()
         };
         let text = s.render();
+        assert!(text.contains("moestream_expert_policy_layers{policy=\"lfru\"} 2\n"));
+        assert!(text.contains("moestream_expert_policy_layers{policy=\"least-stale\"} 1\n"));
+        assert!(text.contains("moestream_expert_policy_switches_total 2\n"));
         assert!(text.contains("moestream_generated_tokens_total 7\n"));
         assert!(text.contains("moestream_expert_hit_rate 0.7500\n"));
         assert!(text.contains("moestream_expert_read_latency_seconds_bucket{le=\"0.0001\"} 1\n"));

@@ -440,6 +440,8 @@ impl Worker<'_> {
         self.snap.expert_hits = c.hits + c.pinned_hits;
         self.snap.expert_misses = c.misses;
         self.snap.bytes_read = c.bytes_read;
+        self.snap.policy_layers = model.store.active_policies();
+        self.snap.policy_switches = c.policy_switches;
         let (below, count, sum) = model.store.read_latency_histogram(&LATENCY_BOUNDS_US);
         self.snap.latency_below = below;
         self.snap.latency_count = count;

@@ -43,6 +43,17 @@ pub struct SlotCache<V> {
     pub counters: CacheCounters,
 }
 
+impl Clone for SlotCache<()> {
+    /// The same slots, clock, counters and policy state (a ghost cache's
+    /// copy).
+    fn clone(&self) -> Self {
+        SlotCache {
+            counters: self.counters,
+            ..self.shadow()
+        }
+    }
+}
+
 impl<V: Clone> SlotCache<V> {
     /// An empty cache of `capacity` slots, all usable, evicting by `policy`.
     pub fn new(capacity: usize, policy: Box<dyn Evictor>) -> SlotCache<V> {
@@ -97,6 +108,13 @@ impl<V: Clone> SlotCache<V> {
                 None
             }
         }
+    }
+
+    /// Tells the policy a fetch of `keys` (sorted, unique) is about to be
+    /// looked up, with `view` the usage after their selections (see
+    /// [`Evictor::on_fetch`]).
+    pub fn observe(&mut self, keys: &[usize], view: View) {
+        self.policy.on_fetch(keys, view);
     }
 
     /// Tells the policy when `key` is next looked up (the replay's future;
@@ -201,19 +219,27 @@ impl<V: Clone> SlotCache<V> {
     /// caller drop, as soon as it is used, a fetched value that would only
     /// be evicted again.
     pub fn survivors(&self, keys: &[usize], view: View) -> Vec<bool> {
-        let mut shadow: SlotCache<()> = SlotCache {
-            capacity: self.capacity,
-            limit: self.limit,
-            slots: self.slots.clone(),
-            values: vec![(); self.slots.len()],
-            tick: self.tick,
-            policy: self.policy.clone_box(),
-            counters: CacheCounters::default(),
-        };
+        let mut shadow = self.shadow();
         for &k in keys {
             shadow.insert(k, (), view);
         }
         keys.iter().map(|&k| shadow.contains(k)).collect()
+    }
+
+    /// A copy holding no values: the same slots, clock and policy state
+    /// (room for `capacity` slots reserved, as in a new cache).
+    fn shadow(&self) -> SlotCache<()> {
+        let mut slots = Vec::with_capacity(self.capacity);
+        slots.extend_from_slice(&self.slots);
+        SlotCache {
+            capacity: self.capacity,
+            limit: self.limit,
+            slots,
+            values: vec![(); self.slots.len()],
+            tick: self.tick,
+            policy: self.policy.clone_box(),
+            counters: CacheCounters::default(),
+        }
     }
 
     /// Whether some cached value satisfies `pred`.
@@ -234,6 +260,16 @@ impl<V: Clone> SlotCache<V> {
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// The policy deciding victims now (see [`Evictor::active`]).
+    pub fn active_policy(&self) -> &'static str {
+        self.policy.active()
+    }
+
+    /// Times the active policy changed (see [`Evictor::switches`]).
+    pub fn policy_switches(&self) -> u64 {
+        self.policy.switches()
     }
 
     /// Cached entries.

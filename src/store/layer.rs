@@ -75,9 +75,16 @@ impl LayerState {
             .collect()
     }
 
-    /// Looks `experts` up into `out` (cleared first), counting each as a
-    /// hit or a miss; `None` for a miss.
-    pub(crate) fn lookup_into(&mut self, experts: &[usize], out: &mut Vec<Option<Arc<Mlp>>>) {
+    /// Looks `experts` (a fetch's sorted union) up into `out` (cleared
+    /// first), counting each as a hit or a miss; `None` for a miss. The
+    /// policy is told of the fetch first ([`SlotCache::observe`]).
+    pub(crate) fn lookup_into(
+        &mut self,
+        experts: &[usize],
+        out: &mut Vec<Option<Arc<Mlp>>>,
+        clock: &Clock,
+    ) {
+        self.slots.observe(experts, Self::view(&self.usage, clock));
         out.clear();
         out.extend(experts.iter().map(|&e| self.slots.get(e)));
     }

@@ -364,7 +364,7 @@ impl ExpertStore {
         self.stats.layer_fetches.fetch_add(1, Ordering::Relaxed);
         {
             let mut state = self.layers[layer].lock();
-            state.lookup_into(ids, cached);
+            state.lookup_into(ids, cached, &self.clock);
             self.trace.hits(layer, ids, cached, &state.slots);
         }
         let mut prefetched = self.prefetcher.take(layer);
@@ -591,11 +591,13 @@ impl ExpertStore {
     pub fn counters(&self) -> StoreCounters {
         let mut c = StoreCounters::default();
         for cache in &self.layers {
-            let l = cache.lock().slots.counters;
+            let state = cache.lock();
+            let l = state.slots.counters;
             c.pinned_hits += l.pinned_hits;
             c.hits += l.hits;
             c.misses += l.misses;
             c.evictions += l.evictions;
+            c.policy_switches += state.slots.policy_switches();
         }
         let r = self.reads.counters();
         c.bytes_read = r.demand_bytes + r.prefetch_bytes;
@@ -612,6 +614,23 @@ impl ExpertStore {
             .issued_bytes
             .saturating_sub(t.used_bytes + r.cancelled_bytes);
         c
+    }
+
+    /// The eviction policy asked for (`--policy`).
+    pub fn policy(&self) -> EvictPolicy {
+        self.policy
+    }
+
+    /// The policies the MoE layers' caches run now (for `auto`, each
+    /// layer's choice), with how many layers run each, by name.
+    pub fn active_policies(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut by = std::collections::BTreeMap::new();
+        for (cache, locs) in self.layers.iter().zip(&self.experts.locations) {
+            if !locs.is_empty() {
+                *by.entry(cache.lock().slots.active_policy()).or_insert(0) += 1;
+            }
+        }
+        by
     }
 
     /// Mean and 99th-percentile expert read latency so far, µs (0 with no

@@ -39,6 +39,8 @@ pub struct StoreCounters {
     /// chosen, and all experts it chose (both 0 when it is off).
     pub leaned_moved: u64,
     pub leaned_chosen: u64,
+    /// Times a layer's cache changed its active eviction policy (`auto`).
+    pub policy_switches: u64,
 }
 
 impl StoreCounters {

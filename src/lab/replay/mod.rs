@@ -7,7 +7,8 @@
 //!
 //! Per fetch, as the store does it: the usage clock advances to the
 //! fetch's forward, every row's selections are recorded in the usage
-//! counters, every expert of the union is looked up (in expert order),
+//! counters, the policy is told of the fetch (`auto` runs its ghosts
+//! there), every expert of the union is looked up (in expert order),
 //! then the misses are inserted in the same order. Belady is told, before
 //! the lookups, when each expert is next looked up.
 //!
@@ -104,11 +105,21 @@ pub struct Outcome {
     pub tokens: u64,
     /// Misses over Belady's at the same slots (filled by [`replay`]).
     pub ratio_to_belady: Option<f64>,
+    /// Times a layer's cache changed its active policy (`auto`), and how
+    /// many layers ended on each active policy.
+    pub switches: u64,
+    pub ended: std::collections::BTreeMap<String, usize>,
 }
 
 impl Outcome {
     pub fn accesses(&self) -> u64 {
         self.hits + self.misses
+    }
+
+    /// Whether the policy chose among others (some layer ended on another
+    /// policy, or switched).
+    pub fn chose(&self) -> bool {
+        self.switches > 0 || self.ended.keys().any(|p| *p != self.policy)
     }
 
     pub fn hit_rate(&self) -> f64 {
@@ -170,6 +181,13 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
                 ahead.extend(l.guesses[g.clone()].iter().filter(|&&e| !cache.contains(e)));
             }
         }
+        cache.observe(
+            ids,
+            View {
+                usage: usage.layer(0),
+                now: usage.clock(),
+            },
+        );
         misses.clear();
         for &e in ids {
             if cache.get(e).is_none() {
@@ -207,6 +225,10 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
     }
     out.hits += cache.counters.hits + cache.counters.pinned_hits;
     out.misses += cache.counters.misses;
+    out.switches += cache.policy_switches();
+    *out.ended
+        .entry(cache.active_policy().to_owned())
+        .or_default() += 1;
 }
 
 /// Simulates every run of the trace (each from empty caches and usage)

@@ -38,6 +38,17 @@ pub fn table(outcomes: &[Outcome]) -> String {
                 .map_or("-".to_owned(), |r| format!("{r:.3}")),
         );
     }
+    for o in outcomes.iter().filter(|o| o.chose()) {
+        let ended: Vec<String> = o.ended.iter().map(|(p, n)| format!("{p} {n}")).collect();
+        let _ = writeln!(
+            s,
+            "{} at {} slots ended on {} (layers), {} switches",
+            o.policy,
+            o.slots,
+            ended.join(", "),
+            o.switches
+        );
+    }
     s
 }
 

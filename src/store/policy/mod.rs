@@ -12,13 +12,18 @@
 //! - `lru`: the least recently looked-up or inserted expert goes.
 //! - `lfru`: decaying heat first, token recency breaks ties.
 //! - `lfu`: lifetime selections first, then least recent.
-//! - `least-stale` (default): the expert chosen the most tokens ago goes,
+//! - `least-stale`: the expert chosen the most tokens ago goes,
 //!   the least heated of equally stale ones first (after SpecMD's
 //!   Least-Stale). On realistic routing (next-token reuse 0.30) it misses
 //!   25% less than lfru live and 1.58x Belady against lfru's 2.09x;
 //!   results/policies.md.
 //! - `arc`: adaptive replacement (Megiddo & Modha): recency and frequency
 //!   lists sized by ghost hits.
+//! - `auto` (default): per layer, whichever of least-stale and LFRU would
+//!   have missed least on the layer's recent lookups (ghost caches measure
+//!   it, [`Chooser`] decides with hysteresis): no single policy wins on
+//!   every routing, and auto ends within 1-2% of the better one on both
+//!   presets and both trained models' traces; results/policies.md.
 //! - `belady`: Belady's MIN, the offline optimum; it needs every access's
 //!   next use, so only the replay can run it.
 //!
@@ -27,7 +32,9 @@
 //! called without allocating, so a replay allocates nothing per access.
 
 mod arc;
+mod auto;
 mod belady;
+mod chooser;
 mod least_stale;
 mod lfru;
 mod lfu;
@@ -35,7 +42,9 @@ mod lru;
 mod pinning;
 
 pub use arc::Adaptive;
+pub use auto::{Auto, CANDIDATES};
 pub use belady::Belady;
+pub use chooser::Chooser;
 pub use least_stale::LeastStale;
 pub use lfru::{lfru_score, Lfru};
 pub use lfu::Lfu;
@@ -78,12 +87,26 @@ pub trait Evictor: Send {
     /// The name `--policy` and `replay --policy` take.
     fn name(&self) -> &'static str;
 
+    /// The policy deciding victims now: the policy's own name, or for one
+    /// that chooses among others (`auto`), the one it chose.
+    fn active(&self) -> &'static str {
+        self.name()
+    }
+
+    /// Times the active policy changed.
+    fn switches(&self) -> u64 {
+        0
+    }
+
     /// Which of the full cache's `slots` (insertion order) to evict so that
     /// `incoming` fits: an index into `slots`, never a pinned one; `None`
     /// to insert nothing (every slot pinned, or `incoming` itself is the
     /// best victim).
     fn victim(&self, incoming: usize, slots: &[Slot], view: View) -> Option<usize>;
 
+    /// The layer is about to look `keys` up (one fetch: the sorted union
+    /// of its rows' experts), their selections already in `view`.
+    fn on_fetch(&mut self, _keys: &[usize], _view: View) {}
     /// A lookup found `key` cached.
     fn on_hit(&mut self, _key: usize) {}
     /// A lookup did not find `key`.
@@ -107,6 +130,12 @@ pub trait Evictor: Send {
     fn clone_box(&self) -> Box<dyn Evictor>;
 }
 
+impl Clone for Box<dyn Evictor> {
+    fn clone(&self) -> Self {
+        self.clone_box()
+    }
+}
+
 /// The unpinned slot with the lowest `score`, the earliest inserted among
 /// equals; `None` when every slot is pinned.
 pub fn lowest<K: Ord>(slots: &[Slot], score: impl Fn(&Slot) -> K) -> Option<usize> {
@@ -128,19 +157,22 @@ pub enum EvictPolicy {
     /// Lifetime selections first, recency breaks ties.
     Lfu,
     /// The expert chosen the most tokens ago.
-    #[default]
     LeastStale,
     /// Adaptive replacement cache.
     Arc,
+    /// Per layer, the candidate that would have missed least ([`Auto`]).
+    #[default]
+    Auto,
 }
 
 impl EvictPolicy {
-    pub const ALL: [EvictPolicy; 5] = [
+    pub const ALL: [EvictPolicy; 6] = [
         EvictPolicy::Lru,
         EvictPolicy::Lfru,
         EvictPolicy::Lfu,
         EvictPolicy::LeastStale,
         EvictPolicy::Arc,
+        EvictPolicy::Auto,
     ];
 
     pub fn name(self) -> &'static str {
@@ -150,6 +182,7 @@ impl EvictPolicy {
             EvictPolicy::Lfu => "lfu",
             EvictPolicy::LeastStale => "least-stale",
             EvictPolicy::Arc => "arc",
+            EvictPolicy::Auto => "auto",
         }
     }
 
@@ -166,12 +199,13 @@ impl EvictPolicy {
             EvictPolicy::Lfu => Box::new(Lfu),
             EvictPolicy::LeastStale => Box::new(LeastStale),
             EvictPolicy::Arc => Box::new(Adaptive::new(experts)),
+            EvictPolicy::Auto => Box::new(Auto::new(experts)),
         }
     }
 }
 
 /// Every policy name [`build`] knows, live ones first.
-pub const NAMES: [&str; 6] = ["lru", "lfru", "lfu", "least-stale", "arc", "belady"];
+pub const NAMES: [&str; 7] = ["lru", "lfru", "lfu", "least-stale", "arc", "auto", "belady"];
 
 /// A fresh policy named `name` for a layer of `experts` experts, offline
 /// ones included.
@@ -225,12 +259,13 @@ pub(crate) mod table {
             for &k in step.iter() {
                 cache.hint_next(k, next_use(i, k));
             }
-            misses.clear();
-            misses.extend(step.iter().copied().filter(|&k| cache.get(k).is_none()));
             let view = View {
                 usage: usage.layer(0),
                 now: usage.clock(),
             };
+            cache.observe(step, view);
+            misses.clear();
+            misses.extend(step.iter().copied().filter(|&k| cache.get(k).is_none()));
             for &k in &misses {
                 cache.insert(k, (), view);
             }
