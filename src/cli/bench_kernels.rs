@@ -69,7 +69,7 @@ pub(super) fn cmd_bench_kernels(a: KernelsArgs) -> Result<()> {
     let shapes = a
         .shapes
         .iter()
-        .map(|s| parse_shape(s))
+        .map(|s| parse_shape(s.as_str()))
         .collect::<Result<Vec<_>>>()?;
     let Some(op) = PeakOp::detect() else {
         bail!("bench kernels: this CPU has neither AVX-512 VNNI nor AVX2");
