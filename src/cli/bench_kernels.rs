@@ -91,40 +91,72 @@ pub(super) fn cmd_bench_kernels(a: KernelsArgs) -> Result<()> {
         "all threads, wall clock"
     };
     let peak_after = kernels::peak(op, a.reps);
+    let m = Measured {
+        op,
+        reps: a.reps,
+        timing: threads,
+        peak,
+        peak_after,
+        rows,
+    };
     if a.json {
-        let rows: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                serde_json::json!({"format": r.format, "rows": r.rows, "cols": r.cols, "n": r.n,
-                    "gmacs": r.gmacs, "peak_gmacs": r.peak_gmacs,
-                    "of_peak_median": r.of_peak_median(), "of_peak": r.of_peak})
-            })
-            .collect();
-        let p = |p: &kernels::PeakReport| {
-            serde_json::json!({"one_thread_gmacs": p.one_thread_gmacs,
-                "all_threads_gmacs": p.all_threads_gmacs})
-        };
-        println!(
-            "{}",
-            serde_json::json!({"peak_op": op.name(), "threads": peak.threads, "reps": a.reps,
-                "rows_timing": threads,
-                "peak_before": p(&peak), "peak_after": p(&peak_after), "rows": rows})
-        );
-        return Ok(());
+        print_json(&m);
+    } else {
+        print_table(&m);
     }
+    Ok(())
+}
+
+/// What one `bench kernels` run measured.
+struct Measured {
+    op: PeakOp,
+    reps: usize,
+    /// How the rows ran and were timed.
+    timing: &'static str,
+    peak: kernels::PeakReport,
+    peak_after: kernels::PeakReport,
+    rows: Vec<kernels::KernelRow>,
+}
+
+/// One JSON object.
+fn print_json(m: &Measured) {
+    let rows: Vec<_> = m
+        .rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({"format": r.format, "rows": r.rows, "cols": r.cols, "n": r.n,
+                "gmacs": r.gmacs, "peak_gmacs": r.peak_gmacs,
+                "of_peak_median": r.of_peak_median(), "of_peak": r.of_peak})
+        })
+        .collect();
+    let p = |p: &kernels::PeakReport| {
+        serde_json::json!({"one_thread_gmacs": p.one_thread_gmacs,
+            "all_threads_gmacs": p.all_threads_gmacs})
+    };
+    println!(
+        "{}",
+        serde_json::json!({"peak_op": m.op.name(), "threads": m.peak.threads, "reps": m.reps,
+            "rows_timing": m.timing,
+            "peak_before": p(&m.peak), "peak_after": p(&m.peak_after), "rows": rows})
+    );
+}
+
+/// The peak line and a Markdown table.
+fn print_table(m: &Measured) {
+    let (peak, peak_after) = (&m.peak, &m.peak_after);
     println!(
         "integer peak ({}): {:.1} GMAC/s on 1 thread, {:.1} GMAC/s on {} threads (after the rows: {:.1}, {:.1})",
-        op.name(),
+        m.op.name(),
         peak.one_thread_gmacs,
         peak.all_threads_gmacs,
         peak.threads,
         peak_after.one_thread_gmacs,
         peak_after.all_threads_gmacs
     );
-    println!("rows: {threads}, {} reps, medians", a.reps);
+    println!("rows: {}, {} reps, medians", m.timing, m.reps);
     println!("| format | shape | n | GMAC/s | Gop/s | peak GMAC/s | of peak (median) | range |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for r in &rows {
+    for r in &m.rows {
         let (lo, hi) = r
             .of_peak
             .iter()
@@ -143,7 +175,6 @@ pub(super) fn cmd_bench_kernels(a: KernelsArgs) -> Result<()> {
             100.0 * hi
         );
     }
-    Ok(())
 }
 
 /// `ROWSxCOLS`, each side in 1..=[`SIDE_MAX`].
