@@ -21,6 +21,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod bench_io;
+mod bench_kernels;
 mod bench_serve;
 mod bench_verify;
 mod calibrate;
@@ -147,6 +148,10 @@ enum Cmd {
 enum BenchCmd {
     /// Memory read bandwidth (the ceiling of every decode kernel).
     Mem(MemArgs),
+    /// The batched integer kernels (prefill, 32+ rows) against the
+    /// machine's integer peak (VNNI, else AVX2), measured alternately in
+    /// one process: GMAC/s and % of peak per format, shape and batch.
+    Kernels(bench_kernels::KernelsArgs),
     /// Decode speed of one configuration: one result line, optionally
     /// appended to a CSV file. The usage history is neither used nor saved.
     Decode(DecodeArgs),
@@ -761,6 +766,7 @@ pub fn main() -> ExitCode {
         Cmd::TrainPredictor(a) => train_predictor::cmd_train_predictor(a),
         Cmd::ExportGguf(a) => export_gguf::cmd_export(a),
         Cmd::Bench(BenchCmd::Mem(a)) => cmd_bench_mem(a),
+        Cmd::Bench(BenchCmd::Kernels(a)) => bench_kernels::cmd_bench_kernels(a),
         Cmd::Bench(BenchCmd::Decode(a)) => cmd_bench_decode(a),
         Cmd::Tune(a) => tune::cmd_tune(a),
         Cmd::Plan(a) => plan::cmd_plan(a),

@@ -29,13 +29,15 @@ pub(crate) fn xsums_hold(x: &[i8], stride: usize, xsum: &[i32]) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod panel512;
+#[cfg(target_arch = "x86_64")]
 mod tile256;
 #[cfg(target_arch = "x86_64")]
 mod tile512;
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MACS_MIN: usize = 1 << 18;
@@ -63,6 +65,26 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Fewest activation rows the int8/int4 batched dots repack their weight
+/// block into panels for (AVX-512 VNNI; `kernels::panel512`): below it the
+/// repack is not paid back and the 4×4 register tiles (`tile512`) run.
+pub(crate) const PANEL_ACTS_MIN: usize = 24;
+
+static PANELS: AtomicBool = AtomicBool::new(true);
+
+/// Whether the int8/int4 batched dots of `PANEL_ACTS_MIN` (24) or more rows
+/// take the panel kernel (`true`, the default) or the 4×4 register tiles:
+/// a process-wide switch for side-by-side measurements
+/// (`moestream bench kernels --compare-tiles`). Both give the same bits.
+pub fn set_panels(on: bool) {
+    PANELS.store(on, Ordering::Relaxed);
+}
+
+/// The current [`set_panels`] choice.
+pub fn panels() -> bool {
+    PANELS.load(Ordering::Relaxed)
 }
 
 /// Selects who runs the row blocks of every later product (process-wide).

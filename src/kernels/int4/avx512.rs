@@ -4,6 +4,7 @@
 //! saturation); `8·Σx` is subtracted once. The tail is a masked load:
 //! masked-off weight bytes read 0 and add nothing.
 
+use super::super::panel512::{self, PanelFormat};
 use super::super::tile512::{self, TileStep};
 use std::arch::x86_64::*;
 
@@ -201,6 +202,57 @@ impl TileStep for Nibbles {
             for r in 0..R {
                 acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], lo[r], ve);
                 acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], hi[r], vo);
+            }
+        }
+    }
+}
+
+/// [`dot_block`] for many activation rows: the weight block is unpacked
+/// and repacked once into panels of 16 rows (`kernels::panel512`), which
+/// then meet every activation row without horizontal sums.
+///
+/// # Safety
+/// As [`dot_block`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dot_panels(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `panel512::dot_panels`'s for this format.
+    unsafe { panel512::dot_panels::<Nibbles>(w, row_bytes, x, stride, xsum, out) }
+}
+
+impl PanelFormat for Nibbles {
+    const BIAS: i32 = 8;
+    const X_PER_STEP: usize = 128;
+
+    /// Dword `j` of a weight step holds columns `2(4j + k)` (low nibbles)
+    /// and `2(4j + k) + 1` (high), which meet quad `j` of the step's even
+    /// activations and quad `16 + j` of its odd ones.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn pack_step(
+        pw: *const u8,
+        row_bytes: usize,
+        rows: usize,
+        c: usize,
+        m: __mmask64,
+        out: *mut __m512i,
+    ) {
+        let nib = _mm512_set1_epi8(15);
+        // SAFETY: the trait's contract: `m` enables only bytes of the rows.
+        let t = unsafe { panel512::load_transposed(pw, row_bytes, rows, 64 * c, m) };
+        for (j, v) in t.into_iter().enumerate() {
+            let lo = _mm512_and_si512(v, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            // SAFETY: `out` has room for 32 vectors (X_PER_STEP / 4).
+            unsafe {
+                out.add(j).write(lo);
+                out.add(16 + j).write(hi);
             }
         }
     }

@@ -160,6 +160,10 @@ pub fn dot_block(
         debug_assert!(super::xsums_hold(x, stride, xsum));
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
+        if n >= super::PANEL_ACTS_MIN && super::panels() {
+            // SAFETY: as below; `dot_panels` has `dot_block`'s contract.
+            return unsafe { avx512::dot_panels(w, row_bytes, x, stride, xsum, out) };
+        }
         return unsafe { avx512::dot_block(w, row_bytes, x, stride, xsum, out) };
     }
     #[cfg(target_arch = "x86_64")]
@@ -392,6 +396,10 @@ mod tests {
                 // layout and shapes built above; xsum = Σx.
                 unsafe { avx512::dot_block(&w, rb, &x, stride, &xsum, &mut got) };
                 assert_eq!(got, want, "vnni, {what}");
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: as just above (`dot_panels` has `dot_block`'s contract).
+                unsafe { avx512::dot_panels(&w, rb, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "vnni panels, {what}");
             }
         }
     }
@@ -412,6 +420,17 @@ mod tests {
         for n in 0..=17 {
             for (rows, cols) in [(1, 1), (4, 128), (5, 129), (9, 255), (3, 600), (8, 4096)] {
                 check_block(rows, cols, n, rows * 31 + cols + n);
+            }
+        }
+    }
+
+    /// Panel shapes: row counts around the 16-row panels and 32-row pairs,
+    /// batches around the 12-row tiles and the panel threshold.
+    #[test]
+    fn batched_dots_agree_for_prefill_batches() {
+        for n in [12, 13, 23, 24, 25, 31, 32, 40, 64] {
+            for (rows, cols) in [(15, 128), (16, 257), (17, 128), (33, 300), (50, 4096)] {
+                check_block(rows, cols, n, rows * 7 + cols + n);
             }
         }
     }
@@ -437,7 +456,7 @@ mod tests {
 
         #[test]
         fn batched_dots_agree_on_random_shapes(
-            rows in 0usize..10, cols in 0usize..700, n in 1usize..18, seed in 0usize..10_000,
+            rows in 0usize..40, cols in 0usize..700, n in 1usize..40, seed in 0usize..10_000,
         ) {
             check_block(rows, cols, n, seed);
         }

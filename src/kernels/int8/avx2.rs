@@ -149,3 +149,68 @@ unsafe fn tile<const R: usize, const T: usize>(
         })
     })
 }
+
+/// The AVX2 peak probe: `steps` rounds of six independent
+/// `vpmaddubsw` → `vpmaddwd` → `vpaddd` chains (the AVX2 dots' own
+/// sequence, 32 multiply-adds each) on registers, no loads; returns the
+/// wrapped sum of the accumulators so the work cannot be dropped. The body
+/// is inline assembly so the compiler cannot hoist the loop-invariant
+/// products out of the loop.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn maddubs_peak(steps: usize, a: i32, b: i32) -> i32 {
+    let (va, vb, ones) = (
+        _mm256_set1_epi32(a),
+        _mm256_set1_epi32(b),
+        _mm256_set1_epi16(1),
+    );
+    let mut c: [__m256i; 6] = std::array::from_fn(|k| _mm256_set1_epi32(k as i32));
+    for _ in 0..steps {
+        // SAFETY: register-only AVX2 arithmetic (AVX2 is this function's
+        // precondition); no memory is touched.
+        unsafe {
+            std::arch::asm!(
+                "vpmaddubsw {t0}, {a}, {b}",
+                "vpmaddubsw {t1}, {a}, {b}",
+                "vpmaddubsw {t2}, {a}, {b}",
+                "vpmaddubsw {t3}, {a}, {b}",
+                "vpmaddubsw {t4}, {a}, {b}",
+                "vpmaddubsw {t5}, {a}, {b}",
+                "vpmaddwd {t0}, {t0}, {o}",
+                "vpmaddwd {t1}, {t1}, {o}",
+                "vpmaddwd {t2}, {t2}, {o}",
+                "vpmaddwd {t3}, {t3}, {o}",
+                "vpmaddwd {t4}, {t4}, {o}",
+                "vpmaddwd {t5}, {t5}, {o}",
+                "vpaddd {c0}, {c0}, {t0}",
+                "vpaddd {c1}, {c1}, {t1}",
+                "vpaddd {c2}, {c2}, {t2}",
+                "vpaddd {c3}, {c3}, {t3}",
+                "vpaddd {c4}, {c4}, {t4}",
+                "vpaddd {c5}, {c5}, {t5}",
+                a = in(ymm_reg) va,
+                b = in(ymm_reg) vb,
+                o = in(ymm_reg) ones,
+                c0 = inout(ymm_reg) c[0],
+                c1 = inout(ymm_reg) c[1],
+                c2 = inout(ymm_reg) c[2],
+                c3 = inout(ymm_reg) c[3],
+                c4 = inout(ymm_reg) c[4],
+                c5 = inout(ymm_reg) c[5],
+                t0 = out(ymm_reg) _,
+                t1 = out(ymm_reg) _,
+                t2 = out(ymm_reg) _,
+                t3 = out(ymm_reg) _,
+                t4 = out(ymm_reg) _,
+                t5 = out(ymm_reg) _,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+    }
+    let sum = c
+        .iter()
+        .fold(_mm256_setzero_si256(), |s, &v| _mm256_add_epi32(s, v));
+    hsum(sum)
+}

@@ -5,6 +5,7 @@
 //! 2^32 and the true sum fits an i32, so the result is exact. The tail is
 //! a masked load: masked-off lanes read `w = 0, x = 0` and add nothing.
 
+use super::super::panel512::{self, PanelFormat};
 use super::super::tile512::{self, TileStep};
 use super::PEAK_CHAINS;
 use std::arch::x86_64::*;
@@ -146,6 +147,49 @@ impl TileStep for Flipped {
             for r in 0..R {
                 acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], vw[r], vx);
             }
+        }
+    }
+}
+
+/// [`dot_block`] for many activation rows: the weight block is flipped and
+/// repacked once into panels of 16 rows (`kernels::panel512`), which then
+/// meet every activation row without horizontal sums.
+///
+/// # Safety
+/// As [`dot_block`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn dot_panels(
+    w: &[u8],
+    cols: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `panel512::dot_panels`'s for this format.
+    unsafe { panel512::dot_panels::<Flipped>(w, cols, x, stride, xsum, out) }
+}
+
+impl PanelFormat for Flipped {
+    const BIAS: i32 = 128;
+    const X_PER_STEP: usize = 64;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn pack_step(
+        pw: *const u8,
+        row_bytes: usize,
+        rows: usize,
+        c: usize,
+        m: __mmask64,
+        out: *mut __m512i,
+    ) {
+        let flip = _mm512_set1_epi8(i8::MIN);
+        // SAFETY: the trait's contract: `m` enables only bytes of the rows.
+        let t = unsafe { panel512::load_transposed(pw, row_bytes, rows, 64 * c, m) };
+        for (j, v) in t.into_iter().enumerate() {
+            // SAFETY: `out` has room for 16 vectors (X_PER_STEP / 4).
+            unsafe { out.add(j).write(_mm512_xor_si512(v, flip)) };
         }
     }
 }

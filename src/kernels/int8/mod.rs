@@ -102,6 +102,10 @@ pub fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, xsum: &[i32], o
         debug_assert!(super::xsums_hold(x, stride, xsum));
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
+        if n >= super::PANEL_ACTS_MIN && super::panels() {
+            // SAFETY: as below; `dot_panels` has `dot_block`'s contract.
+            return unsafe { avx512::dot_panels(w, cols, x, stride, xsum, out) };
+        }
         return unsafe { avx512::dot_block(w, cols, x, stride, xsum, out) };
     }
     #[cfg(target_arch = "x86_64")]
@@ -169,6 +173,67 @@ pub fn vnni_peak_probe(steps: usize, a: i32, b: i32) -> Option<i32> {
     }
     let _ = (steps, a, b);
     None
+}
+
+/// The integer multiply-add a peak probe runs ([`int_peak_probe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeakOp {
+    /// AVX-512 VNNI `vpdpbusd` on zmm registers (64 multiply-adds each).
+    Vnni,
+    /// AVX2 `vpmaddubsw` + `vpmaddwd` + `vpaddd` on ymm registers (32
+    /// multiply-adds a chain step), the AVX2 dots' sequence.
+    Avx2,
+}
+
+impl PeakOp {
+    /// The best one this CPU runs, checked at run time (the dispatch cap
+    /// `MOESTREAM_ISA` applies: the probe measures what the kernels use).
+    pub fn detect() -> Option<PeakOp> {
+        match isa() {
+            Isa::Avx512Vnni => Some(PeakOp::Vnni),
+            Isa::Avx2 | Isa::Avx512 => Some(PeakOp::Avx2),
+            Isa::Scalar => None,
+        }
+    }
+
+    /// Multiply-adds one probe round does.
+    pub fn macs_per_step(self) -> usize {
+        match self {
+            PeakOp::Vnni => PEAK_MACS_PER_STEP,
+            PeakOp::Avx2 => AVX2_PEAK_CHAINS * 32,
+        }
+    }
+
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeakOp::Vnni => "avx512-vnni vpdpbusd",
+            PeakOp::Avx2 => "avx2 vpmaddubsw+vpmaddwd",
+        }
+    }
+}
+
+/// Independent chains of the AVX2 probe (six products and six sums fill 15
+/// of the 16 ymm registers).
+const AVX2_PEAK_CHAINS: usize = 6;
+
+/// `steps` rounds of `op`'s peak probe ([`PeakOp::macs_per_step`]
+/// multiply-adds a round, register-only, independent accumulators), or
+/// `None` where this CPU lacks `op`'s instructions. `a` and `b` are the
+/// broadcast operands (pass them through `black_box`).
+pub fn int_peak_probe(op: PeakOp, steps: usize, a: i32, b: i32) -> Option<i32> {
+    match op {
+        PeakOp::Vnni => vnni_peak_probe(steps, a, b),
+        PeakOp::Avx2 => {
+            #[cfg(target_arch = "x86_64")]
+            if super::cpu::has_avx2() {
+                // SAFETY: AVX2 detected just above.
+                return Some(unsafe { avx2::maddubs_peak(steps, a, b) });
+            }
+            let _ = (steps, a, b);
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +380,10 @@ mod tests {
                 // and shapes built above; xsum = Σx.
                 unsafe { avx512::dot_block(&w, cols, &x, stride, &xsum, &mut got) };
                 assert_eq!(got, want, "vnni, {what}");
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: as just above (`dot_panels` has `dot_block`'s contract).
+                unsafe { avx512::dot_panels(&w, cols, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "vnni panels, {what}");
             }
         }
     }
@@ -328,6 +397,17 @@ mod tests {
         }
     }
 
+    /// Panel shapes: row counts around the 16-row panels and 32-row pairs,
+    /// batches around the 12-row tiles and the panel threshold.
+    #[test]
+    fn batched_dots_agree_for_prefill_batches() {
+        for n in [12, 13, 23, 24, 25, 31, 32, 40, 64] {
+            for (rows, cols) in [(15, 64), (16, 130), (17, 64), (33, 200), (50, 2048)] {
+                check_block(rows, cols, n, (rows * 7 + cols + n) as u32);
+            }
+        }
+    }
+
     #[test]
     fn batched_dots_agree_for_every_length_to_300() {
         for cols in 0..=300 {
@@ -337,7 +417,13 @@ mod tests {
 
     #[test]
     fn batched_dots_at_extreme_values() {
-        let (rows, cols, n) = (5, 1000, 6);
+        for n in [6, 30] {
+            dots_at_extreme_values(n);
+        }
+    }
+
+    fn dots_at_extreme_values(n: usize) {
+        let (rows, cols) = (5, 1000);
         let stride = padded_len(cols);
         for wv in [-128i8, 127] {
             for xv in [-127i8, 127] {
@@ -364,7 +450,7 @@ mod tests {
 
         #[test]
         fn batched_dots_agree_on_random_shapes(
-            rows in 0usize..10, cols in 0usize..400, n in 1usize..18, seed in any::<u32>(),
+            rows in 0usize..40, cols in 0usize..400, n in 1usize..40, seed in any::<u32>(),
         ) {
             check_block(rows, cols, n, seed);
         }

@@ -32,7 +32,9 @@
 //! add the weight rounding, `½ · scales[r] · Σ_c |x[c]|`.
 
 use super::cpu::{isa, Isa};
-use super::{f32 as kf32, int2, int4, int8, par_row_blocks, par_row_blocks_aligned};
+use super::{
+    f32 as kf32, int2, int4, int8, par_row_blocks, par_row_blocks_aligned, PANEL_ACTS_MIN,
+};
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -98,8 +100,10 @@ pub const COLS_MAX: usize = int8::COLS_MAX;
 const ROWS_PER_CALL: usize = 64;
 /// Activation rows one `dot_block` call covers.
 const ACTS_PER_CALL: usize = 16;
-/// Weight rows of the `dot_block` tiles: row blocks are whole tiles.
-const TILE_ROWS: usize = 4;
+/// Row blocks are whole multiples of this many rows: the 4-row register
+/// tiles and the 32-row panel pairs of `dot_block` (`kernels::panel512`).
+const BLOCK_ROWS_MULTIPLE: usize = 32;
+
 /// Fewest activation rows that take the tiled `dot_block` path. Below it
 /// the weights stream at memory bandwidth one activation row a pass (the
 /// block stays in L2 for the next pass), which measured faster than
@@ -260,28 +264,62 @@ fn matmul_by_act_row(
 /// Batches (int8, int4): each block of weight rows (a few pages, a whole
 /// number of tiles) meets up to [`ACTS_PER_CALL`] activation rows per
 /// `dot_block` call, which works in register tiles of weight rows ×
-/// activation rows; the block stays in L2 across the calls.
+/// activation rows; the block stays in L2 across the calls. From
+/// [`PANEL_ACTS_MIN`] rows on (prefill) one call takes every activation
+/// row, so the call's repack of the weights into panels is paid once.
 fn matmul_batched(bits: QBits, w: &[u8], scales: &[f32], rows: usize, acts: &Acts, y: &mut [f32]) {
     let (cols, n) = (acts.cols, acts.scale.len());
     let rb = bits.row_bytes(cols);
-    par_row_blocks_aligned(rows, cols, n, rb, TILE_ROWS, y, |blk| {
+    let per_call = if n >= PANEL_ACTS_MIN {
+        n
+    } else {
+        ACTS_PER_CALL
+    };
+    par_row_blocks_aligned(rows, cols, n, rb, BLOCK_ROWS_MULTIPLE, y, |blk| {
         let rs = blk.rows();
-        let mut acc = [0i32; ROWS_PER_CALL * ACTS_PER_CALL];
-        for r0 in rs.clone().step_by(ROWS_PER_CALL) {
-            let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
-            for t0 in (0..n).step_by(ACTS_PER_CALL) {
-                let t1 = (t0 + ACTS_PER_CALL).min(n);
-                let acc = &mut acc[..(r1 - r0) * (t1 - t0)];
-                acts.dot_block(bits, &w[r0 * rb..r1 * rb], t0..t1, acc);
-                for (t, a) in (t0..t1).zip(acc.chunks_exact(r1 - r0)) {
-                    let y = &mut blk.out_row(t)[r0 - rs.start..r1 - rs.start];
-                    for ((y, &a), &s) in y.iter_mut().zip(a).zip(&scales[r0..r1]) {
-                        *y = a as f32 * s * acts.scale[t];
+        BLOCK_ACC.with_borrow_mut(|acc| {
+            acc.resize(ROWS_PER_CALL * per_call, 0);
+            for r0 in rs.clone().step_by(ROWS_PER_CALL) {
+                let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
+                for t0 in (0..n).step_by(per_call) {
+                    let t1 = (t0 + per_call).min(n);
+                    let acc = &mut acc[..(r1 - r0) * (t1 - t0)];
+                    acts.dot_block(bits, &w[r0 * rb..r1 * rb], t0..t1, acc);
+                    for (t, a) in (t0..t1).zip(acc.chunks_exact(r1 - r0)) {
+                        let y = &mut blk.out_row(t)[r0 - rs.start..r1 - rs.start];
+                        scale_sums(a, &scales[r0..r1], acts.scale[t], y);
                     }
                 }
             }
-        }
+        });
     });
+}
+
+/// `y[r] = a[r] as f32 * s[r] * xs`: integer sums to outputs, in exactly
+/// that order (every ISA gives the same bits). Dispatched: AVX-512 where
+/// available, else [`scale_sums_scalar`].
+pub fn scale_sums(a: &[i32], s: &[f32], xs: f32, y: &mut [f32]) {
+    assert!(
+        a.len() == y.len() && s.len() == y.len(),
+        "scale_sums: lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx512 {
+        // SAFETY: `isa()` reported AVX-512F; equal lengths (asserted).
+        return unsafe { avx512::scale_sums(a, s, xs, y) };
+    }
+    scale_sums_scalar(a, s, xs, y)
+}
+
+/// The scalar twin of [`scale_sums`].
+pub fn scale_sums_scalar(a: &[i32], s: &[f32], xs: f32, y: &mut [f32]) {
+    assert!(
+        a.len() == y.len() && s.len() == y.len(),
+        "scale_sums: lengths"
+    );
+    for ((y, &a), &s) in y.iter_mut().zip(a).zip(s) {
+        *y = a as f32 * s * xs;
+    }
 }
 
 /// The float path of [`matmul`], whatever the switch says.
@@ -372,6 +410,8 @@ thread_local! {
     static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
     /// One unpacked weight row per thread (float path).
     static ROW_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// One `dot_block` call's integer sums per thread (batched path).
+    static BLOCK_ACC: RefCell<Vec<i32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `n` activation rows quantized once for one product.

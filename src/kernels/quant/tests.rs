@@ -205,6 +205,28 @@ fn batched_int_path_matches_the_scalar_twins_for_every_n_to_17() {
 }
 
 #[test]
+fn prefill_batches_match_the_scalar_twins_on_panels_and_tiles() {
+    // Batches past the panel threshold (one `dot_block` call per block of
+    // rows for every activation row), row counts off the 32-row panel
+    // pairs; the panel kernel and the 4×4 tiles give the same bits.
+    for (rows, cols) in [(17, 130), (50, 257), (130, 2050)] {
+        for bits in [QBits::Int8, QBits::Int4] {
+            let m = QMatrix::quantize(&values(rows * cols, rows + cols), rows, cols, bits);
+            for n in [23, 24, 37, 64] {
+                let x = values(n * cols, cols + n);
+                let want = bits_of(&int_reference(&m, &x, n));
+                let got = bits_of(&run_int(&m, &x, n));
+                assert_eq!(got, want, "{bits:?} {rows}x{cols} n={n}");
+                crate::kernels::set_panels(false);
+                let tiles = bits_of(&run_int(&m, &x, n));
+                crate::kernels::set_panels(true);
+                assert_eq!(tiles, want, "tiles, {bits:?} {rows}x{cols} n={n}");
+            }
+        }
+    }
+}
+
+#[test]
 fn int_path_extreme_weights_and_activations() {
     let (rows, cols) = (4, 333);
     for bits in [QBits::Int8, QBits::Int4] {
@@ -427,6 +449,20 @@ proptest! {
         for t in 0..n {
             let yt = run_int(&m, &x[t * cols..(t + 1) * cols], 1);
             prop_assert_eq!(bits_of(&y[t * rows..(t + 1) * rows]), bits_of(&yt));
+        }
+    }
+}
+
+#[test]
+fn scale_sums_twins_agree_bit_for_bit() {
+    for len in [0usize, 1, 15, 16, 17, 64, 100] {
+        let a: Vec<i32> = (0..len).map(|i| (i as i32 * 7919 - 300_000) * 37).collect();
+        let s: Vec<f32> = (0..len).map(|i| 1e-3 * (1.0 + i as f32 / 7.0)).collect();
+        for xs in [0.0f32, 3.1e-3, 1e30, f32::MIN_POSITIVE] {
+            let (mut want, mut got) = (vec![9f32; len], vec![7f32; len]);
+            scale_sums_scalar(&a, &s, xs, &mut want);
+            scale_sums(&a, &s, xs, &mut got);
+            assert_eq!(bits_of(&got), bits_of(&want), "len {len} xs {xs}");
         }
     }
 }
