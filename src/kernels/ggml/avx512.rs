@@ -543,22 +543,41 @@ fn dot_q6_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
         }
         let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
         let dw = f16x4(le16(blk, q6_k::D) as u64);
-        for (acc, a) in acc.iter_mut().zip(a) {
-            let x = &a.qs[QK_K * b..QK_K * (b + 1)];
-            let mut p = _mm512_setzero_si512();
-            for (j, (lev, sc)) in lev.iter().zip(&sc).enumerate() {
-                let xj = load64(&x[64 * j..]);
-                let pj = _mm512_sub_epi16(
-                    _mm512_maddubs_epi16(*lev, xj),
-                    _mm512_maddubs_epi16(m32, xj),
-                );
-                p = _mm512_dpwssd_epi32(p, pj, *sc);
-            }
-            let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
-            *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
-        }
+        sym_add(&mut acc, a, b, &lev, &sc, m32, dw);
     }
     acc.map(|acc| reduce16(acc))
+}
+
+/// Adds super-block `b` (unsigned levels `lev`, register `j` holding values
+/// `64j..64j+64`; i16 scales `sc`; f16 scale `dw` in lane 0) met by each
+/// activation row: the exact signed pairs `(level − bias)·x` from two
+/// `maddubs` (`bias` in every byte), `vpdpwssd` with the scales, the
+/// sixteen lanes times `d_w·d_x`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+fn sym_add<const N: usize>(
+    acc: &mut [__m512; N],
+    a: &[ActRow; N],
+    b: usize,
+    lev: &[__m512i; 4],
+    sc: &[__m512i; 4],
+    bias: __m512i,
+    dw: __m128,
+) {
+    for (acc, a) in acc.iter_mut().zip(a) {
+        let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+        let mut p = _mm512_setzero_si512();
+        for (j, (lev, sc)) in lev.iter().zip(sc).enumerate() {
+            let xj = load64(&x[64 * j..]);
+            let pj = _mm512_sub_epi16(
+                _mm512_maddubs_epi16(*lev, xj),
+                _mm512_maddubs_epi16(bias, xj),
+            );
+            p = _mm512_dpwssd_epi32(p, pj, *sc);
+        }
+        let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
+        *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
+    }
 }
 
 /// The 2-bit fields of register `j` of a Q3_K/Q2_K super-block (values
@@ -601,20 +620,7 @@ fn dot_q3_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
         let scv = scales_i16(load16(&scales_q3(&blk[q3_k::SCALES..q3_k::D])));
         let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
         let dw = f16x4(le16(blk, q3_k::D) as u64);
-        for (acc, a) in acc.iter_mut().zip(a) {
-            let x = &a.qs[QK_K * b..QK_K * (b + 1)];
-            let mut p = _mm512_setzero_si512();
-            for (j, (lev, sc)) in lev.iter().zip(&sc).enumerate() {
-                let xj = load64(&x[64 * j..]);
-                let pj = _mm512_sub_epi16(
-                    _mm512_maddubs_epi16(*lev, xj),
-                    _mm512_maddubs_epi16(four, xj),
-                );
-                p = _mm512_dpwssd_epi32(p, pj, *sc);
-            }
-            let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
-            *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
-        }
+        sym_add(&mut acc, a, b, &lev, &sc, four, dw);
     }
     acc.map(|acc| reduce16(acc))
 }

@@ -87,7 +87,7 @@ pub(super) mod q6_k {
 /// 6-bit scales, each stored `+ 32`), `d: f16`. Value `128h + 32s + l` (s =
 /// 0..4): bits `2s..2s+2` of `qs[32h + l]` are its level's low two bits and
 /// bit `4h + s` of `hmask[l]` its third; it decodes to `level − 4`;
-/// sub-block `v / 16` has scale `v / 16` of [`scales_q3`].
+/// sub-block `v / 16` has scale `v / 16` of `scales_q3`.
 pub(super) mod q3_k {
     pub const HMASK: usize = 0;
     pub const QS: usize = 32;

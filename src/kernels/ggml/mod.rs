@@ -230,7 +230,7 @@ pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
         }
         (BlockType::Q3K, Planned::Sym(b)) => {
             assert!(b.levels.iter().all(|&l| l < 8), "Q3_K: levels");
-            assert!(b.sc.iter().all(|&s| s >= -32 && s < 32), "Q3_K: scales");
+            assert!(b.sc.iter().all(|s| (-32..32).contains(s)), "Q3_K: scales");
             codec::pack_q3_k(b, out)
         }
         (BlockType::Q2K, Planned::KMin16(b)) => {
