@@ -12,7 +12,7 @@
 //!   really come from memory. Throughput = packed bytes + scales per call.
 //!   int8/int4 run the integer path (`kernels::quant::matmul_int`);
 //!   `int4_float_path` is the `--no-int-dot` path for comparison.
-//! - `ggml_{q4_0,q8_0,q4_k,q5_k,q6_k}`: the GGUF block types
+//! - `ggml_{q4_0,q8_0,q4_k,q5_k,q6_k,q3_k,q2_k}`: the GGUF block types
 //!   (`kernels::ggml::matmul`, activations quantized per call as ggml does)
 //!   at the Qwen3-30B-A3B expert shapes (768x2048, 2048x768) and 6144x2048,
 //!   batch 1/4, cycling through >= 256 MiB of matrices. Throughput = block
@@ -231,7 +231,8 @@ fn ggml_matrix(ty: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let scale_at: &[usize] = match ty {
         BlockType::Q4_0 | BlockType::Q8_0 => &[0],
         BlockType::Q4K | BlockType::Q5K => &[0, 2],
-        BlockType::Q6K => &[bb - 2],
+        BlockType::Q6K | BlockType::Q3K => &[bb - 2],
+        BlockType::Q2K => &[bb - 4, bb - 2],
     };
     for blk in w.chunks_exact_mut(bb) {
         for &at in scale_at {

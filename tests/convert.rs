@@ -473,3 +473,75 @@ fn a_recipe_writes_the_widths_it_names_and_plan_prices_each() {
     let refused = moestream(&["plan", "--recipes", "--model", dst.to_str().unwrap()]);
     assert_clean_failure(&refused, &["container"]);
 }
+
+/// `eval --json` of `model` over fixed prompt ids, plus `extra`.
+fn eval_ids(model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["eval", "--model", model.to_str().unwrap()];
+    args.extend(["--prompt-ids", "1,5,9,33,70,12,100,7", "--json"]);
+    args.extend(extra);
+    let out = moestream(&args);
+    assert!(out.ok, "{}: {}", model.display(), out.stderr);
+    serde_json::from_str(&out.stdout).expect("one JSON object")
+}
+
+/// On a model whose widths are whole 256-value blocks (a synthetic BF16
+/// Qwen3-MoE), `--expert-bits q4_k|q3_k|q2_k` keep the routed experts in
+/// their blocks (census), run, and lose more the fewer their bits (mean KL
+/// against the float model); `--recipe k3m` and `k2` write the widths they
+/// name, and `plan --recipes` prices them between `tiny` and the default.
+#[test]
+fn k_quant_experts_keep_their_blocks_and_lose_more_with_fewer_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("bf16");
+    let s = src.to_str().unwrap();
+    let geometry = ["--hidden", "256", "--layers", "2", "--experts", "4"];
+    let synth = moestream(
+        &[
+            &["synth", "--out", s][..],
+            &geometry,
+            &["--top-k", "2", "--moe-inter", "256"],
+        ]
+        .concat(),
+    );
+    assert!(synth.ok, "{}", synth.stderr);
+    let reference = tmp.path().join("ref.safetensors");
+    eval_ids(&src, &["--save-logits", reference.to_str().unwrap()]);
+    let mut kl = Vec::new();
+    for ty in ["q4_k", "q3_k", "q2_k"] {
+        let dst = tmp.path().join(ty);
+        let r = cli_convert(&src, &dst, &["--expert-bits", ty]);
+        assert!(r.ok, "{ty}: {}", r.stderr);
+        let c = census_widths(&dst);
+        assert_eq!(
+            (&c["expert_gate_up"], &c["expert_down"]),
+            (&vec![ty.to_string()], &vec![ty.to_string()])
+        );
+        let v = eval_ids(&dst, &["--ref-logits", reference.to_str().unwrap()]);
+        kl.push(v["ref"]["mean_kl"].as_f64().unwrap());
+    }
+    assert!(
+        kl[0] < kl[1] && kl[1] < kl[2],
+        "mean KL q4_k, q3_k, q2_k: {kl:?}"
+    );
+    for (recipe, gate_up, down) in [("k3m", "q3_k", "q4_k"), ("k2", "q2_k", "q3_k")] {
+        let dst = tmp.path().join(recipe);
+        let r = cli_convert(&src, &dst, &["--recipe", recipe]);
+        assert!(r.ok, "{recipe}: {}", r.stderr);
+        let c = census_widths(&dst);
+        assert_eq!(c["expert_gate_up"], [gate_up], "{recipe}");
+        assert_eq!(c["expert_down"], [down], "{recipe}");
+        assert_eq!(c["attention"], ["q8_0"], "{recipe}");
+        assert_eq!(c["router"], ["f32"], "{recipe}");
+    }
+    let plan = moestream(&["plan", "--recipes", "--json", "--model", s]);
+    assert!(plan.ok, "{}", plan.stderr);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&plan.stdout).unwrap();
+    let per_token = |name: &str| {
+        let r = rows.iter().find(|r| r["recipe"] == name).expect(name);
+        r["expert_bytes_per_token"].as_u64().unwrap()
+    };
+    assert!(per_token("tiny") < per_token("k2"));
+    assert!(per_token("k2") < per_token("k3m"));
+    assert!(per_token("k3m") < per_token("default"));
+    assert!(per_token("default") < per_token("k4m"));
+}

@@ -72,7 +72,12 @@ fn oracle_prompt(name: &str) -> Vec<u32> {
 }
 
 fn check_same_model(name: &str, prompt: &[u32]) {
-    let src = gguf(name);
+    check_same_file(&gguf(name), prompt)
+}
+
+fn check_same_file(src: &Path, prompt: &[u32]) {
+    let name = src.display();
+    let src = src.to_path_buf();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("c");
     let c = convert(&src, &out, &[]);
@@ -195,8 +200,8 @@ fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let mut bytes = std::fs::read(gguf("qwen3moe-Q4_K_M.gguf")).unwrap();
     let at = type_field(&bytes, "blk.0.ffn_down_exps.weight");
-    // Q2_K (10): a type of the same block size the kernels do not run.
-    bytes[at..at + 4].copy_from_slice(&10u32.to_le_bytes());
+    // IQ4_XS (23): a 256-value block type the kernels do not run.
+    bytes[at..at + 4].copy_from_slice(&23u32.to_le_bytes());
     let bad = dir.path().join("bad.gguf");
     std::fs::write(&bad, &bytes).unwrap();
     let out = convert(&bad, &dir.path().join("o"), &[]);
@@ -208,8 +213,8 @@ fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
     );
     assert_clean_failure(&out, &["--expert-bits", "GGUF", "as stored"]);
     let src = fixture("qwen3_moe");
-    let out = convert(&src, &dir.path().join("o3"), &["--quant", "q3_k"]);
-    assert_clean_failure(&out, &["--expert-bits q3_k", "q6_k"]);
+    let out = convert(&src, &dir.path().join("o3"), &["--quant", "iq4_xs"]);
+    assert_clean_failure(&out, &["--expert-bits iq4_xs", "q3_k"]);
 }
 
 /// Metadata that disagrees with the stored bytes (another type, a column
@@ -244,7 +249,7 @@ fn a_lying_block_header_is_refused_naming_the_tensor() {
         ),
         (
             &key,
-            json!({"type": "Q3_K", "cols": meta["cols"]}),
+            json!({"type": "IQ4_XS", "cols": meta["cols"]}),
             vec![&key, "`type` must be one of"],
         ),
         (
@@ -285,6 +290,19 @@ fn convert_quant_stores_blocks_fitted_to_the_columns_and_runs() {
             "dense",
             BlockType::Q6K,
         ),
+        // Widths 192 and 128: the 3- and 2-bit K types fall back to Q4_0.
+        (
+            "qwen3_moe",
+            vec!["--expert-bits", "q3_k"],
+            "expert",
+            BlockType::Q3K,
+        ),
+        (
+            "deepseek_v3",
+            vec!["--expert-bits", "q2_k", "--dense-bits", "q2_k"],
+            "dense",
+            BlockType::Q2K,
+        ),
     ];
     let mut kept_k = 0;
     for (family, flags, class, ty) in cases {
@@ -312,4 +330,75 @@ fn convert_quant_stores_blocks_fitted_to_the_columns_and_runs() {
         assert_eq!(greedy(dir.path(), &prompt, 4).len(), 4, "{flags:?}: runs");
     }
     assert!(kept_k > 0, "some matrix kept a K type");
+}
+
+/// `export-gguf --type TYPE` of the Q8_0 fixture (every width a multiple of
+/// 256, every matrix TYPE blocks).
+fn exported(from: &Path, ty: &str, out: &Path) {
+    let r = moestream(&[
+        "export-gguf",
+        "--model",
+        from.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--type",
+        ty,
+    ]);
+    assert!(r.ok, "export {ty}: {}", r.stderr);
+}
+
+/// max |a − b| / max |b| of two `eval --json` runs' last logits.
+fn last_logits_gap(a: &Path, b: &Path, prompt: &[u32]) -> f64 {
+    let last = |m: &Path| {
+        let out = moestream(&[
+            "eval",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-ids",
+            &ids(prompt),
+            "--json",
+        ]);
+        assert!(out.ok, "{}: {}", m.display(), out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        common::f64s(&v["last_logits"])
+    };
+    let (a, b) = (last(a), last(b));
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+/// Q3_K and Q2_K GGUFs (exported from the Q8_0 fixture) run: `convert
+/// --input` keeps their blocks and runs token-identical with bit-identical
+/// logits, and their logits follow the F32 GGUF of their own dequantized
+/// weights as closely as the Q8_0 file follows its own. The gap is the
+/// activations' int8 rounding (Q8_K here, Q8_0 there), measured 0.034
+/// (Q3_K), 0.019 (Q2_K) and 0.024 (Q8_0) on this random-weight model; a
+/// misread block would move the logits as much as quantizing did (0.7 and
+/// 1.1 against the Q8_0 file's weights).
+#[test]
+fn q3_k_and_q2_k_ggufs_run_convert_identical_and_follow_their_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = oracle_prompt("qwen3moe-Q8_0.gguf");
+    let q8 = gguf("qwen3moe-Q8_0.gguf");
+    let q8_f32 = dir.path().join("q8_0-f32.gguf");
+    exported(&q8, "f32", &q8_f32);
+    let q8_gap = last_logits_gap(&q8, &q8_f32, &prompt);
+    for (ty, id) in [("q3_k", 11), ("q2_k", 10)] {
+        let g = dir.path().join(format!("{ty}.gguf"));
+        exported(&q8, ty, &g);
+        let f = moestream::formats::gguf::file::GgufFile::open(&g).unwrap();
+        let blocks = f.tensors.iter().filter(|t| t.ty == id).count();
+        assert!(blocks >= 10, "{ty}: {blocks} tensors of type {id}");
+        check_same_file(&g, &prompt);
+        let deq = dir.path().join(format!("{ty}-f32.gguf"));
+        exported(&g, "f32", &deq);
+        let gap = last_logits_gap(&g, &deq, &prompt);
+        assert!(
+            gap <= 2.0 * q8_gap,
+            "{ty}: logits {gap:.4} from its dequantized weights' (Q8_0: {q8_gap:.4})"
+        );
+    }
 }

@@ -16,17 +16,18 @@ pub(super) struct ConvertArgs {
     /// The widths of every tensor class, by name (`moestream plan --recipes
     /// --model DIR` shows each one's bytes per token): default (routed
     /// experts int4, the rest int8), bf16, int8, down8 (routed down int8),
-    /// g32 (routed experts q4g32), k4m (Q4_K_M-like blocks), tiny (routed
-    /// gate/up int2). The flags below change it.
+    /// g32 (routed experts q4g32), k4m (Q4_K_M-like blocks), k3m
+    /// (Q3_K_M-like), k2 (Q2_K-like), tiny (routed gate/up int2). The flags
+    /// below change it.
     #[arg(long, default_value = "default", value_name = "NAME")]
     recipe: String,
     /// Format of routed experts, over the recipe: bits per row (2, 4, 8,
     /// 16 = BF16, 32 = f32); a grouped format: q4g32, q4g64, q4g128 (int4,
     /// f16 scale per group), q4g32a, q4g64a, q4g128a (int4 with an f16
     /// min), q3g32, q3g64, q3g128, q2g32, q2g64, q2g128 (int3, int2 with
-    /// scale and min); or llama.cpp blocks: q8_0, q4_0, q4_k, q5_k, q6_k (K
-    /// types fall back to q4_0 / q8_0 on rows that are not whole 256-value
-    /// blocks). See docs/FORMAT.md.
+    /// scale and min); or llama.cpp blocks: q8_0, q4_0, q2_k, q3_k, q4_k,
+    /// q5_k, q6_k (K types fall back to q4_0 / q8_0 on rows that are not
+    /// whole 256-value blocks). See docs/FORMAT.md.
     #[arg(long, visible_alias = "quant", value_name = "FORMAT")]
     expert_bits: Option<String>,
     /// Format of attention, dense MLP and shared experts (as --expert-bits).

@@ -1,7 +1,7 @@
 //! Exports a model the engine loads (a hub checkpoint or a moestream
 //! container) as a GGUF file llama.cpp runs: llama.cpp's tensor names and
 //! `qwen3moe.*` metadata, routed experts stacked `[E, rows, cols]`, every
-//! matrix re-encoded as one block type (Q4_0, Q4_K, Q8_0, or F32), norms and
+//! matrix re-encoded as one block type (Q4_0, Q8_0, Q2_K–Q6_K, or F32), norms and
 //! routers in F32 as llama.cpp keeps them, and the byte-level BPE tokenizer
 //! as `tokenizer.ggml.*`. It is what puts the same weights in front of both
 //! engines for a head-to-head (results/gguf-vs-llamacpp.md). Qwen3-MoE only:

@@ -1,4 +1,4 @@
-//! Quantizers into llama.cpp's block layouts (Q8_0, Q4_K, Q5_K, Q6_K; Q4_0
+//! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q4_0
 //! through ggml's reference encoder), written from the format description
 //! (docs/FORMAT.md): each searches its scales (and mins) to minimize the
 //! squared error of every block, optionally weighted by a per-column
@@ -9,23 +9,27 @@
 //! own arithmetic) and multiplied by the ggml kernels as they are.
 //!
 //! The search, per sub-block of values `x` with weights `w`:
-//! - asymmetric (Q4_K 32 × 4 bits, Q5_K 32 × 5 bits: `x ≈ s·q − m`, `q` in
+//! - asymmetric (Q4_K 32 × 4 bits, Q5_K 32 × 5 bits, Q2_K 16 × 2 bits: `x ≈ s·q − m`, `q` in
 //!   `0..=nmax`, `s, m ≥ 0`): for each of [`STEPS`] grids spanning
 //!   `[min(0, min x), max x]` with `nmax + δ` steps (δ from −1 to +1),
 //!   assign levels, then solve the weighted least squares for `(s, m)`
 //!   given those levels (`m` clamped at 0); keep the lowest error;
-//! - symmetric (Q6_K 16 × 6 bits signed, Q8_0 32 × 8 bits: `x ≈ s·q`):
+//! - symmetric (Q6_K 16 × 6 bits signed, Q3_K 16 × 3 bits signed, Q8_0 32
+//!   × 8 bits: `x ≈ s·q`):
 //!   the value of largest magnitude maps to `±(qmax + δ)`, both signs, then
 //!   `s = Σwqx / Σwq²`; keep the lowest error.
 //!
 //! Then the super-block scales (f16 `d`, `dmin`) are the largest sub-block
-//! scale (min) over 63 (Q6_K: 127), each sub-block's integer scale the
-//! nearest multiple, and every value the nearest level of the final grid.
+//! scale (min) over 63 (Q6_K: 127; Q2_K: 15), each sub-block's integer
+//! scale the nearest multiple, and every value the nearest level of the
+//! final grid. Q3_K's 6-bit scales are signed (−32..=31): as ggml, `d` is
+//! the sub-block scale of largest magnitude over −32, so that one maps to
+//! −32 exactly and the other scales fall within the range.
 //! Q8_0 has one sub-block: `d` is its scale rounded to f16. All-zero
 //! importance in a block falls back to unit weights. Non-finite inputs give
 //! non-finite scales, never a panic (the reader refuses such blocks).
 
-use crate::kernels::ggml::{self, BlockType, KMinBlock, Planned, Q6Block};
+use crate::kernels::ggml::{self, BlockType, KMinBlock, Planned, SymBlock};
 use half::f16;
 
 /// Candidate grids tried per sub-block.
@@ -75,9 +79,17 @@ pub fn quantize_row(ty: BlockType, x: &[f32], importance: Option<&[f32]>, out: &
 pub fn plan(ty: BlockType, x: &[f32], w: &[f32]) -> Planned {
     match ty {
         BlockType::Q8_0 => plan_q8_0(x, w),
-        BlockType::Q4K => Planned::KMin(plan_kmin(x, w, 15)),
-        BlockType::Q5K => Planned::KMin(plan_kmin(x, w, 31)),
-        BlockType::Q6K => Planned::Q6K(plan_q6_k(x, w)),
+        BlockType::Q4K => Planned::KMin(plan_kmin(x, w, 15, 63)),
+        BlockType::Q5K => Planned::KMin(plan_kmin(x, w, 31, 63)),
+        BlockType::Q2K => Planned::KMin16(plan_kmin(x, w, 3, 15)),
+        BlockType::Q6K => {
+            let d = |s: &[f32; 16]| s.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            Planned::Sym(plan_sym(x, w, 32, (-127, 127), d))
+        }
+        BlockType::Q3K => {
+            let d = |s: &[f32; 16]| signed_absmax(s) / -32.0;
+            Planned::Sym(plan_sym(x, w, 4, (-32, 31), d))
+        }
         BlockType::Q4_0 => unreachable!("Q4_0 uses ggml's reference encoder"),
     }
 }
@@ -160,14 +172,30 @@ fn plan_q8_0(x: &[f32], w: &[f32]) -> Planned {
     Planned::Q8_0 { d, qs }
 }
 
-fn plan_q6_k(x: &[f32], w: &[f32]) -> Q6Block {
-    let s: [f32; 16] =
-        std::array::from_fn(|j| fit_sym(&x[16 * j..16 * j + 16], &w[16 * j..16 * j + 16], -32, 31));
-    let d = to_f16(s.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0);
+/// Sixteen 16-value sub-blocks `x ≈ d·sc_j·q`, `q` in `−bias..bias`: each
+/// sub-block's scale from [`fit_sym`], the f16 `d` from `super_scale` of
+/// those scales, the integer scales in `smin..=smax`, and every value the
+/// nearest level of the final grid (stored `+ bias`).
+fn plan_sym(
+    x: &[f32],
+    w: &[f32],
+    bias: i32,
+    (smin, smax): (i32, i32),
+    super_scale: impl Fn(&[f32; 16]) -> f32,
+) -> SymBlock {
+    let s: [f32; 16] = std::array::from_fn(|j| {
+        fit_sym(
+            &x[16 * j..16 * j + 16],
+            &w[16 * j..16 * j + 16],
+            -bias,
+            bias - 1,
+        )
+    });
+    let d = to_f16(super_scale(&s));
     let df = from_f16(d);
     let sc = s.map(|s| {
-        if df > 0.0 {
-            level(s / df, -127, 127) as i8
+        if df.abs() > 0.0 {
+            level(s / df, smin, smax) as i8
         } else {
             0
         }
@@ -175,12 +203,12 @@ fn plan_q6_k(x: &[f32], w: &[f32]) -> Q6Block {
     let levels = std::array::from_fn(|v| {
         let dl = df * sc[v / 16] as f32;
         if dl != 0.0 {
-            (level(x[v] / dl, -32, 31) + 32) as u8
+            (level(x[v] / dl, -bias, bias - 1) + bias) as u8
         } else {
-            32
+            bias as u8
         }
     });
-    Q6Block { d, sc, levels }
+    SymBlock { d, sc, levels }
 }
 
 /// The `(s, m)` with `s, m ≥ 0` of `x ≈ s·q − m`, `q` in `0..=nmax`, with
@@ -251,23 +279,27 @@ fn min_error(x: &[f32], w: &[f32], (s, m): (f32, f32), nmax: i32) -> f32 {
         .sum()
 }
 
-fn plan_kmin(x: &[f32], w: &[f32], nmax: i32) -> KMinBlock {
-    let fits: [(f32, f32); 8] =
-        std::array::from_fn(|j| fit_min(&x[32 * j..32 * j + 32], &w[32 * j..32 * j + 32], nmax));
-    let d = to_f16(fits.iter().fold(0f32, |a, f| a.max(f.0)) / 63.0);
-    let dmin = to_f16(fits.iter().fold(0f32, |a, f| a.max(f.1)) / 63.0);
+/// `J` sub-blocks of `256 / J` values `x ≈ d·sc_j·q − dmin·m_j`, `q` in
+/// `0..=nmax`, the integer scales and mins in `0..=smax`.
+fn plan_kmin<const J: usize>(x: &[f32], w: &[f32], nmax: i32, smax: i32) -> KMinBlock<J> {
+    let n = x.len() / J;
+    let fits: [(f32, f32); J] =
+        std::array::from_fn(|j| fit_min(&x[n * j..n * (j + 1)], &w[n * j..n * (j + 1)], nmax));
+    let top = smax as f32;
+    let d = to_f16(fits.iter().fold(0f32, |a, f| a.max(f.0)) / top);
+    let dmin = to_f16(fits.iter().fold(0f32, |a, f| a.max(f.1)) / top);
     let (df, dminf) = (from_f16(d), from_f16(dmin));
-    let six = |v: f32, unit: f32| {
+    let int = |v: f32, unit: f32| {
         if unit > 0.0 {
-            level(v / unit, 0, 63) as u8
+            level(v / unit, 0, smax) as u8
         } else {
             0
         }
     };
-    let sc = fits.map(|f| six(f.0, df));
-    let m = fits.map(|f| six(f.1, dminf));
+    let sc = fits.map(|f| int(f.0, df));
+    let m = fits.map(|f| int(f.1, dminf));
     let levels = std::array::from_fn(|v| {
-        let (dl, ml) = (df * sc[v / 32] as f32, dminf * m[v / 32] as f32);
+        let (dl, ml) = (df * sc[v / n] as f32, dminf * m[v / n] as f32);
         if dl > 0.0 {
             level((x[v] + ml) / dl, 0, nmax) as u8
         } else {

@@ -135,7 +135,7 @@ pub fn layer_index(name: &str) -> Option<usize> {
 pub enum Width {
     Int(QBits),
     Grouped(GFormat),
-    /// ggml blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), see
+    /// ggml blocks (Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), see
     /// [`crate::formats::quant::kquant`].
     Blocks(BlockType),
     Bf16,
@@ -174,12 +174,12 @@ impl Width {
     }
 
     /// What [`Width::parse`] accepts, for error messages.
-    pub const SPELLINGS: &str = "2, 4, 8, 16 (BF16), 32 (f32), int2/int4/int8/bf16/f32, a grouped format q{4,3,2}g{32,64,128} (q4g64a: int4 with a min), or a block type q8_0, q4_0, q4_k, q5_k, q6_k";
+    pub const SPELLINGS: &str = "2, 4, 8, 16 (BF16), 32 (f32), int2/int4/int8/bf16/f32, a grouped format q{4,3,2}g{32,64,128} (q4g64a: int4 with a min), or a block type q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k";
 
     /// Whole bits per weight: per-row widths and grouped formats their
     /// levels' bits (without the group parameters); a block type its
     /// storage per weight, scales included, rounded down (Q8_0 8, Q6_K 6,
-    /// Q4_K 4).
+    /// Q4_K 4, Q3_K 3, Q2_K 2).
     pub fn bits(self) -> u32 {
         match self {
             Width::Int(q) => q.bits(),
@@ -192,8 +192,9 @@ impl Width {
 
     /// The width a matrix of `cols` columns is stored at: block types need
     /// whole blocks, so a K type over columns that are not a multiple of
-    /// 256 falls back to the 32-value block of at least its bits (Q4_K →
-    /// Q4_0, Q5_K and Q6_K → Q8_0), and a block type over columns that
+    /// 256 falls back to the 32-value block of at least its bits (Q2_K,
+    /// Q3_K and Q4_K → Q4_0, Q5_K and Q6_K → Q8_0; llama.cpp takes IQ4_NL,
+    /// Q4_0's size, for Q2_K and Q3_K), and a block type over columns that
     /// are not a multiple of 32 to int8 (as llama.cpp's quantizer falls
     /// back; the census shows what was stored).
     pub fn fitted(self, cols: usize) -> Width {
@@ -203,10 +204,9 @@ impl Width {
         if ty.row_bytes(cols).is_some() {
             return self;
         }
-        let small = if ty == BlockType::Q4K {
-            BlockType::Q4_0
-        } else {
-            BlockType::Q8_0
+        let small = match ty {
+            BlockType::Q2K | BlockType::Q3K | BlockType::Q4K => BlockType::Q4_0,
+            _ => BlockType::Q8_0,
         };
         match small.row_bytes(cols) {
             Some(_) => Width::Blocks(small),
@@ -400,10 +400,14 @@ mod tests {
         assert!(p.apply_override("expert").is_err());
         p.apply_override("expert=q4_k").unwrap();
         assert_eq!(p.width(Class::ExpertDown), Width::Blocks(BlockType::Q4K));
+        p.apply_override("expert_gate_up=q3_k").unwrap();
+        assert_eq!(p.width(Class::ExpertGateUp), Width::Blocks(BlockType::Q3K));
+        p.apply_override("expert=Q2_K").unwrap();
+        assert_eq!(p.width(Class::ExpertDown), Width::Blocks(BlockType::Q2K));
         assert!(p
-            .apply_override("expert=q3_k")
+            .apply_override("expert=q5_0")
             .unwrap_err()
-            .contains("q6_k"));
+            .contains("q3_k"));
     }
 
     #[test]
@@ -413,6 +417,12 @@ mod tests {
         assert_eq!(k(BlockType::Q4K).fitted(192), k(BlockType::Q4_0));
         assert_eq!(k(BlockType::Q6K).fitted(96), k(BlockType::Q8_0));
         assert_eq!(k(BlockType::Q5K).fitted(100), Width::Int(QBits::Int8));
+        assert_eq!(k(BlockType::Q3K).fitted(768), k(BlockType::Q3K));
+        assert_eq!(k(BlockType::Q3K).fitted(192), k(BlockType::Q4_0));
+        assert_eq!(k(BlockType::Q2K).fitted(128), k(BlockType::Q4_0));
+        assert_eq!(k(BlockType::Q2K).fitted(48), Width::Int(QBits::Int8));
+        assert_eq!(k(BlockType::Q2K).to_string(), "q2_k");
+        assert_eq!((k(BlockType::Q3K).bits(), k(BlockType::Q2K).bits()), (3, 2));
         assert_eq!(k(BlockType::Q8_0).fitted(64), k(BlockType::Q8_0));
         assert_eq!(Width::Int(QBits::Int4).fitted(7), Width::Int(QBits::Int4));
         assert_eq!(k(BlockType::Q5K).to_string(), "q5_k");

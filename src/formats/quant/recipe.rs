@@ -69,6 +69,34 @@ pub const RECIPES: &[Recipe] = &[
         ],
     },
     Recipe {
+        name: "k3m",
+        about: "llama.cpp Q3_K_M-like blocks: routed gate/up q3_k, routed down q4_k, the rest q8_0 (K types fall back to q4_0/q8_0 on partial blocks)",
+        widths: &[
+            ("expert_gate_up", "q3_k"),
+            ("expert_down", "q4_k"),
+            ("shared", "q8_0"),
+            ("attention", "q8_0"),
+            ("dense", "q8_0"),
+            ("embed", "q8_0"),
+            ("lm_head", "q8_0"),
+            ("mtp", "q8_0"),
+        ],
+    },
+    Recipe {
+        name: "k2",
+        about: "llama.cpp Q2_K-like blocks: routed gate/up q2_k, routed down q3_k, the rest q8_0 (K types fall back to q4_0/q8_0 on partial blocks)",
+        widths: &[
+            ("expert_gate_up", "q2_k"),
+            ("expert_down", "q3_k"),
+            ("shared", "q8_0"),
+            ("attention", "q8_0"),
+            ("dense", "q8_0"),
+            ("embed", "q8_0"),
+            ("lm_head", "q8_0"),
+            ("mtp", "q8_0"),
+        ],
+    },
+    Recipe {
         name: "tiny",
         about: "routed gate/up int2, routed down int4 (experimental: the fewest bytes per token)",
         widths: &[("expert_gate_up", "int2")],
@@ -118,6 +146,14 @@ mod tests {
         let k4m = Recipe::find("k4m").unwrap().policy();
         assert_eq!(k4m.width(Class::ExpertDown).to_string(), "q6_k");
         assert_eq!(k4m.width(Class::Attention).to_string(), "q8_0");
+        let k3m = Recipe::find("k3m").unwrap().policy();
+        assert_eq!(k3m.width(Class::ExpertGateUp).to_string(), "q3_k");
+        assert_eq!(k3m.width(Class::ExpertDown).to_string(), "q4_k");
+        assert_eq!(k3m.width(Class::Shared).to_string(), "q8_0");
+        let k2 = Recipe::find("k2").unwrap().policy();
+        assert_eq!(k2.width(Class::ExpertGateUp).to_string(), "q2_k");
+        assert_eq!(k2.width(Class::ExpertDown).to_string(), "q3_k");
+        assert_eq!(k2.width(Class::LmHead).to_string(), "q8_0");
         let e = Recipe::find("q4").unwrap_err();
         assert!(e.contains("down8") && e.contains("unknown recipe"), "{e}");
     }

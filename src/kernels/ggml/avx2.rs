@@ -11,7 +11,8 @@
 //! slice panics instead of reading past it, so these functions need only
 //! the CPU features from their callers.
 
-use super::codec::{f16_to_f32, le16, q4_0, q4_k, q5_k, q6_k, q8_0, scales_k4, QK, QK_K};
+use super::codec::{f16_to_f32, le16, q2_k, q3_k, q4_0, q4_k, q5_k, q6_k, q8_0};
+use super::codec::{scales_k4, scales_q3, QK, QK_K};
 use super::scalar::ActRow;
 use super::BlockType;
 use std::arch::x86_64::*;
@@ -49,6 +50,16 @@ pub unsafe fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
         BlockType::Q6K => {
             for (o, r) in rows {
                 *o = dot_q6_k(r, a);
+            }
+        }
+        BlockType::Q3K => {
+            for (o, r) in rows {
+                *o = dot_q3_k(r, a);
+            }
+        }
+        BlockType::Q2K => {
+            for (o, r) in rows {
+                *o = dot_q2_k(r, a);
             }
         }
     }
@@ -306,7 +317,7 @@ fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
     for (b, blk) in w.chunks_exact(q6_k::BYTES).enumerate() {
         prefetch(blk, q6_k::BYTES);
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
-        let sc = &blk[q6_k::SCALES..q6_k::D];
+        let sc: [i8; 16] = std::array::from_fn(|j| blk[q6_k::SCALES + j] as i8);
         let mut p = [_mm256_setzero_si256(); 2];
         for h in 0..2 {
             let ql = [
@@ -322,12 +333,8 @@ fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
                 let xs = load32(&x[128 * h + 32 * s..]);
                 let pairs =
                     _mm256_sub_epi16(_mm256_maddubs_epi16(lev, xs), _mm256_maddubs_epi16(m32, xs));
-                let j = 8 * h + 2 * s;
-                let scv = _mm256_set_m128i(
-                    _mm_set1_epi16(sc[j + 1] as i8 as i16),
-                    _mm_set1_epi16(sc[j] as i8 as i16),
-                );
-                p[s % 2] = _mm256_add_epi32(p[s % 2], _mm256_madd_epi16(pairs, scv));
+                let ps = _mm256_madd_epi16(pairs, scale_pair(&sc, 8 * h + 2 * s));
+                p[s % 2] = _mm256_add_epi32(p[s % 2], ps);
             }
         }
         let f = _mm256_set1_ps(f16_to_f32(le16(blk, q6_k::D)) * a.d[b]);
@@ -335,4 +342,92 @@ fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
         acc[1] = add_lanes(acc[1], p[1], f);
     }
     reduce16(acc[0], acc[1])
+}
+
+/// The i16 pair `(sc[j], sc[j + 1])` over the two halves of a register of
+/// 32 activations (sub-blocks `j` and `j + 1`, 16 values each).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_pair(sc: &[i8; 16], j: usize) -> __m256i {
+    _mm256_set_m128i(
+        _mm_set1_epi16(sc[j + 1] as i16),
+        _mm_set1_epi16(sc[j] as i16),
+    )
+}
+
+/// Q3_K as Q6_K: the unsigned 3-bit level (two bits of `qs`, one of
+/// `hmask`) times `x` minus 4·x gives the exact signed pairs
+/// `(level − 4)·x`, then `madd` with the signed sub-block scales.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_q3_k(w: &[u8], a: &ActRow) -> f32 {
+    let (three, one, four) = (
+        _mm256_set1_epi8(3),
+        _mm256_set1_epi8(1),
+        _mm256_set1_epi8(4),
+    );
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (b, blk) in w.chunks_exact(q3_k::BYTES).enumerate() {
+        prefetch(blk, q3_k::BYTES);
+        let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+        let sc = scales_q3(&blk[q3_k::SCALES..q3_k::D]);
+        let hm = load32(&blk[q3_k::HMASK..]);
+        let mut p = [_mm256_setzero_si256(); 2];
+        for h in 0..2 {
+            let q = load32(&blk[q3_k::QS + 32 * h..]);
+            for s in 0..4 {
+                let low = _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s as i32));
+                let high = _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + s) as i32));
+                let high = _mm256_slli_epi16::<2>(_mm256_and_si256(high, one));
+                let lev = _mm256_or_si256(_mm256_and_si256(low, three), high);
+                let xs = load32(&x[128 * h + 32 * s..]);
+                let pairs = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(lev, xs),
+                    _mm256_maddubs_epi16(four, xs),
+                );
+                let ps = _mm256_madd_epi16(pairs, scale_pair(&sc, 8 * h + 2 * s));
+                p[s % 2] = _mm256_add_epi32(p[s % 2], ps);
+            }
+        }
+        let f = _mm256_set1_ps(f16_to_f32(le16(blk, q3_k::D)) * a.d[b]);
+        acc[0] = add_lanes(acc[0], p[0], f);
+        acc[1] = add_lanes(acc[1], p[1], f);
+    }
+    reduce16(acc[0], acc[1])
+}
+
+/// Q2_K: `maddubs` of the 2-bit levels, `madd` with the 4-bit scales; the
+/// sixteen 4-bit mins `madd` with the sixteen `bsums` into the eight min
+/// lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_q2_k(w: &[u8], a: &ActRow) -> f32 {
+    let (three, fifteen) = (_mm256_set1_epi8(3), _mm_set1_epi8(15));
+    let mut acc = [_mm256_setzero_ps(); 3];
+    for (b, blk) in w.chunks_exact(q2_k::BYTES).enumerate() {
+        prefetch(blk, q2_k::BYTES);
+        let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+        let sv = load16(&blk[q2_k::SCALES..]);
+        let sc: [i8; 16] = std::array::from_fn(|j| (blk[q2_k::SCALES + j] & 15) as i8);
+        let mut p = [_mm256_setzero_si256(); 2];
+        for h in 0..2 {
+            let q = load32(&blk[q2_k::QS + 32 * h..]);
+            for s in 0..4 {
+                let lev = _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s as i32));
+                let lev = _mm256_and_si256(lev, three);
+                let pairs = _mm256_maddubs_epi16(lev, load32(&x[128 * h + 32 * s..]));
+                let ps = _mm256_madd_epi16(pairs, scale_pair(&sc, 8 * h + 2 * s));
+                p[s % 2] = _mm256_add_epi32(p[s % 2], ps);
+            }
+        }
+        let m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sv), fifteen));
+        let mins = _mm256_madd_epi16(m, load32(&a.bsums[16 * b..]));
+        let dx = a.d[b];
+        let f = _mm256_set1_ps(f16_to_f32(le16(blk, q2_k::D)) * dx);
+        acc[0] = add_lanes(acc[0], p[0], f);
+        acc[1] = add_lanes(acc[1], p[1], f);
+        let fmin = _mm256_set1_ps(f16_to_f32(le16(blk, q2_k::DMIN)) * dx);
+        acc[2] = add_lanes(acc[2], mins, fmin);
+    }
+    reduce16(acc[0], acc[1]) - reduce8(acc[2])
 }

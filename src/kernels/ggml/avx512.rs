@@ -11,7 +11,9 @@
 //! short slice panics rather than being read past.
 
 use super::avx2::{self, add_lanes, load16, load32, prefetch};
-use super::codec::{le16, q4_0, q4_k, q5_k, q6_k, q8_0, scales_k4, QK, QK_K};
+use super::codec::{
+    le16, q2_k, q3_k, q4_0, q4_k, q5_k, q6_k, q8_0, scales_k4, scales_q3, QK, QK_K,
+};
 use super::scalar::ActRow;
 use super::BlockType;
 use std::arch::x86_64::*;
@@ -77,9 +79,21 @@ pub unsafe fn dot_rows_n<const N: usize>(
             }
         }
         BlockType::Q6K => {
-            let idx: [__m512i; 4] = std::array::from_fn(|i| load64(&Q6_IDX[i]));
+            let idx = sym_idx();
             for (o, r) in rows {
                 *o = dot_q6_k(r, a, &idx);
+            }
+        }
+        BlockType::Q3K => {
+            let idx = sym_idx();
+            for (o, r) in rows {
+                *o = dot_q3_k(r, a, &idx);
+            }
+        }
+        BlockType::Q2K => {
+            let idx = sym_idx();
+            for (o, r) in rows {
+                *o = dot_q2_k(r, a, &idx);
             }
         }
     }
@@ -348,9 +362,15 @@ static KMIN_IDX: [[i8; 64]; 4] = [
     spread2([4, 6]),
     spread2([5, 7]),
 ];
-/// Q6_K: register `2h` holds values `128h..128h+64` (sub-blocks `8h..8h+4`),
-/// register `2h+1` the next 64.
+/// Q6_K, Q3_K and Q2_K: register `2h` holds values `128h..128h+64`
+/// (sub-blocks `8h..8h+4`), register `2h+1` the next 64.
 static Q6_IDX: [[i16; 32]; 4] = [spread_q6(0), spread_q6(4), spread_q6(8), spread_q6(12)];
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sym_idx() -> [__m512i; 4] {
+    std::array::from_fn(|i| load64(&Q6_IDX[i]))
+}
 
 /// Sixteen signed scale bytes as i16 lanes 0..16.
 #[inline]
@@ -505,10 +525,7 @@ fn dot_q6_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
         _mm512_set1_epi8(3),
         _mm512_set1_epi8(32),
     );
-    // i16-lane shifts bringing qh bit pairs 2s..2s+2 down: values 0..32 of a
-    // register take s = 0 (or 2), values 32..64 take s = 1 (or 3).
-    let shift = |s: [i16; 2]| join(_mm256_set1_epi16(s[0]), _mm256_set1_epi16(s[1]));
-    let (sh_lo, sh_hi) = (shift([0, 2]), shift([4, 6]));
+    let [sh_lo, sh_hi] = low2_shifts();
     let mut acc = [_mm512_setzero_ps(); N];
     for (b, blk) in w.chunks_exact(q6_k::BYTES).enumerate() {
         prefetch(blk, q6_k::BYTES);
@@ -526,22 +543,120 @@ fn dot_q6_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
         }
         let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
         let dw = f16x4(le16(blk, q6_k::D) as u64);
-        for (acc, a) in acc.iter_mut().zip(a) {
+        sym_add(&mut acc, a, b, &lev, &sc, m32, dw);
+    }
+    acc.map(|acc| reduce16(acc))
+}
+
+/// Adds super-block `b` (unsigned levels `lev`, register `j` holding values
+/// `64j..64j+64`; i16 scales `sc`; f16 scale `dw` in lane 0) met by each
+/// activation row: the exact signed pairs `(level − bias)·x` from two
+/// `maddubs` (`bias` in every byte), `vpdpwssd` with the scales, the
+/// sixteen lanes times `d_w·d_x`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+fn sym_add<const N: usize>(
+    acc: &mut [__m512; N],
+    a: &[ActRow; N],
+    b: usize,
+    lev: &[__m512i; 4],
+    sc: &[__m512i; 4],
+    bias: __m512i,
+    dw: __m128,
+) {
+    for (acc, a) in acc.iter_mut().zip(a) {
+        let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+        let mut p = _mm512_setzero_si512();
+        for (j, (lev, sc)) in lev.iter().zip(sc).enumerate() {
+            let xj = load64(&x[64 * j..]);
+            let pj = _mm512_sub_epi16(
+                _mm512_maddubs_epi16(*lev, xj),
+                _mm512_maddubs_epi16(bias, xj),
+            );
+            p = _mm512_dpwssd_epi32(p, pj, *sc);
+        }
+        let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
+        *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
+    }
+}
+
+/// The 2-bit fields of register `j` of a Q3_K/Q2_K super-block (values
+/// `64j..64j+64`, the qs bytes `32·(j / 2)..` once per half, shifted by
+/// `sh[j % 2]`).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn low2(qs: &[u8], j: usize, sh: &[__m512i; 2]) -> __m512i {
+    let q = _mm512_broadcast_i64x4(load32(&qs[32 * (j / 2)..]));
+    _mm512_and_si512(_mm512_srlv_epi16(q, sh[j % 2]), _mm512_set1_epi8(3))
+}
+
+/// i16-lane shifts bringing bit pairs `2s..2s+2` down: values 0..32 of a
+/// register take s = 0 (or 2), values 32..64 take s = 1 (or 3).
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn low2_shifts() -> [__m512i; 2] {
+    let shift = |s: [i16; 2]| join(_mm256_set1_epi16(s[0]), _mm256_set1_epi16(s[1]));
+    [shift([0, 2]), shift([4, 6])]
+}
+
+/// Q3_K as Q6_K: the unsigned 3-bit level (`low2` plus 4 where bit `4h +
+/// s` of `hmask` is set, a masked add) gives exact signed pairs `(level −
+/// 4)·x` from two `maddubs`, then `vpdpwssd` with the signed scales.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+fn dot_q3_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
+    let four = _mm512_set1_epi8(4);
+    let sh = low2_shifts();
+    // Register j's values 0..32 take hmask bit 2j, values 32..64 bit 2j + 1.
+    let sel = [bits2([0, 1]), bits2([2, 3]), bits2([4, 5]), bits2([6, 7])];
+    let mut acc = [_mm512_setzero_ps(); N];
+    for (b, blk) in w.chunks_exact(q3_k::BYTES).enumerate() {
+        prefetch(blk, q3_k::BYTES);
+        let hm = _mm512_broadcast_i64x4(load32(&blk[q3_k::HMASK..]));
+        let lev: [__m512i; 4] = std::array::from_fn(|j| {
+            let low = low2(&blk[q3_k::QS..], j, &sh);
+            _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, sel[j]), low, four)
+        });
+        let scv = scales_i16(load16(&scales_q3(&blk[q3_k::SCALES..q3_k::D])));
+        let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
+        let dw = f16x4(le16(blk, q3_k::D) as u64);
+        sym_add(&mut acc, a, b, &lev, &sc, four, dw);
+    }
+    acc.map(|acc| reduce16(acc))
+}
+
+/// Q2_K: `maddubs` of the 2-bit levels into `vpdpwssd` with the 4-bit
+/// scales; the sixteen 4-bit mins `madd` with the sixteen `bsums` into the
+/// eight min lanes (as `avx2`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+fn dot_q2_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
+    let fifteen = _mm_set1_epi8(15);
+    let sh = low2_shifts();
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut acc_min = [_mm256_setzero_ps(); N];
+    for (b, blk) in w.chunks_exact(q2_k::BYTES).enumerate() {
+        prefetch(blk, q2_k::BYTES);
+        let lev: [__m512i; 4] = std::array::from_fn(|j| low2(&blk[q2_k::QS..], j, &sh));
+        let sv = load16(&blk[q2_k::SCALES..]);
+        let scv = scales_i16(_mm_and_si128(sv, fifteen));
+        let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
+        let m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sv), fifteen));
+        let d = f16x4(le16(blk, q2_k::D) as u64 | (le16(blk, q2_k::DMIN) as u64) << 16);
+        for ((acc, acc_min), a) in acc.iter_mut().zip(&mut acc_min).zip(a) {
             let x = &a.qs[QK_K * b..QK_K * (b + 1)];
             let mut p = _mm512_setzero_si512();
             for (j, (lev, sc)) in lev.iter().zip(&sc).enumerate() {
-                let xj = load64(&x[64 * j..]);
-                let pj = _mm512_sub_epi16(
-                    _mm512_maddubs_epi16(*lev, xj),
-                    _mm512_maddubs_epi16(m32, xj),
-                );
+                let pj = _mm512_maddubs_epi16(*lev, load64(&x[64 * j..]));
                 p = _mm512_dpwssd_epi32(p, pj, *sc);
             }
-            let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
+            let mins = _mm256_madd_epi16(m, load32(&a.bsums[16 * b..]));
+            let f = _mm_mul_ps(d, _mm_set1_ps(a.d[b]));
             *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
+            *acc_min = add_lanes(*acc_min, mins, _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
         }
     }
-    acc.map(|acc| reduce16(acc))
+    std::array::from_fn(|t| reduce16(acc[t]) - avx2::reduce8(acc_min[t]))
 }
 
 /// Four f32 from the front of `s`.

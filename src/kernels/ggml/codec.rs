@@ -1,6 +1,7 @@
 //! The bytes of ggml's blocks (ggml-common.h) and their conversions to and
-//! from f32: the f16 scales, the packed 6-bit scales of Q4_K/Q5_K,
-//! `dequantize_row_*` exactly as ggml evaluates it, and the weight encoders.
+//! from f32: the f16 scales, the packed 6-bit scales of Q4_K/Q5_K and
+//! Q3_K, `dequantize_row_*` exactly as ggml evaluates it, and the weight
+//! encoders.
 //!
 //! Dequantization is ggml's C, operation for operation and unfused (ggml's
 //! base library, where `dequantize_row_*` lives, is built without FMA on
@@ -21,6 +22,12 @@
 //!   −32 (`s = max / −32`, as ggml); `d` is the f16 at or above
 //!   `max |s| / 127`, the 8-bit scale `round(s / d)`, and each value the
 //!   nearest level in −32..=31. Error per value ≤ `d·|sc| + 16·d`.
+//! - Q3_K: the same with levels −4..=3 (`s = max / −4`) and 6-bit signed
+//!   scales: `d` the f16 at or above `max |s| / 31`, `sc = round(s / d)` in
+//!   −31..=31. Error per value ≤ `d·|sc| + 2·d`.
+//! - Q2_K: as Q4_K over 16-value sub-blocks with levels 0..=3 and 4-bit
+//!   scales and mins (`/ 15` instead of `/ 63`). Error per value ≤
+//!   `d·sc / 2 + dmin / 2`.
 //!
 //! Non-finite inputs give non-finite scales ([`first_non_finite`] finds
 //! them); nothing panics on them.
@@ -76,8 +83,34 @@ pub(super) mod q6_k {
     pub const BYTES: usize = D + 2;
 }
 
+/// Q3_K: `hmask: [u8; 32]`, `qs: [u8; 64]`, `scales: [u8; 12]` (sixteen
+/// 6-bit scales, each stored `+ 32`), `d: f16`. Value `128h + 32s + l` (s =
+/// 0..4): bits `2s..2s+2` of `qs[32h + l]` are its level's low two bits and
+/// bit `4h + s` of `hmask[l]` its third; it decodes to `level − 4`;
+/// sub-block `v / 16` has scale `v / 16` of `scales_q3`.
+pub(super) mod q3_k {
+    pub const HMASK: usize = 0;
+    pub const QS: usize = 32;
+    pub const SCALES: usize = 96;
+    pub const D: usize = 108;
+    pub const BYTES: usize = D + 2;
+}
+/// Q2_K: `scales: [u8; 16]` (byte `j`: sub-block `j`'s 4-bit scale low, its
+/// 4-bit min high), `qs: [u8; 64]` (value `128h + 32s + l`: bits `2s..2s+2`
+/// of `qs[32h + l]`), `d, dmin: f16`.
+pub(super) mod q2_k {
+    pub const SCALES: usize = 0;
+    pub const QS: usize = 16;
+    pub const D: usize = 80;
+    pub const DMIN: usize = 82;
+    pub const BYTES: usize = DMIN + 2;
+}
+
 const _: () = {
     assert!(q4_0::BYTES == 18 && q8_0::BYTES == 34);
+    assert!(q3_k::BYTES == 110 && q2_k::BYTES == 84);
+    assert!(q3_k::QS == q3_k::HMASK + QK_K / 8 && q3_k::SCALES == q3_k::QS + QK_K / 4);
+    assert!(q2_k::QS == q2_k::SCALES + QK_K / 16 && q2_k::D == q2_k::QS + QK_K / 4);
     assert!(q4_k::BYTES == 144 && q5_k::BYTES == 176 && q6_k::BYTES == 210);
     assert!(q4_k::SCALES + 12 == q4_k::QS && q5_k::SCALES + 12 == q5_k::QH);
     assert!(q6_k::QH == q6_k::QL + QK_K / 2 && q6_k::SCALES == q6_k::QH + QK_K / 4);
@@ -152,6 +185,52 @@ fn pack_scales_k4(sc: &[u8; 8], m: &[u8; 8], out: &mut [u8]) {
     }
 }
 
+/// The sixteen signed scales (−32..=31) of a Q3_K block from its 12 bytes:
+/// scale `j`'s low four bits are nibble `j / 8` of byte `j % 8`, its top two
+/// bits are bits `2·(j / 4)..` of byte `8 + j % 4` (ggml's `kmask` unpacking,
+/// four at a time).
+#[inline]
+pub(super) fn scales_q3(s: &[u8]) -> [i8; 16] {
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a, b, t) = (word(0), word(1), word(2));
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let w = [
+        (a & LOW4) | (t & TOP2) << 4,
+        (b & LOW4) | ((t >> 2) & TOP2) << 4,
+        ((a >> 4) & LOW4) | ((t >> 4) & TOP2) << 4,
+        ((b >> 4) & LOW4) | ((t >> 6) & TOP2) << 4,
+    ];
+    std::array::from_fn(|j| (w[j / 4].to_le_bytes()[j % 4] as i8) - 32)
+}
+
+/// Packs sixteen scales (−32..=31) into the 12 bytes [`scales_q3`] reads.
+fn pack_scales_q3(sc: &[i8; 16], out: &mut [u8]) {
+    out[..12].fill(0);
+    for (j, &s) in sc.iter().enumerate() {
+        let l = (s as i32 + 32) as u8;
+        out[j % 8] |= (l & 15) << (4 * (j / 8));
+        out[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+    }
+}
+
+/// The 3-bit level (0..8, decoding to `level − 4`) of value `v` of a Q3_K
+/// block.
+#[inline]
+pub(super) fn q3_level(blk: &[u8], v: usize) -> u8 {
+    let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
+    let low = (blk[q3_k::QS + 32 * h + l] >> (2 * s)) & 3;
+    let high = (blk[q3_k::HMASK + l] >> (4 * h + s)) & 1;
+    low | high << 2
+}
+
+/// The 2-bit level of value `v` of a Q2_K block.
+#[inline]
+pub(super) fn q2_level(blk: &[u8], v: usize) -> u8 {
+    let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
+    (blk[q2_k::QS + 32 * h + l] >> (2 * s)) & 3
+}
+
 /// See [`super::dequantize_row`].
 pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
     let (be, bb) = (ty.block_elems(), ty.block_bytes());
@@ -162,6 +241,8 @@ pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
             BlockType::Q4K => dequant_q4_k(blk, o),
             BlockType::Q5K => dequant_q5_k(blk, o),
             BlockType::Q6K => dequant_q6_k(blk, o),
+            BlockType::Q3K => dequant_q3_k(blk, o),
+            BlockType::Q2K => dequant_q2_k(blk, o),
         }
     }
 }
@@ -234,6 +315,25 @@ fn dequant_q6_k(blk: &[u8], o: &mut [f32]) {
     }
 }
 
+fn dequant_q3_k(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q3_k::D));
+    let sc = scales_q3(&blk[q3_k::SCALES..q3_k::D]);
+    for (v, o) in o.iter_mut().enumerate() {
+        let q = q3_level(blk, v) as i32 - 4;
+        *o = d * sc[v / 16] as f32 * q as f32;
+    }
+}
+
+fn dequant_q2_k(blk: &[u8], o: &mut [f32]) {
+    let d = f16_to_f32(le16(blk, q2_k::D));
+    let min = f16_to_f32(le16(blk, q2_k::DMIN));
+    for (v, o) in o.iter_mut().enumerate() {
+        let s = blk[q2_k::SCALES + v / 16];
+        let (dl, ml) = (d * (s & 15) as f32, min * (s >> 4) as f32);
+        *o = dl * q2_level(blk, v) as f32 - ml;
+    }
+}
+
 /// See [`super::first_non_finite`].
 pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
     let block = match ty {
@@ -242,6 +342,8 @@ pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
         BlockType::Q4K => first_bad_block::<{ q4_k::BYTES }, { q4_k::D }, { q4_k::DMIN }>(bytes),
         BlockType::Q5K => first_bad_block::<{ q5_k::BYTES }, { q5_k::D }, { q5_k::DMIN }>(bytes),
         BlockType::Q6K => first_bad_block::<{ q6_k::BYTES }, { q6_k::D }, { q6_k::D }>(bytes),
+        BlockType::Q3K => first_bad_block::<{ q3_k::BYTES }, { q3_k::D }, { q3_k::D }>(bytes),
+        BlockType::Q2K => first_bad_block::<{ q2_k::BYTES }, { q2_k::D }, { q2_k::DMIN }>(bytes),
     };
     block.map(|b| b * ty.block_elems())
 }
@@ -275,6 +377,8 @@ pub(super) fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
             BlockType::Q4K => encode_q4_k(x, blk),
             BlockType::Q5K => encode_q5_k(x, blk),
             BlockType::Q6K => encode_q6_k(x, blk),
+            BlockType::Q3K => encode_q3_k(x, blk),
+            BlockType::Q2K => encode_q2_k(x, blk),
         }
     }
 }
@@ -319,59 +423,60 @@ pub(super) fn pack_q8_0(d: u16, qs: &[i8; QK], blk: &mut [u8]) {
     }
 }
 
-/// A planned Q4_K/Q5_K super-block: value `v` decodes to `d·sc[v/32]·
-/// levels[v] − dmin·m[v/32]` (levels ≤ 15 for Q4_K, ≤ 31 for Q5_K; scales
-/// and mins ≤ 63).
+/// A planned super-block with scales and mins: value `v` decodes to
+/// `d·sc[j]·levels[v] − dmin·m[j]` for its sub-block `j = v / (256 / J)`.
+/// Q4_K/Q5_K: `J = 8` sub-blocks of 32, levels ≤ 15 (Q4_K) or ≤ 31 (Q5_K),
+/// scales and mins ≤ 63; Q2_K: `J = 16` sub-blocks of 16, levels ≤ 3,
+/// scales and mins ≤ 15.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KMinBlock {
+pub struct KMinBlock<const J: usize = 8> {
     /// f16 bits of the super-block scale and min scale.
     pub d: u16,
     pub dmin: u16,
-    pub sc: [u8; 8],
-    pub m: [u8; 8],
+    pub sc: [u8; J],
+    pub m: [u8; J],
     pub levels: [u8; QK_K],
 }
 
-/// A planned Q6_K super-block: value `v` decodes to `d·sc[v/16]·(levels[v]
-/// − 32)` (levels ≤ 63).
+/// A planned symmetric super-block of sixteen 16-value sub-blocks: value
+/// `v` decodes to `d·sc[v/16]·(levels[v] − bias)`. Q6_K: bias 32, levels
+/// ≤ 63, scales any i8; Q3_K: bias 4, levels ≤ 7, scales −32..=31.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Q6Block {
+pub struct SymBlock {
     /// f16 bits of the super-block scale.
     pub d: u16,
     pub sc: [i8; 16],
     pub levels: [u8; QK_K],
 }
 
-fn plan_kmin(x: &[f32], nmax: u8) -> KMinBlock {
-    let mut step = [0f32; 8];
-    let mut neg_lo = [0f32; 8];
-    for (j, sub) in x.chunks_exact(32).enumerate() {
+/// The plain scale search with mins (module doc) over `J` sub-blocks,
+/// levels `0..=nmax`, scales and mins `0..=smax`.
+fn plan_kmin<const J: usize>(x: &[f32], nmax: u8, smax: u8) -> KMinBlock<J> {
+    let n = QK_K / J;
+    let mut step = [0f32; J];
+    let mut neg_lo = [0f32; J];
+    for (j, sub) in x.chunks_exact(n).enumerate() {
         let lo = sub.iter().fold(0f32, |a, &v| a.min(v));
         let hi = sub.iter().fold(lo, |a, &v| a.max(v));
         step[j] = (hi - lo) / nmax as f32;
         neg_lo[j] = -lo;
     }
-    let d = f16_at_least(step.iter().fold(0f32, |a, &v| a.max(v)) / 63.0);
-    let dmin = f16_at_least(neg_lo.iter().fold(0f32, |a, &v| a.max(v)) / 63.0);
+    let top = smax as f32;
+    let d = f16_at_least(step.iter().fold(0f32, |a, &v| a.max(v)) / top);
+    let dmin = f16_at_least(neg_lo.iter().fold(0f32, |a, &v| a.max(v)) / top);
     let (df, dminf) = (f16_to_f32(d), f16_to_f32(dmin));
-    let six_bits = |v: f32| v.clamp(0.0, 63.0) as u8;
-    let sc = step.map(|s| {
-        if df > 0.0 {
-            six_bits((s / df).ceil())
-        } else {
-            0
-        }
-    });
+    let fit = |v: f32| v.clamp(0.0, top) as u8;
+    let sc = step.map(|s| if df > 0.0 { fit((s / df).ceil()) } else { 0 });
     let m = neg_lo.map(|v| {
         if dminf > 0.0 {
-            six_bits((v / dminf).round())
+            fit((v / dminf).round())
         } else {
             0
         }
     });
     let mut levels = [0u8; QK_K];
     for (v, l) in levels.iter_mut().enumerate() {
-        let (dl, ml) = (df * sc[v / 32] as f32, dminf * m[v / 32] as f32);
+        let (dl, ml) = (df * sc[v / n] as f32, dminf * m[v / n] as f32);
         if dl > 0.0 {
             *l = nearest_int(((x[v] + ml) / dl).clamp(0.0, nmax as f32)) as u8;
         }
@@ -386,7 +491,7 @@ fn plan_kmin(x: &[f32], nmax: u8) -> KMinBlock {
 }
 
 fn encode_q4_k(x: &[f32], blk: &mut [u8]) {
-    pack_q4_k(&plan_kmin(x, 15), blk)
+    pack_q4_k(&plan_kmin(x, 15, 63), blk)
 }
 
 /// Writes a planned Q4_K block.
@@ -403,7 +508,7 @@ pub(super) fn pack_q4_k(p: &KMinBlock, blk: &mut [u8]) {
 }
 
 fn encode_q5_k(x: &[f32], blk: &mut [u8]) {
-    pack_q5_k(&plan_kmin(x, 31), blk)
+    pack_q5_k(&plan_kmin(x, 31, 63), blk)
 }
 
 /// Writes a planned Q5_K block.
@@ -440,11 +545,11 @@ fn encode_q6_k(x: &[f32], blk: &mut [u8]) {
             32
         }
     });
-    pack_q6_k(&Q6Block { d, sc, levels }, blk);
+    pack_q6_k(&SymBlock { d, sc, levels }, blk);
 }
 
 /// Writes a planned Q6_K block.
-pub(super) fn pack_q6_k(p: &Q6Block, blk: &mut [u8]) {
+pub(super) fn pack_q6_k(p: &SymBlock, blk: &mut [u8]) {
     blk.fill(0);
     blk[q6_k::D..q6_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
     for (j, &sc) in p.sc.iter().enumerate() {
@@ -454,5 +559,57 @@ pub(super) fn pack_q6_k(p: &Q6Block, blk: &mut [u8]) {
         let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
         blk[q6_k::QL + 64 * h + 32 * (s % 2) + l] |= (q & 15) << (4 * (s / 2));
         blk[q6_k::QH + 32 * h + l] |= (q >> 4) << (2 * s);
+    }
+}
+
+fn encode_q3_k(x: &[f32], blk: &mut [u8]) {
+    let s: [f32; 16] = std::array::from_fn(|j| signed_absmax(&x[16 * j..16 * j + 16]) / -4.0);
+    let d = f16_at_least(s.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0);
+    let df = f16_to_f32(d);
+    let sc = s.map(|s| {
+        if df > 0.0 {
+            nearest_int((s / df).clamp(-31.0, 31.0)) as i8
+        } else {
+            0
+        }
+    });
+    let levels = std::array::from_fn(|v| {
+        let dl = df * sc[v / 16] as f32;
+        if dl != 0.0 {
+            (nearest_int((x[v] / dl).clamp(-4.0, 3.0)) + 4) as u8
+        } else {
+            4
+        }
+    });
+    pack_q3_k(&SymBlock { d, sc, levels }, blk);
+}
+
+/// Writes a planned Q3_K block.
+pub(super) fn pack_q3_k(p: &SymBlock, blk: &mut [u8]) {
+    blk.fill(0);
+    blk[q3_k::D..q3_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
+    pack_scales_q3(&p.sc, &mut blk[q3_k::SCALES..q3_k::D]);
+    for (v, &q) in p.levels.iter().enumerate() {
+        let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
+        blk[q3_k::QS + 32 * h + l] |= (q & 3) << (2 * s);
+        blk[q3_k::HMASK + l] |= (q >> 2) << (4 * h + s);
+    }
+}
+
+fn encode_q2_k(x: &[f32], blk: &mut [u8]) {
+    pack_q2_k(&plan_kmin::<16>(x, 3, 15), blk)
+}
+
+/// Writes a planned Q2_K block.
+pub(super) fn pack_q2_k(p: &KMinBlock<16>, blk: &mut [u8]) {
+    blk.fill(0);
+    blk[q2_k::D..q2_k::D + 2].copy_from_slice(&p.d.to_le_bytes());
+    blk[q2_k::DMIN..q2_k::DMIN + 2].copy_from_slice(&p.dmin.to_le_bytes());
+    for j in 0..16 {
+        blk[q2_k::SCALES + j] = p.sc[j] | p.m[j] << 4;
+    }
+    for (v, &q) in p.levels.iter().enumerate() {
+        let (h, s, l) = (v / 128, (v % 128) / 32, v % 32);
+        blk[q2_k::QS + 32 * h + l] |= q << (2 * s);
     }
 }

@@ -1,4 +1,4 @@
-//! llama.cpp's GGUF block types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), run as they
+//! llama.cpp's GGUF block types (Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), run as they
 //! are stored: [`dequantize_row`] (ggml's, bit for bit), [`matmul`] on the
 //! integer block dots, and an encoder ([`quantize_row`]) for tests and
 //! synthetic files. Block layouts live in `codec`.
@@ -45,7 +45,7 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 use super::cpu::{self, Isa};
 use super::par_row_blocks;
-pub use codec::{KMinBlock, Q6Block};
+pub use codec::{KMinBlock, SymBlock};
 use codec::{QK, QK_K};
 use scalar::ActRow;
 use std::cell::RefCell;
@@ -59,10 +59,20 @@ pub enum BlockType {
     Q4K,
     Q5K,
     Q6K,
+    Q3K,
+    Q2K,
 }
 
 impl BlockType {
-    pub const ALL: [BlockType; 5] = [Self::Q4_0, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
+    pub const ALL: [BlockType; 7] = [
+        Self::Q4_0,
+        Self::Q8_0,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+        Self::Q3K,
+        Self::Q2K,
+    ];
 
     /// The GGUF (`ggml_type`) id.
     pub fn ggml_id(self) -> u32 {
@@ -72,6 +82,8 @@ impl BlockType {
             Self::Q4K => 12,
             Self::Q5K => 13,
             Self::Q6K => 14,
+            Self::Q3K => 11,
+            Self::Q2K => 10,
         }
     }
 
@@ -88,6 +100,8 @@ impl BlockType {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::Q3K => "Q3_K",
+            Self::Q2K => "Q2_K",
         }
     }
 
@@ -114,6 +128,8 @@ impl BlockType {
             Self::Q4K => codec::q4_k::BYTES,
             Self::Q5K => codec::q5_k::BYTES,
             Self::Q6K => codec::q6_k::BYTES,
+            Self::Q3K => codec::q3_k::BYTES,
+            Self::Q2K => codec::q2_k::BYTES,
         }
     }
 
@@ -182,13 +198,13 @@ pub fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Planned {
     /// Q8_0: f16 bits of `d`, value `i` decodes to `d·qs[i]`.
-    Q8_0 {
-        d: u16,
-        qs: [i8; 32],
-    },
+    Q8_0 { d: u16, qs: [i8; 32] },
     /// Q4_K or Q5_K.
     KMin(KMinBlock),
-    Q6K(Q6Block),
+    /// Q2_K.
+    KMin16(KMinBlock<16>),
+    /// Q6_K or Q3_K.
+    Sym(SymBlock),
 }
 
 /// Writes `p` as one `ty` block into `out` (`ty.block_bytes()` bytes).
@@ -208,9 +224,19 @@ pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
                 codec::pack_q5_k(b, out)
             }
         }
-        (BlockType::Q6K, Planned::Q6K(b)) => {
+        (BlockType::Q6K, Planned::Sym(b)) => {
             assert!(b.levels.iter().all(|&l| l < 64), "Q6_K: levels");
             codec::pack_q6_k(b, out)
+        }
+        (BlockType::Q3K, Planned::Sym(b)) => {
+            assert!(b.levels.iter().all(|&l| l < 8), "Q3_K: levels");
+            assert!(b.sc.iter().all(|s| (-32..32).contains(s)), "Q3_K: scales");
+            codec::pack_q3_k(b, out)
+        }
+        (BlockType::Q2K, Planned::KMin16(b)) => {
+            assert!(b.levels.iter().all(|&l| l < 4), "Q2_K: levels");
+            assert!(b.sc.iter().chain(&b.m).all(|&s| s < 16), "4-bit scales");
+            codec::pack_q2_k(b, out)
         }
         _ => panic!("{}: a plan of another type", ty.name()),
     }
@@ -264,12 +290,14 @@ pub fn matmul(
 /// this machine's AVX-512 (results/kernels.md): Q4_K/Q5_K keep 4 (8 spill
 /// their two accumulators a row and ran 25% slower), Q6_K gains to 8, Q8_0
 /// is flat past 4, and Q4_0 runs one activation row a pass (its unpacking
-/// is two instructions; sharing it ran slower).
+/// is two instructions; sharing it ran slower). Q3_K takes Q6_K's 8 (one
+/// accumulator a row) and Q2_K Q4_K's 4 (two), by their register use, not
+/// measured.
 fn acts_per_pass(ty: BlockType) -> usize {
     match ty {
         BlockType::Q4_0 => 1,
-        BlockType::Q4K | BlockType::Q5K => 4,
-        BlockType::Q8_0 | BlockType::Q6K => 8,
+        BlockType::Q4K | BlockType::Q5K | BlockType::Q2K => 4,
+        BlockType::Q8_0 | BlockType::Q6K | BlockType::Q3K => 8,
     }
 }
 
@@ -353,7 +381,7 @@ impl Activations {
                     scalar::split_q4_0(&self.tmp, qs);
                     c8_sums(qs, &mut self.c8[t * nc8..(t + 1) * nc8]);
                 }
-                BlockType::Q6K => quantize_q8_k(xt, qs, d, bsums),
+                BlockType::Q6K | BlockType::Q3K | BlockType::Q2K => quantize_q8_k(xt, qs, d, bsums),
                 BlockType::Q4K | BlockType::Q5K => {
                     quantize_q8_k(xt, &mut self.tmp, d, bsums);
                     scalar::permute_kmin(&self.tmp, qs);

@@ -17,20 +17,24 @@
 //!   with `f = dmin_w·d_x`, and the result is `reduce16(lanes) −
 //!   reduce8(min lanes)`;
 //! - Q6_K: value `v = 128h + 32s + l` (`l < 32`) adds `sc_j·(level − 32)·x`
-//!   to lane `8·(s % 2) + l / 4`.
+//!   to lane `8·(s % 2) + l / 4`; Q3_K the same with `sc_j·(level − 4)·x`;
+//! - Q2_K: value `v` adds `sc_j·level·x` to the same lane as Q6_K; the
+//!   mins go apart to eight lanes, lane `k` getting `m_2k·(Σ x over
+//!   sub-block 2k) + m_2k+1·(Σ x over sub-block 2k+1)` with `f = dmin_w·d_x`,
+//!   and the result is `reduce16(lanes) − reduce8(min lanes)` (as Q4_K).
 //!
 //! These are the lanes the AVX-512 registers hold naturally (a 64-byte
 //! register's i32 lane covers four consecutive bytes); AVX2 keeps them as
 //! two 8-lane registers.
 
-use super::codec::{f16_to_f32, f32_to_f16, le16, nearest_int, q4_0, q4_k, q5_k, q6_k, q8_0};
-use super::codec::{q6_level, scales_k4, QK, QK_K};
+use super::codec::{f16_to_f32, f32_to_f16, le16, nearest_int, q2_k, q3_k, q4_0, q4_k, q5_k};
+use super::codec::{q2_level, q3_level, q6_k, q6_level, q8_0, scales_k4, scales_q3, QK, QK_K};
 use super::BlockType;
 
 /// One quantized activation row as the dots read it.
 #[derive(Clone, Copy)]
 pub(crate) struct ActRow<'a> {
-    /// The int8 values: natural order (Q8_0, Q6_K); for Q4_0 the low halves
+    /// The int8 values: natural order (Q8_0, Q6_K, Q3_K, Q2_K); for Q4_0 the low halves
     /// of every block (`x_b[0..16]`, block after block) followed by the high
     /// halves (`x_b[16..32]`); for Q4_K/Q5_K each 128 values in the order of
     /// their level bytes, sub-blocks `0, 2, 1, 3` ([`kmin_pos`]).
@@ -86,6 +90,8 @@ pub(crate) fn vec_dot(ty: BlockType, w: &[u8], a: &ActRow) -> f32 {
         BlockType::Q4K => dot_q4_k(w, a),
         BlockType::Q5K => dot_q5_k(w, a),
         BlockType::Q6K => dot_q6_k(w, a),
+        BlockType::Q3K => dot_q3_k(w, a),
+        BlockType::Q2K => dot_q2_k(w, a),
     }
 }
 
@@ -203,19 +209,65 @@ fn dot_q5_k(w: &[u8], a: &ActRow) -> f32 {
     })
 }
 
-fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
+/// The lane of value `v` of a Q6_K, Q3_K or Q2_K super-block.
+#[inline]
+fn sym_lane(v: usize) -> usize {
+    8 * (v / 32 % 2) + v % 32 / 4
+}
+
+/// Q6_K and Q3_K: `BYTES`-byte blocks with the f16 `d` at `D`, sixteen
+/// signed scales from `scales(blk)` and `level(blk, v) − bias` the signed
+/// level of value `v`.
+fn dot_sym<const BYTES: usize, const D: usize>(
+    w: &[u8],
+    a: &ActRow,
+    bias: i32,
+    scales: impl Fn(&[u8]) -> [i8; 16],
+    level: impl Fn(&[u8], usize) -> u8,
+) -> f32 {
     let mut acc = [0f32; 16];
-    for (b, blk) in w.chunks_exact(q6_k::BYTES).enumerate() {
+    for (b, blk) in w.chunks_exact(BYTES).enumerate() {
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+        let sc = scales(blk);
         let mut p = [0i32; 16];
         for (v, &x) in x.iter().enumerate() {
-            let sc = blk[q6_k::SCALES + v / 16] as i8 as i32;
-            let lane = 8 * (v / 32 % 2) + v % 32 / 4;
-            p[lane] += sc * (q6_level(blk, v) as i32 - 32) * x as i32;
+            let q = level(blk, v) as i32 - bias;
+            p[sym_lane(v)] += sc[v / 16] as i32 * q * x as i32;
         }
-        add_lanes(&mut acc, &p, f16_to_f32(le16(blk, q6_k::D)) * a.d[b]);
+        add_lanes(&mut acc, &p, f16_to_f32(le16(blk, D)) * a.d[b]);
     }
     reduce16(&acc)
+}
+
+fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
+    let scales = |blk: &[u8]| std::array::from_fn(|j| blk[q6_k::SCALES + j] as i8);
+    dot_sym::<{ q6_k::BYTES }, { q6_k::D }>(w, a, 32, scales, q6_level)
+}
+
+fn dot_q3_k(w: &[u8], a: &ActRow) -> f32 {
+    let scales = |blk: &[u8]| scales_q3(&blk[q3_k::SCALES..q3_k::D]);
+    dot_sym::<{ q3_k::BYTES }, { q3_k::D }>(w, a, 4, scales, q3_level)
+}
+
+fn dot_q2_k(w: &[u8], a: &ActRow) -> f32 {
+    let (mut acc, mut acc_min) = ([0f32; 16], [0f32; 8]);
+    for (b, blk) in w.chunks_exact(q2_k::BYTES).enumerate() {
+        let x = &a.qs[QK_K * b..QK_K * (b + 1)];
+        let s = &blk[q2_k::SCALES..q2_k::QS];
+        let mut p = [0i32; 16];
+        for (v, &x) in x.iter().enumerate() {
+            p[sym_lane(v)] += (s[v / 16] & 15) as i32 * q2_level(blk, v) as i32 * x as i32;
+        }
+        let bs = &a.bsums[16 * b..16 * b + 16];
+        let mins: [i32; 8] = std::array::from_fn(|k| {
+            let m = |j: usize| (s[j] >> 4) as i32 * bs[j] as i32;
+            m(2 * k) + m(2 * k + 1)
+        });
+        let dx = a.d[b];
+        add_lanes(&mut acc, &p, f16_to_f32(le16(blk, q2_k::D)) * dx);
+        add_lanes(&mut acc_min, &mins, f16_to_f32(le16(blk, q2_k::DMIN)) * dx);
+    }
+    reduce16(&acc) - reduce8(&acc_min)
 }
 
 /// ggml's x86 (AVX) `quantize_row_q8_0` for one row: per 32 values, `d =

@@ -4,7 +4,7 @@
 //! bit for bit, and `matmul` against the dequantized f32 product within the
 //! bound derived in the module doc.
 
-use super::codec::{f16_to_f32, f32_to_f16, nearest_int, scales_k4};
+use super::codec::{f16_to_f32, f32_to_f16, nearest_int, scales_k4, scales_q3};
 use super::*;
 use crate::kernels::{set_threading, threading, Threading};
 use proptest::prelude::*;
@@ -40,6 +40,8 @@ fn scale_offsets(ty: BlockType) -> &'static [usize] {
         BlockType::Q4_0 | BlockType::Q8_0 => &[0],
         BlockType::Q4K | BlockType::Q5K => &[0, 2],
         BlockType::Q6K => &[208],
+        BlockType::Q3K => &[108],
+        BlockType::Q2K => &[80, 82],
     }
 }
 
@@ -83,6 +85,8 @@ fn block_type_table() {
         (BlockType::Q4K, 12, "Q4_K", 256, 144),
         (BlockType::Q5K, 13, "Q5_K", 256, 176),
         (BlockType::Q6K, 14, "Q6_K", 256, 210),
+        (BlockType::Q3K, 11, "Q3_K", 256, 110),
+        (BlockType::Q2K, 10, "Q2_K", 256, 84),
     ];
     assert_eq!(BlockType::ALL.len(), table.len());
     for (ty, id, name, elems, bytes) in table {
@@ -98,7 +102,7 @@ fn block_type_table() {
         assert_eq!(ty.row_bytes(elems + 1), None);
         assert_eq!(ty.row_bytes(elems / 2), None);
     }
-    for id in [0, 1, 3, 6, 7, 9, 10, 11, 15, 16, 30, 39, u32::MAX] {
+    for id in [0, 1, 3, 6, 7, 9, 15, 16, 21, 23, 30, 39, u32::MAX] {
         assert_eq!(BlockType::from_ggml_id(id), None, "id {id}");
     }
 }
@@ -252,6 +256,122 @@ fn dequantize_hand_built_q6_k() {
     assert_eq!(out[0], 384.0);
 }
 
+/// ggml's Q3_K scale unpacking, one `j` at a time (as its CUDA
+/// `dequantize_block_q3_K` reads it).
+fn q3_scale(j: usize, s: &[u8]) -> i8 {
+    let u = match j {
+        0..4 => (s[j] & 0xF) | (s[j + 8] & 3) << 4,
+        4..8 => (s[j] & 0xF) | ((s[j + 4] >> 2) & 3) << 4,
+        8..12 => (s[j - 8] >> 4) | ((s[j] >> 4) & 3) << 4,
+        _ => (s[j - 8] >> 4) | ((s[j - 4] >> 6) & 3) << 4,
+    };
+    u as i8 - 32
+}
+
+#[test]
+fn q3_k_scales_decode_like_ggml_and_pack_back() {
+    let mut rng = Rng::new(13);
+    for _ in 0..2000 {
+        let s = rng.bytes(12);
+        let sc = scales_q3(&s);
+        for (j, &v) in sc.iter().enumerate() {
+            assert_eq!(v, q3_scale(j, &s), "{s:?} j={j}");
+        }
+        // Every 12 bytes are sixteen 6-bit scales: packing them gives the
+        // bytes back.
+        let p = Planned::Sym(SymBlock {
+            d: 0,
+            sc,
+            levels: [4; 256],
+        });
+        let mut blk = [0u8; 110];
+        pack_block(BlockType::Q3K, &p, &mut blk);
+        assert_eq!(&blk[96..108], &s[..], "{sc:?}");
+    }
+}
+
+#[test]
+fn dequantize_hand_built_q3_k() {
+    // qs[i] = 7i, hmask[i] = 13i (wrapping), scale bytes 37i + 5, d = −0.5.
+    let mut blk: Vec<u8> = (0..32).map(|i| (i * 13) as u8).collect();
+    blk.extend((0..64).map(|i| (i * 7) as u8));
+    blk.extend((0..12).map(|i| (37 * i + 5) as u8));
+    blk.extend([0x00, 0xB8]);
+    let mut out = [0f32; 256];
+    dequantize_row(BlockType::Q3K, &blk, &mut out);
+    for (v, &got) in out.iter().enumerate() {
+        let (h, s, l) = (v / 128, v % 128 / 32, v % 32);
+        let low = (blk[32 + 32 * h + l] >> (2 * s)) & 3;
+        let high = (blk[l] >> (4 * h + s)) & 1;
+        // ggml: the offset 4 is taken where the hmask bit is clear.
+        let q = low as i32 - if high == 1 { 0 } else { 4 };
+        let sc = q3_scale(v / 16, &blk[96..108]) as f32;
+        assert_eq!(got, -0.5 * sc * q as f32, "{v}");
+    }
+    // Value 0: qs 0, hmask 0 → −4; scale 5 | (byte 8 = 45) & 3 << 4 = 21 → −11.
+    assert_eq!(out[0], -22.0);
+}
+
+#[test]
+fn dequantize_hand_built_q2_k() {
+    // scales[j] = j | (15 − j) << 4, qs[i] = 7i (wrapping), d = 1, dmin = 0.25.
+    let mut blk: Vec<u8> = (0..16u8).map(|j| j | (15 - j) << 4).collect();
+    blk.extend((0..64).map(|i| (i * 7) as u8));
+    blk.extend([0x00, 0x3C, 0x00, 0x34]);
+    let mut out = [0f32; 256];
+    dequantize_row(BlockType::Q2K, &blk, &mut out);
+    for (v, &got) in out.iter().enumerate() {
+        let (h, s, l) = (v / 128, v % 128 / 32, v % 32);
+        let level = ((blk[16 + 32 * h + l] >> (2 * s)) & 3) as f32;
+        let j = (v / 16) as f32;
+        assert_eq!(got, j * level - 0.25 * (15.0 - j), "{v}");
+    }
+    // Value 255: qs[63] = 185, top bit pair 2; scale 15, min 0.
+    assert_eq!((out[0], out[255]), (-3.75, 30.0));
+}
+
+/// Q3_K and Q2_K blocks decode to llama.cpp's values bit for bit: the
+/// expected values are gguf-py's numpy dequantizer's (part of llama.cpp),
+/// made by scripts/make_ggml_block_fixture.py (its command is in the file).
+#[test]
+fn dequantize_matches_llama_cpp_on_known_blocks() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ggml_blocks.json");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let hex = |s: &serde_json::Value| -> Vec<u8> {
+        let s = s.as_str().unwrap();
+        (0..s.len() / 2)
+            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+            .collect()
+    };
+    for ty in [BlockType::Q3K, BlockType::Q2K] {
+        let entry = &doc[ty.name()];
+        let blocks = hex(&entry["blocks"]);
+        let want: Vec<u32> = hex(&entry["values_f32_le"])
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert!(
+            want.len() >= 4 * 256,
+            "{}: {} values",
+            ty.name(),
+            want.len()
+        );
+        let mut got = vec![0f32; want.len()];
+        dequantize_row(ty, &blocks, &mut got);
+        for (v, (g, &w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w,
+                "{} value {v}: {g} vs {}",
+                ty.name(),
+                f32::from_bits(w)
+            );
+        }
+    }
+}
+
 #[test]
 fn first_non_finite_names_the_first_bad_block() {
     for ty in BlockType::ALL {
@@ -345,6 +465,11 @@ fn encode_bound(ty: BlockType, blk: &[u8], x: &[f32], v: usize) -> f32 {
             let d = f16_at(208);
             d * (blk[192 + v / 16] as i8 as f32).abs() + 16.0 * d
         }
+        BlockType::Q3K => {
+            let d = f16_at(108);
+            d * (scales_q3(&blk[96..108])[v / 16] as f32).abs() + 2.0 * d
+        }
+        BlockType::Q2K => (f16_at(80) * (blk[v / 16] & 15) as f32 + f16_at(82)) / 2.0,
     }
 }
 
@@ -357,6 +482,8 @@ fn encoders_round_trip_within_their_bounds() {
             BlockType::Q5K => 0.06,
             BlockType::Q6K => 0.04,
             BlockType::Q8_0 => 0.02,
+            BlockType::Q3K => 0.16,
+            BlockType::Q2K => 0.36,
         }
     };
     let rows = encoder_rows(512);
@@ -843,6 +970,7 @@ fn check_error_bound(ty: BlockType, w: &[u8], rows: usize, cols: usize, x: &[f32
     let rho = (cols / ty.block_elems() + 12) as f64 * f64::powi(2.0, -23);
     let parts = match ty {
         BlockType::Q4K | BlockType::Q5K => Some((zero_scale(ty, w, 2), zero_scale(ty, w, 0))),
+        BlockType::Q2K => Some((zero_scale(ty, w, 82), zero_scale(ty, w, 80))),
         _ => None,
     };
     let (mut wh, mut pa, mut pb) = (vec![0f32; cols], vec![0f32; cols], vec![0f32; cols]);
@@ -936,7 +1064,7 @@ proptest! {
 
     #[test]
     fn random_shapes_batch_like_matvecs(
-        ty in 0usize..5, rows in 1usize..40, blocks in 1usize..10, n in 1usize..6, seed in 0u64..1000,
+        ty in 0usize..BlockType::ALL.len(), rows in 1usize..40, blocks in 1usize..10, n in 1usize..6, seed in 0u64..1000,
     ) {
         let ty = BlockType::ALL[ty];
         let cols = blocks * ty.block_elems();

@@ -7,11 +7,13 @@ use super::*;
 use crate::formats::weights::WeightIndex;
 use std::path::Path;
 
-const SEARCHED: [BlockType; 4] = [
+const SEARCHED: [BlockType; 6] = [
     BlockType::Q8_0,
     BlockType::Q4K,
     BlockType::Q5K,
     BlockType::Q6K,
+    BlockType::Q3K,
+    BlockType::Q2K,
 ];
 
 /// Deterministic standard normals (xorshift64*, Box–Muller).
@@ -38,9 +40,9 @@ fn decode(ty: BlockType, bytes: &[u8], n: usize) -> Vec<f32> {
     out
 }
 
-/// What the format says `p` decodes to (docs/FORMAT.md), in ggml's order
-/// of operations.
-fn as_planned(p: &Planned) -> Vec<f32> {
+/// What the format says `p` (a plan of `ty`) decodes to (docs/FORMAT.md),
+/// in ggml's order of operations.
+fn as_planned(ty: BlockType, p: &Planned) -> Vec<f32> {
     match p {
         Planned::Q8_0 { d, qs } => qs.iter().map(|&q| q as f32 * from_f16(*d)).collect(),
         Planned::KMin(b) => (0..256)
@@ -50,9 +52,19 @@ fn as_planned(p: &Planned) -> Vec<f32> {
                 d1 * b.levels[v] as f32 - m1
             })
             .collect(),
-        Planned::Q6K(b) => (0..256)
-            .map(|v| from_f16(b.d) * b.sc[v / 16] as f32 * (b.levels[v] as f32 - 32.0))
+        Planned::KMin16(b) => (0..256)
+            .map(|v| {
+                let d1 = from_f16(b.d) * b.sc[v / 16] as f32;
+                let m1 = from_f16(b.dmin) * b.m[v / 16] as f32;
+                d1 * b.levels[v] as f32 - m1
+            })
             .collect(),
+        Planned::Sym(b) => {
+            let bias = if ty == BlockType::Q6K { 32.0 } else { 4.0 };
+            (0..256)
+                .map(|v| from_f16(b.d) * b.sc[v / 16] as f32 * (b.levels[v] as f32 - bias))
+                .collect()
+        }
     }
 }
 
@@ -69,7 +81,7 @@ fn planned_blocks_decode_bit_for_bit_as_the_format_says() {
             let mut blk = vec![0u8; ty.block_bytes()];
             ggml::pack_block(ty, &p, &mut blk);
             let got = decode(ty, &blk, be);
-            let want = as_planned(&p);
+            let want = as_planned(ty, &p);
             let same = got
                 .iter()
                 .zip(&want)
@@ -104,16 +116,19 @@ fn rel_errors(ty: BlockType, x: &[f32], imp: Option<&[f32]>) -> (f64, f64) {
 }
 
 /// Relative RMS bounds per format: measured 0.0050 (Q8_0), 0.0707 (Q4_K),
-/// 0.0357 (Q5_K), 0.0168 (Q6_K) on Gaussian rows and within 1% of that on
-/// the trained experts (the plain encoder: 0.0054, 0.0787, 0.0387, 0.0187),
-/// with ~20% headroom; each bit halves the step, so it roughly halves the
-/// error.
+/// 0.0357 (Q5_K), 0.0168 (Q6_K), 0.1435 (Q3_K), 0.2685 (Q2_K) on Gaussian
+/// rows and within 1% of that on the trained experts (the plain encoder:
+/// 0.0054, 0.0787, 0.0387, 0.0187, 0.1549, 0.3457), with ~20% headroom;
+/// each bit halves the step, so it roughly halves the error (Q2_K's 4-bit
+/// sub-block scales and mins cost it more).
 fn bound(ty: BlockType) -> f64 {
     match ty {
         BlockType::Q8_0 => 0.006,
         BlockType::Q4K => 0.085,
         BlockType::Q5K => 0.043,
         BlockType::Q6K => 0.020,
+        BlockType::Q3K => 0.17,
+        BlockType::Q2K => 0.32,
         BlockType::Q4_0 => unreachable!("Q4_0 is ggml's reference encoder, not searched"),
     }
 }
