@@ -158,12 +158,12 @@ pub fn dot_block(
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
         debug_assert!(super::xsums_hold(x, stride, xsum));
-        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
-        // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
         if n >= super::PANEL_ACTS_MIN && super::panels() {
-            // SAFETY: as below; `dot_panels` has `dot_block`'s contract.
+            // SAFETY: as for `dot_block` below; `dot_panels` has its contract.
             return unsafe { avx512::dot_panels(w, row_bytes, x, stride, xsum, out) };
         }
+        // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
+        // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
         return unsafe { avx512::dot_block(w, row_bytes, x, stride, xsum, out) };
     }
     #[cfg(target_arch = "x86_64")]

@@ -340,7 +340,8 @@ fn finite_scales(ty: BlockType, w: &mut [u8]) {
     let scale_at: &[usize] = match ty {
         BlockType::Q4_0 | BlockType::Q8_0 => &[0],
         BlockType::Q4K | BlockType::Q5K => &[0, 2],
-        BlockType::Q6K => &[bb - 2],
+        BlockType::Q6K | BlockType::Q3K => &[bb - 2],
+        BlockType::Q2K => &[bb - 4, bb - 2],
     };
     for blk in w.chunks_exact_mut(bb) {
         for &at in scale_at {
