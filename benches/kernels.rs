@@ -96,19 +96,7 @@ const BATCHES: [usize; 3] = [1, 4, 16];
 /// Batches of the integer groups: decode, verify blocks and batched serving.
 const INT_BATCHES: [usize; 5] = [1, 2, 4, 8, 16];
 
-/// Cheap deterministic bytes (xorshift64*).
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        s ^= s >> 12;
-        s ^= s << 25;
-        s ^= s >> 27;
-        out.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
+use moestream::lab::bench::kernels::{finite_scales, random_bytes as bytes};
 
 /// One packed matrix as the kernels see it.
 struct Packed {
@@ -226,19 +214,8 @@ const GGML_SHAPES: [(usize, usize); 3] = [(768, 2048), (2048, 768), (6144, 2048)
 /// A `(rows, cols)` matrix of random `ty` blocks whose f16 scales are set
 /// to small finite values (random bytes elsewhere are valid levels).
 fn ggml_matrix(ty: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    let bb = ty.block_bytes();
     let mut w = bytes(rows * ty.row_bytes(cols).expect("whole blocks"), seed);
-    let scale_at: &[usize] = match ty {
-        BlockType::Q4_0 | BlockType::Q8_0 => &[0],
-        BlockType::Q4K | BlockType::Q5K => &[0, 2],
-        BlockType::Q6K | BlockType::Q3K => &[bb - 2],
-        BlockType::Q2K => &[bb - 4, bb - 2],
-    };
-    for blk in w.chunks_exact_mut(bb) {
-        for &at in scale_at {
-            blk[at + 1] = 0x1c | (blk[at + 1] & 0x80); // |d| in [2^-8, 2^-7)
-        }
-    }
+    finite_scales(ty, &mut w);
     w
 }
 

@@ -335,7 +335,7 @@ fn matrices(f: KernelFormat, rows: usize, cols: usize, count: usize) -> Vec<Matr
 
 /// Sets every f16 scale of `ty` blocks to a small finite value (random
 /// bytes elsewhere are valid levels).
-fn finite_scales(ty: BlockType, w: &mut [u8]) {
+pub fn finite_scales(ty: BlockType, w: &mut [u8]) {
     let bb = ty.block_bytes();
     let scale_at: &[usize] = match ty {
         BlockType::Q4_0 | BlockType::Q8_0 => &[0],
@@ -351,7 +351,7 @@ fn finite_scales(ty: BlockType, w: &mut [u8]) {
 }
 
 /// Cheap deterministic bytes (xorshift64*).
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(n + 8);
     while out.len() < n {
