@@ -100,6 +100,10 @@ pub const COLS_MAX: usize = int8::COLS_MAX;
 const ROWS_PER_CALL: usize = 64;
 /// Activation rows one `dot_block` call covers.
 const ACTS_PER_CALL: usize = 16;
+/// Most activation rows one panel `dot_block` call covers: the weights'
+/// repack is paid once per this many rows, and the thread's accumulator
+/// stays `ROWS_PER_CALL × 256` sums however long the batch.
+const PANEL_ACTS_PER_CALL: usize = 256;
 /// Row blocks are whole multiples of this many rows: the 4-row register
 /// tiles and the 32-row panel pairs of `dot_block` (`kernels::panel512`).
 const BLOCK_ROWS_MULTIPLE: usize = 32;
@@ -266,12 +270,13 @@ fn matmul_by_act_row(
 /// `dot_block` call, which works in register tiles of weight rows ×
 /// activation rows; the block stays in L2 across the calls. From
 /// [`PANEL_ACTS_MIN`] rows on (prefill) one call takes every activation
-/// row, so the call's repack of the weights into panels is paid once.
+/// row (up to [`PANEL_ACTS_PER_CALL`]), so the call's repack of the weights
+/// into panels is paid once per that many rows.
 fn matmul_batched(bits: QBits, w: &[u8], scales: &[f32], rows: usize, acts: &Acts, y: &mut [f32]) {
     let (cols, n) = (acts.cols, acts.scale.len());
     let rb = bits.row_bytes(cols);
     let per_call = if n >= PANEL_ACTS_MIN {
-        n
+        n.min(PANEL_ACTS_PER_CALL)
     } else {
         ACTS_PER_CALL
     };

@@ -208,11 +208,12 @@ fn batched_int_path_matches_the_scalar_twins_for_every_n_to_17() {
 fn prefill_batches_match_the_scalar_twins_on_panels_and_tiles() {
     // Batches past the panel threshold (one `dot_block` call per block of
     // rows for every activation row), row counts off the 32-row panel
-    // pairs; the panel kernel and the 4×4 tiles give the same bits.
+    // pairs, and batches longer than one panel call (256 + a tile-path
+    // tail of 14); the panel kernel and the 4×4 tiles give the same bits.
     for (rows, cols) in [(17, 130), (50, 257), (130, 2050)] {
         for bits in [QBits::Int8, QBits::Int4] {
             let m = QMatrix::quantize(&values(rows * cols, rows + cols), rows, cols, bits);
-            for n in [23, 24, 37, 64] {
+            for n in [23, 24, 37, 64, 270] {
                 let x = values(n * cols, cols + n);
                 let want = bits_of(&int_reference(&m, &x, n));
                 let got = bits_of(&run_int(&m, &x, n));
