@@ -239,6 +239,10 @@ pub struct Pending<'s> {
     latencies: Vec<u64>,
 }
 
+/// What a fetch starts with: experts already landed (id, weights), reads
+/// in flight it awaits, and the early reads among both (ids).
+pub(crate) type Started = (Vec<(usize, Arc<Mlp>)>, Vec<PrefetchRead>, Vec<usize>);
+
 impl<'s> Pending<'s> {
     /// `misses` are every cache miss in the order asked for, with whether
     /// each survives the cache insertions; `to_read` those neither
@@ -248,7 +252,7 @@ impl<'s> Pending<'s> {
     pub(crate) fn new(
         parts: Parts<'s>,
         layer: usize,
-        (ready, awaited, early): (Vec<(usize, Arc<Mlp>)>, Vec<PrefetchRead>, Vec<usize>),
+        (ready, awaited, early): Started,
         misses: Vec<(usize, bool)>,
         to_read: Vec<usize>,
         window: usize,

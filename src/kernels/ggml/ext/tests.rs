@@ -31,10 +31,10 @@ fn dequantize_hand_built_q5_0() {
     blk[2..6].copy_from_slice(&0x8000_0003u32.to_le_bytes()); // bits 0, 1, 31
     ramp(&mut blk[6..]);
     let out = decode(BlockType::Q5_0, &blk);
-    for v in 0..32 {
+    for (v, &got) in out.iter().enumerate().take(32) {
         let nib = if v < 16 { v } else { 31 - v } as i32;
         let high = if [0, 1, 31].contains(&v) { 16 } else { 0 };
-        assert_eq!(out[v], (nib + high - 16) as f32 * 0.5, "value {v}");
+        assert_eq!(got, (nib + high - 16) as f32 * 0.5, "value {v}");
     }
 }
 
@@ -46,10 +46,10 @@ fn dequantize_hand_built_q5_1() {
     blk[4..8].copy_from_slice(&0x0001_0004u32.to_le_bytes()); // bits 2, 16
     ramp(&mut blk[8..]);
     let out = decode(BlockType::Q5_1, &blk);
-    for v in 0..32 {
+    for (v, &got) in out.iter().enumerate().take(32) {
         let nib = if v < 16 { v } else { 31 - v } as i32;
         let high = if [2, 16].contains(&v) { 16 } else { 0 };
-        assert_eq!(out[v], (nib + high) as f32 * 0.25 - 1.0, "value {v}");
+        assert_eq!(got, (nib + high) as f32 * 0.25 - 1.0, "value {v}");
     }
 }
 
@@ -59,9 +59,9 @@ fn dequantize_hand_built_iq4_nl() {
     blk[..2].copy_from_slice(&0x4000u16.to_le_bytes()); // d = 2
     ramp(&mut blk[2..]);
     let out = decode(BlockType::IQ4NL, &blk);
-    for v in 0..32 {
+    for (v, &got) in out.iter().enumerate().take(32) {
         let nib = if v < 16 { v } else { 31 - v };
-        assert_eq!(out[v], 2.0 * KV[nib], "value {v}");
+        assert_eq!(got, 2.0 * KV[nib], "value {v}");
     }
 }
 
@@ -81,11 +81,11 @@ fn dequantize_hand_built_iq4_xs() {
         ramp(&mut blk[8 + 16 * j..24 + 16 * j]);
     }
     let out = decode(BlockType::IQ4XS, &blk);
-    for v in 0..256 {
+    for (v, &got) in out.iter().enumerate().take(256) {
         let (j, i) = (v / 32, v % 32);
         let nib = if i < 16 { i } else { 31 - i };
         let dl = 0.5 * (code(j) as f32 - 32.0);
-        assert_eq!(out[v], dl * KV[nib], "value {v}");
+        assert_eq!(got, dl * KV[nib], "value {v}");
     }
 }
 
