@@ -697,6 +697,7 @@ impl ExpertStore {
         let r = self.reads.counters();
         c.bytes_read = r.demand_bytes + r.prefetch_bytes;
         c.disk_busy = r.busy;
+        c.reads_in_flight = r.in_flight;
         self.stats.fill(&mut c);
         let t = self.stats.prefetch_tally();
         c.prefetch_issued = t.issued;

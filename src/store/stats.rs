@@ -21,6 +21,9 @@ pub struct StoreCounters {
     pub disk_time: Duration,
     /// Time the read path had reads in flight.
     pub disk_busy: Duration,
+    /// Reads the read service holds now and has not yet answered (a gauge:
+    /// cancelled or unneeded reads still landing count until they do).
+    pub reads_in_flight: u64,
     /// Prefetch reads issued, and their bytes.
     pub prefetch_issued: u64,
     pub prefetch_issued_bytes: u64,
