@@ -200,8 +200,8 @@ fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let mut bytes = std::fs::read(gguf("qwen3moe-Q4_K_M.gguf")).unwrap();
     let at = type_field(&bytes, "blk.0.ffn_down_exps.weight");
-    // IQ4_XS (23): a 256-value block type the kernels do not run.
-    bytes[at..at + 4].copy_from_slice(&23u32.to_le_bytes());
+    // IQ3_S (21): a 256-value block type the kernels do not run.
+    bytes[at..at + 4].copy_from_slice(&21u32.to_le_bytes());
     let bad = dir.path().join("bad.gguf");
     std::fs::write(&bad, &bytes).unwrap();
     let out = convert(&bad, &dir.path().join("o"), &[]);
@@ -213,8 +213,8 @@ fn bad_ggufs_and_width_flags_are_refused_naming_what_is_wrong() {
     );
     assert_clean_failure(&out, &["--expert-bits", "GGUF", "as stored"]);
     let src = fixture("qwen3_moe");
-    let out = convert(&src, &dir.path().join("o3"), &["--quant", "iq4_xs"]);
-    assert_clean_failure(&out, &["--expert-bits iq4_xs", "q3_k"]);
+    let out = convert(&src, &dir.path().join("o3"), &["--quant", "iq3_s"]);
+    assert_clean_failure(&out, &["--expert-bits iq3_s", "iq4_xs"]);
 }
 
 /// Metadata that disagrees with the stored bytes (another type, a column
@@ -249,7 +249,7 @@ fn a_lying_block_header_is_refused_naming_the_tensor() {
         ),
         (
             &key,
-            json!({"type": "IQ4_XS", "cols": meta["cols"]}),
+            json!({"type": "IQ3_S", "cols": meta["cols"]}),
             vec![&key, "`type` must be one of"],
         ),
         (

@@ -356,11 +356,11 @@ fn bad_files_fail_cleanly_naming_the_file_and_what_is_wrong() {
         ),
         (
             Box::new(|b| {
-                // IQ4_NL has Q4_0's block size, so only the type is wrong.
+                // MXFP4: a 32-value type (17 bytes, inside Q4_0's span).
                 let (ty, _) = type_and_offset_at(b, "blk.0.attn_q.weight");
-                b[ty..ty + 4].copy_from_slice(&20u32.to_le_bytes());
+                b[ty..ty + 4].copy_from_slice(&39u32.to_le_bytes());
             }),
-            vec!["self_attn.q_proj.weight", "IQ4_NL", "does not compute"],
+            vec!["self_attn.q_proj.weight", "MXFP4", "does not compute"],
         ),
         (
             Box::new(|b| {

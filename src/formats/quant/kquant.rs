@@ -1,5 +1,5 @@
-//! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q4_0
-//! through ggml's reference encoder), written from the format description
+//! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q5_0, Q5_1,
+//! IQ4_NL, IQ4_XS in `ext`; Q4_0 through ggml's reference encoder), written from the format description
 //! (docs/FORMAT.md): each searches its scales (and mins) to minimize the
 //! squared error of every block, optionally weighted by a per-column
 //! importance (llama.cpp's imatrix idea: the mean squared input of each
@@ -90,6 +90,10 @@ pub fn plan(ty: BlockType, x: &[f32], w: &[f32]) -> Planned {
             let d = |s: &[f32; 16]| signed_absmax(s) / -32.0;
             Planned::Sym(plan_sym(x, w, 4, (-32, 31), d))
         }
+        BlockType::Q5_0 => ext::plan_q5_0(x, w),
+        BlockType::Q5_1 => ext::plan_q5_1(x, w),
+        BlockType::IQ4NL => ext::plan_iq4_nl(x, w),
+        BlockType::IQ4XS => ext::plan_iq4_xs(x, w),
         BlockType::Q4_0 => unreachable!("Q4_0 uses ggml's reference encoder"),
     }
 }
@@ -315,5 +319,6 @@ fn plan_kmin<const J: usize>(x: &[f32], w: &[f32], nmax: i32, smax: i32) -> KMin
     }
 }
 
+mod ext;
 #[cfg(test)]
 mod tests;

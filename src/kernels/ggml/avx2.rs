@@ -62,6 +62,10 @@ pub unsafe fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
                 *o = dot_q2_k(r, a);
             }
         }
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+            // SAFETY: this function's own contract (AVX2).
+            unsafe { super::ext::avx2::dot_rows(ty, w, a, out) }
+        }
     }
 }
 

@@ -32,6 +32,7 @@
 //! Non-finite inputs give non-finite scales ([`first_non_finite`] finds
 //! them); nothing panics on them.
 
+use super::ext::{iq4_nl, iq4_xs, q5_0, q5_1};
 use super::BlockType;
 
 /// Values per block of the 32-wide types.
@@ -243,6 +244,9 @@ pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
             BlockType::Q6K => dequant_q6_k(blk, o),
             BlockType::Q3K => dequant_q3_k(blk, o),
             BlockType::Q2K => dequant_q2_k(blk, o),
+            BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+                super::ext::dequantize_block(ty, blk, o)
+            }
         }
     }
 }
@@ -344,6 +348,14 @@ pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
         BlockType::Q6K => first_bad_block::<{ q6_k::BYTES }, { q6_k::D }, { q6_k::D }>(bytes),
         BlockType::Q3K => first_bad_block::<{ q3_k::BYTES }, { q3_k::D }, { q3_k::D }>(bytes),
         BlockType::Q2K => first_bad_block::<{ q2_k::BYTES }, { q2_k::D }, { q2_k::DMIN }>(bytes),
+        BlockType::Q5_0 => first_bad_block::<{ q5_0::BYTES }, { q5_0::D }, { q5_0::D }>(bytes),
+        BlockType::Q5_1 => first_bad_block::<{ q5_1::BYTES }, { q5_1::D }, { q5_1::M }>(bytes),
+        BlockType::IQ4NL => {
+            first_bad_block::<{ iq4_nl::BYTES }, { iq4_nl::D }, { iq4_nl::D }>(bytes)
+        }
+        BlockType::IQ4XS => {
+            first_bad_block::<{ iq4_xs::BYTES }, { iq4_xs::D }, { iq4_xs::D }>(bytes)
+        }
     };
     block.map(|b| b * ty.block_elems())
 }
@@ -379,6 +391,9 @@ pub(super) fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
             BlockType::Q6K => encode_q6_k(x, blk),
             BlockType::Q3K => encode_q3_k(x, blk),
             BlockType::Q2K => encode_q2_k(x, blk),
+            BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+                super::ext::encode_block(ty, x, blk)
+            }
         }
     }
 }
