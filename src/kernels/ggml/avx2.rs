@@ -63,8 +63,7 @@ pub unsafe fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
             }
         }
         BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
-            // SAFETY: this function's own contract (AVX2).
-            unsafe { super::ext::avx2::dot_rows(ty, w, a, out) }
+            unreachable!("{}: ggml::dot_rows routes it to ext", ty.name())
         }
     }
 }

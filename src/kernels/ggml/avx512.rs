@@ -97,8 +97,7 @@ pub unsafe fn dot_rows_n<const N: usize>(
             }
         }
         BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
-            // SAFETY: this function's own contract (the same CPU features).
-            unsafe { super::ext::avx512::dot_rows_n(ty, w, a, out) }
+            unreachable!("{}: ggml::dot_rows_n routes it to ext", ty.name())
         }
     }
 }

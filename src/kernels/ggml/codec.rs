@@ -31,8 +31,11 @@
 //!
 //! Non-finite inputs give non-finite scales ([`first_non_finite`] finds
 //! them); nothing panics on them.
+//!
+//! `ext`'s types (Q5_0, Q5_1, IQ4_NL, IQ4_XS) are not handled here: the
+//! doors in `ggml` route them to `ext`, which builds on this file (imports
+//! run one way).
 
-use super::ext::{iq4_nl, iq4_xs, q5_0, q5_1};
 use super::BlockType;
 
 /// Values per block of the 32-wide types.
@@ -245,7 +248,7 @@ pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
             BlockType::Q3K => dequant_q3_k(blk, o),
             BlockType::Q2K => dequant_q2_k(blk, o),
             BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
-                super::ext::dequantize_block(ty, blk, o)
+                unreachable!("{}: ggml::dequantize_row routes it to ext", ty.name())
             }
         }
     }
@@ -348,13 +351,8 @@ pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
         BlockType::Q6K => first_bad_block::<{ q6_k::BYTES }, { q6_k::D }, { q6_k::D }>(bytes),
         BlockType::Q3K => first_bad_block::<{ q3_k::BYTES }, { q3_k::D }, { q3_k::D }>(bytes),
         BlockType::Q2K => first_bad_block::<{ q2_k::BYTES }, { q2_k::D }, { q2_k::DMIN }>(bytes),
-        BlockType::Q5_0 => first_bad_block::<{ q5_0::BYTES }, { q5_0::D }, { q5_0::D }>(bytes),
-        BlockType::Q5_1 => first_bad_block::<{ q5_1::BYTES }, { q5_1::D }, { q5_1::M }>(bytes),
-        BlockType::IQ4NL => {
-            first_bad_block::<{ iq4_nl::BYTES }, { iq4_nl::D }, { iq4_nl::D }>(bytes)
-        }
-        BlockType::IQ4XS => {
-            first_bad_block::<{ iq4_xs::BYTES }, { iq4_xs::D }, { iq4_xs::D }>(bytes)
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+            unreachable!("{}: ggml::first_non_finite routes it to ext", ty.name())
         }
     };
     block.map(|b| b * ty.block_elems())
@@ -364,7 +362,9 @@ pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
 /// at byte `B` is NaN or ±Inf (every exponent bit set). One branch-free
 /// pass (the common case: none; it runs as a streamed expert lands, so at
 /// memory speed matters), then a search only on a hit.
-fn first_bad_block<const BB: usize, const A: usize, const B: usize>(bytes: &[u8]) -> Option<usize> {
+pub(super) fn first_bad_block<const BB: usize, const A: usize, const B: usize>(
+    bytes: &[u8],
+) -> Option<usize> {
     let bad = |blk: &[u8]| {
         let exp = |at: usize| le16(blk, at) & 0x7c00 == 0x7c00;
         exp(A) | exp(B)
@@ -392,7 +392,7 @@ pub(super) fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
             BlockType::Q3K => encode_q3_k(x, blk),
             BlockType::Q2K => encode_q2_k(x, blk),
             BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
-                super::ext::encode_block(ty, x, blk)
+                unreachable!("{}: ggml::quantize_row routes it to ext", ty.name())
             }
         }
     }

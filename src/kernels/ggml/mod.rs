@@ -1,7 +1,8 @@
 //! llama.cpp's GGUF block types (Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K;
-//! Q5_0, Q5_1, IQ4_NL, IQ4_XS in `ext`), run as they are stored: [`dequantize_row`] (ggml's, bit for bit), [`matmul`] on the
-//! integer block dots, and an encoder ([`quantize_row`]) for tests and
-//! synthetic files. Block layouts live in `codec`.
+//! Q5_0, Q5_1, IQ4_NL, IQ4_XS in `ext`), run as they are stored:
+//! [`dequantize_row`] (ggml's, bit for bit), [`matmul`] on the integer
+//! block dots, and an encoder ([`quantize_row`]) for tests and synthetic
+//! files. Block layouts live in `codec`.
 //!
 //! Activations follow ggml's `vec_dot_type` so results track llama.cpp's:
 //! - Q4_0, Q8_0 and `ext`'s types (Q5_0, Q5_1, IQ4_NL, IQ4_XS) meet Q8_0
@@ -27,6 +28,9 @@
 //! `|y − Σ_c ŵ_c·x_c| ≤ Σ_c |ŵ_c|·e_c + ρ·Σ_c (|a_c| + |b_c|)·(|x_c| +
 //! e_c)`; against the quantized activation `x̃` only the `ρ` term is left.
 //! The tests check both.
+//!
+//! `ext`'s types go to `ext` at these doors (its files build on `codec`,
+//! `scalar`, `avx2` and `avx512`, which do not know it).
 //!
 //! Dispatch, picked once: the AVX-512 VNNI dots (`vpdpbusd`/`vpdpwssd`)
 //! and AVX-512 activation quantizers where `cpu::isa` reports VNNI (and the
@@ -189,6 +193,9 @@ pub fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
         bytes.len(),
         out.len()
     );
+    if ext::owns(ty) {
+        return ext::dequantize_row(ty, bytes, out);
+    }
     codec::dequantize_row(ty, bytes, out)
 }
 
@@ -201,6 +208,9 @@ pub fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
         "{}: partial block",
         ty.name()
     );
+    if ext::owns(ty) {
+        return ext::first_non_finite(ty, bytes);
+    }
     codec::first_non_finite(ty, bytes)
 }
 
@@ -218,6 +228,9 @@ pub fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
         out.len(),
         x.len()
     );
+    if ext::owns(ty) {
+        return ext::quantize_row(ty, x, out);
+    }
     codec::quantize_row(ty, x, out)
 }
 
@@ -550,6 +563,9 @@ pub(crate) fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
         return;
     }
     a.check(ty, &w[..rb]);
+    if ext::owns(ty) {
+        return ext::dot_rows(ty, w, a, out);
+    }
     #[cfg(target_arch = "x86_64")]
     match simd() {
         // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
@@ -581,6 +597,10 @@ pub(crate) fn dot_rows_n<const N: usize>(
     #[cfg(target_arch = "x86_64")]
     if simd() == Simd::Vnni {
         a.iter().for_each(|a| a.check(ty, &w[..rb]));
+        if ext::owns(ty) {
+            // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+            return unsafe { ext::avx512::dot_rows_n(ty, w, a, out) };
+        }
         // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
         return unsafe { avx512::dot_rows_n(ty, w, a, out) };
     }

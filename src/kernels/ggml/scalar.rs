@@ -92,7 +92,7 @@ pub(crate) fn vec_dot(ty: BlockType, w: &[u8], a: &ActRow) -> f32 {
         BlockType::Q3K => dot_q3_k(w, a),
         BlockType::Q2K => dot_q2_k(w, a),
         BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
-            super::ext::scalar::vec_dot(ty, w, a)
+            unreachable!("{}: ggml::dot_rows routes it to ext", ty.name())
         }
     }
 }

@@ -724,14 +724,78 @@ fn activation_quantizer_twins_agree_on_named_rows() {
 
 // --------------------------------------------------------------- twins
 
+/// The scalar twin's one-row dot of `ty`'s family (`ext`'s or `scalar`'s).
+fn twin_dot(ty: BlockType, w: &[u8], a: &scalar::ActRow) -> f32 {
+    if ext::owns(ty) {
+        a.check(ty, w);
+        return ext::scalar::vec_dot(ty, w, a);
+    }
+    scalar::vec_dot(ty, w, a)
+}
+
+/// The scalar twin's rows dot of `ty`'s family.
+fn twin_rows(ty: BlockType, w: &[u8], a: &scalar::ActRow, out: &mut [f32]) {
+    if ext::owns(ty) {
+        return ext::scalar::dot_rows(ty, w, a, out);
+    }
+    scalar::dot_rows(ty, w, a, out)
+}
+
+/// The AVX2 rows dot of `ty`'s family.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+unsafe fn avx2_rows(ty: BlockType, w: &[u8], a: &scalar::ActRow, out: &mut [f32]) {
+    // SAFETY: this function's own contract.
+    unsafe {
+        if ext::owns(ty) {
+            return ext::avx2::dot_rows(ty, w, a, out);
+        }
+        avx2::dot_rows(ty, w, a, out)
+    }
+}
+
+/// The AVX-512 VNNI one-row dot of `ty`'s family.
+///
+/// # Safety
+/// The CPU must support AVX2, F16C, AVX-512F/BW and VNNI.
+#[cfg(target_arch = "x86_64")]
+unsafe fn avx512_rows(ty: BlockType, w: &[u8], a: &scalar::ActRow, out: &mut [f32]) {
+    if ext::owns(ty) {
+        let (out, _) = out.as_chunks_mut::<1>();
+        // SAFETY: this function's own contract.
+        return unsafe { ext::avx512::dot_rows_n(ty, w, &[*a], out) };
+    }
+    // SAFETY: this function's own contract.
+    unsafe { avx512::dot_rows(ty, w, a, out) }
+}
+
+/// The AVX-512 VNNI multi-row dot of `ty`'s family.
+///
+/// # Safety
+/// The CPU must support AVX2, F16C, AVX-512F/BW and VNNI.
+#[cfg(target_arch = "x86_64")]
+unsafe fn avx512_rows_n<const N: usize>(
+    ty: BlockType,
+    w: &[u8],
+    a: &[scalar::ActRow; N],
+    out: &mut [[f32; N]],
+) {
+    // SAFETY: this function's own contract.
+    unsafe {
+        if ext::owns(ty) {
+            return ext::avx512::dot_rows_n(ty, w, a, out);
+        }
+        avx512::dot_rows_n(ty, w, a, out)
+    }
+}
+
 /// Every available version of the rows dot against the scalar twin, row
 /// by row (`w`: whole rows of `ty` blocks, `rows` of them).
 fn check_twins(ty: BlockType, w: &[u8], rows: usize, a: &scalar::ActRow, what: &str) {
     let rb = w.len() / rows;
-    let want: Vec<f32> = w
-        .chunks_exact(rb)
-        .map(|r| scalar::vec_dot(ty, r, a))
-        .collect();
+    let want: Vec<f32> = w.chunks_exact(rb).map(|r| twin_dot(ty, r, a)).collect();
     let check = |got: &[f32], isa: &str| {
         for (r, (&g, &s)) in got.iter().zip(&want).enumerate() {
             assert!(
@@ -744,18 +808,18 @@ fn check_twins(ty: BlockType, w: &[u8], rows: usize, a: &scalar::ActRow, what: &
     let mut got = vec![f32::NAN; rows];
     dot_rows(ty, w, a, &mut got);
     check(&got, "dispatched");
-    scalar::dot_rows(ty, w, a, &mut got);
+    twin_rows(ty, w, a, &mut got);
     check(&got, "scalar rows");
     #[cfg(target_arch = "x86_64")]
     {
         if cpu::has_avx2() {
             // SAFETY: AVX2 detected just above.
-            unsafe { avx2::dot_rows(ty, w, a, &mut got) };
+            unsafe { avx2_rows(ty, w, a, &mut got) };
             check(&got, "avx2");
         }
         if vnni() {
             // SAFETY: AVX2, F16C, AVX-512F/BW and VNNI detected just above.
-            unsafe { avx512::dot_rows(ty, w, a, &mut got) };
+            unsafe { avx512_rows(ty, w, a, &mut got) };
             check(&got, "avx512");
         }
     }
@@ -794,7 +858,7 @@ fn check_multi_twins<const N: usize>(ty: BlockType, w: &[u8], rows: usize, a: &A
     let check = |got: &[[f32; N]], isa: &str| {
         for (r, (g, row)) in got.iter().zip(w.chunks_exact(rb)).enumerate() {
             for (t, &g) in g.iter().enumerate() {
-                let s = scalar::vec_dot(ty, row, &acts[t]);
+                let s = twin_dot(ty, row, &acts[t]);
                 assert!(
                     same(g, s),
                     "{} N={N} row {r} t {t}: {isa} {g} vs scalar {s}",
@@ -810,7 +874,7 @@ fn check_multi_twins<const N: usize>(ty: BlockType, w: &[u8], rows: usize, a: &A
     if vnni() {
         got.fill([f32::NAN; N]);
         // SAFETY: AVX2, F16C, AVX-512F/BW and VNNI detected just above.
-        unsafe { avx512::dot_rows_n(ty, w, &acts, &mut got) };
+        unsafe { avx512_rows_n(ty, w, &acts, &mut got) };
         check(&got, "avx512");
     }
 }
@@ -891,7 +955,7 @@ fn scalar_matmul(
     let mut y = vec![0f32; n * rows];
     for t in 0..n {
         for r in 0..rows {
-            y[t * rows + r] = scalar::vec_dot(ty, &w[r * rb..(r + 1) * rb], &a.row(t));
+            y[t * rows + r] = twin_dot(ty, &w[r * rb..(r + 1) * rb], &a.row(t));
         }
     }
     y

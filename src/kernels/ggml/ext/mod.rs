@@ -25,6 +25,12 @@
 //!   of `S / −32` with `S` the scale of largest magnitude, the 6-bit scale
 //!   `round(s / d)` in −32..=31, each value the nearest table entry of `x /
 //!   (d·sc)`. Error per value ≤ `14·|d·sc| + 127·|s − d·sc|`.
+//!
+//! Imports run one way: this module builds on `codec` and the parent's
+//! lanes and loads (`scalar`, `avx2`, `avx512`); none of those knows it.
+//! `ggml`'s doors ([`super::dequantize_row`], [`super::quantize_row`],
+//! [`super::first_non_finite`], [`super::dot_rows`], `dot_rows_n`) send
+//! the types [`owns`] here.
 
 pub(super) mod scalar;
 
@@ -35,8 +41,17 @@ pub(super) mod avx512;
 #[cfg(test)]
 mod tests;
 
-use super::codec::{f16_to_f32, f32_to_f16, le16, nearest_int, QK, QK_K};
+use super::codec::{f16_to_f32, f32_to_f16, first_bad_block, le16, nearest_int, QK, QK_K};
+use super::scalar::ActRow;
 use super::BlockType;
+
+/// Whether `ty` is one of this module's types.
+pub(super) fn owns(ty: BlockType) -> bool {
+    matches!(
+        ty,
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS
+    )
+}
 
 /// ggml's `kvalues_iq4nl`: the sixteen levels of IQ4_NL and IQ4_XS.
 pub(super) const KVALUES: [i8; 16] = [
@@ -120,8 +135,58 @@ pub(super) fn nibble(qs: &[u8], v: usize) -> u8 {
     }
 }
 
-/// See [`super::dequantize_row`]: one block of one of this module's types.
-pub(super) fn dequantize_block(ty: BlockType, blk: &[u8], o: &mut [f32]) {
+/// See [`super::dequantize_row`] (lengths checked there).
+pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    for (blk, o) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        dequantize_block(ty, blk, o)
+    }
+}
+
+/// See [`super::quantize_row`] (lengths checked there).
+pub(super) fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    for (x, blk) in x.chunks_exact(be).zip(out.chunks_exact_mut(bb)) {
+        encode_block(ty, x, blk)
+    }
+}
+
+/// See [`super::first_non_finite`]: the f16 `d` (and Q5_1's `m`) of each
+/// block.
+pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
+    let block = match ty {
+        BlockType::Q5_0 => first_bad_block::<{ q5_0::BYTES }, { q5_0::D }, { q5_0::D }>(bytes),
+        BlockType::Q5_1 => first_bad_block::<{ q5_1::BYTES }, { q5_1::D }, { q5_1::M }>(bytes),
+        BlockType::IQ4NL => {
+            first_bad_block::<{ iq4_nl::BYTES }, { iq4_nl::D }, { iq4_nl::D }>(bytes)
+        }
+        BlockType::IQ4XS => {
+            first_bad_block::<{ iq4_xs::BYTES }, { iq4_xs::D }, { iq4_xs::D }>(bytes)
+        }
+        _ => unreachable!("{}: not an ext type", ty.name()),
+    };
+    block.map(|b| b * ty.block_elems())
+}
+
+/// See [`super::dot_rows`] (which checked the lengths), dispatched the
+/// same way.
+pub(super) fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match super::simd() {
+        super::Simd::Vnni => {
+            let (out, _) = out.as_chunks_mut::<1>();
+            // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+            return unsafe { avx512::dot_rows_n(ty, w, &[*a], out) };
+        }
+        // SAFETY: `simd()` saw AVX2.
+        super::Simd::Avx2 => return unsafe { avx2::dot_rows(ty, w, a, out) },
+        super::Simd::Scalar => {}
+    }
+    scalar::dot_rows(ty, w, a, out)
+}
+
+/// One block of one of this module's types (see [`super::dequantize_row`]).
+fn dequantize_block(ty: BlockType, blk: &[u8], o: &mut [f32]) {
     match ty {
         BlockType::Q5_0 => {
             let d = f16_to_f32(le16(blk, q5_0::D));
@@ -164,7 +229,7 @@ pub(super) fn dequantize_block(ty: BlockType, blk: &[u8], o: &mut [f32]) {
 }
 
 /// See [`super::quantize_row`]: one block.
-pub(super) fn encode_block(ty: BlockType, x: &[f32], blk: &mut [u8]) {
+fn encode_block(ty: BlockType, x: &[f32], blk: &mut [u8]) {
     match ty {
         BlockType::Q5_0 => encode_q5_0(x, blk),
         BlockType::Q5_1 => encode_q5_1(x, blk),

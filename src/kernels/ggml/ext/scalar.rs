@@ -20,6 +20,15 @@ use super::super::scalar::{reduce16, ActRow};
 use super::super::BlockType;
 use super::{iq4_nl, iq4_xs, le32, nibble, q5_0, q5_1, q5_levels, scales_xs, KVALUES};
 
+/// [`vec_dot`] of each `w.len() / out.len()`-byte row of `w` into `out`
+/// (whole rows of whole blocks, checked by `ggml::dot_rows`).
+pub(in super::super) fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
+    let rb = w.len() / out.len().max(1);
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(rb.max(1))) {
+        *o = vec_dot(ty, row, a);
+    }
+}
+
 /// `W_row · x` for one row of `ty` blocks (see the module doc).
 pub(in super::super) fn vec_dot(ty: BlockType, w: &[u8], a: &ActRow) -> f32 {
     match ty {
