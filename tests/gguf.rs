@@ -396,6 +396,46 @@ fn bad_files_fail_cleanly_naming_the_file_and_what_is_wrong() {
     }
 }
 
+/// A Q5_0 or IQ4_XS GGUF (the Q8_0 fixture exported, every matrix of that
+/// type) cut short inside its last tensor, an expert tensor, is refused by
+/// `run` and by `convert`, naming the tensor and its size by the type's
+/// block (values / 32 · 22 bytes, values / 256 · 136).
+#[test]
+fn a_truncated_q5_0_or_iq4_xs_tensor_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = gguf("qwen3moe-Q8_0.gguf");
+    for (ty, id, elems, block_bytes) in [("q5_0", 6, 32, 22), ("iq4_xs", 23, 256, 136)] {
+        let g = dir.path().join(format!("{ty}.gguf"));
+        let args = ["export-gguf", "--model", q8.to_str().unwrap(), "--type", ty];
+        let r = moestream(&[&args[..], &["--out", g.to_str().unwrap()]].concat());
+        assert!(r.ok, "export {ty}: {}", r.stderr);
+        let f = moestream::formats::gguf::file::GgufFile::open(&g).unwrap();
+        let last = f.tensors.iter().max_by_key(|t| t.offset).unwrap();
+        assert!(
+            last.ty == id && last.name.contains("_exps"),
+            "{ty}: {last:?}"
+        );
+        let bytes = std::fs::read(&g).unwrap();
+        let cut = bytes.len() - 100;
+        assert!(
+            (last.offset as usize) < cut,
+            "{ty}: cut inside {}",
+            last.name
+        );
+        let short = dir.path().join(format!("{ty}-short.gguf"));
+        std::fs::write(&short, &bytes[..cut]).unwrap();
+        let values: u64 = last.dims.iter().product();
+        let size = format!("its {} bytes", values / elems * block_bytes);
+        let name = format!("`{}`", last.name);
+        let needles = [name.as_str(), &size, "past the end of the file"];
+        common::assert_clean_failure(&run_broken(&short), &needles);
+        let out = dir.path().join(format!("{ty}-c"));
+        let conv = ["convert", "--input", short.to_str().unwrap(), "--quiet"];
+        let conv = moestream(&[&conv[..], &["--output", out.to_str().unwrap()]].concat());
+        common::assert_clean_failure(&conv, &needles);
+    }
+}
+
 /// `export-gguf` of a Q8_0 file back to Q8_0 re-encodes every block to the
 /// same bytes (our Q8_0 encoder is ggml's), so the export runs as the
 /// original: llama.cpp's tokens.
