@@ -219,6 +219,20 @@ fn plan_sym(
 /// the lowest weighted error over the candidate grids.
 fn fit_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
     let lo = x.iter().fold(0f32, |a, &v| a.min(v));
+    search_grids(x, w, nmax, lo, least_squares)
+}
+
+/// The `(s, m)` of `x ≈ s·q − m`, `q` in `0..=nmax`, with the lowest
+/// weighted error over the grids from `lo` (at most every value) to `max
+/// x` with `nmax + δ` steps, each refitted by `fit` for its levels; the
+/// plain grid `((max x − lo) / nmax, −lo)` when none fits better.
+fn search_grids(
+    x: &[f32],
+    w: &[f32],
+    nmax: i32,
+    lo: f32,
+    fit: impl Fn(&[f32], &[f32], &[f32]) -> Option<(f32, f32)>,
+) -> (f32, f32) {
     let hi = x.iter().fold(lo, |a, &v| a.max(v));
     let full = ((hi - lo) / nmax as f32, -lo);
     if hi - lo <= 0.0 || !(hi - lo).is_finite() {
@@ -232,7 +246,7 @@ fn fit_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
             .iter()
             .map(|&v| level((v - lo) * is, 0, nmax) as f32)
             .collect();
-        let Some(fit) = least_squares(x, w, &q) else {
+        let Some(fit) = fit(x, w, &q) else {
             continue;
         };
         let err = min_error(x, w, fit, nmax);
@@ -243,9 +257,9 @@ fn fit_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
     best.1
 }
 
-/// The weighted least-squares `(s, m)` of `x ≈ s·q − m` for fixed levels
-/// `q`, with `m ≥ 0`; `None` when no positive scale fits.
-fn least_squares(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
+/// The weighted sums of the normal equations of `x ≈ s·q + b`: `Σw`,
+/// `Σw·q`, `Σw·q²`, `Σw·x`, `Σw·q·x`.
+fn normal_sums(x: &[f32], w: &[f32], q: &[f32]) -> [f32; 5] {
     let (mut sw, mut sq, mut sqq, mut sx, mut sqx) = (0f32, 0f32, 0f32, 0f32, 0f32);
     for ((&v, &wi), &qi) in x.iter().zip(w).zip(q) {
         sw += wi;
@@ -254,6 +268,13 @@ fn least_squares(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
         sx += wi * v;
         sqx += wi * qi * v;
     }
+    [sw, sq, sqq, sx, sqx]
+}
+
+/// The weighted least-squares `(s, m)` of `x ≈ s·q − m` for fixed levels
+/// `q`, with `m ≥ 0`; `None` when no positive scale fits.
+fn least_squares(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
+    let [sw, sq, sqq, sx, sqx] = normal_sums(x, w, q);
     let det = sw * sqq - sq * sq;
     let (mut s, mut b) = if det > 0.0 {
         ((sw * sqx - sq * sx) / det, (sqq * sx - sq * sqx) / det)

@@ -247,8 +247,8 @@ fn q8_0_tail(acc: __m512, w: &[u8], x: &[i8], dx: &[f32], s01: __m512i) -> __m51
 /// Four Q4_0 blocks' level bytes (`vq`: 16 each, one block a 128-bit
 /// lane) as their unsigned low and high nibbles.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
-fn q4_0_nibbles(vq: __m512i) -> (__m512i, __m512i) {
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) fn q4_0_nibbles(vq: __m512i) -> (__m512i, __m512i) {
     let mask = _mm512_set1_epi8(15);
     let lo = _mm512_and_si512(vq, mask);
     (lo, _mm512_and_si512(_mm512_srli_epi16::<4>(vq), mask))

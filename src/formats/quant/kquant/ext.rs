@@ -13,7 +13,7 @@
 //!   nearest multiple in −32..=31, and every index the nearest entry of the
 //!   final grid.
 
-use super::{fit_sym, from_f16, level, signed_absmax, to_f16, STEPS};
+use super::{fit_sym, from_f16, level, normal_sums, search_grids, signed_absmax, to_f16, STEPS};
 use crate::kernels::ggml::{Planned, IQ4_VALUES};
 
 pub(super) fn plan_q5_0(x: &[f32], w: &[f32]) -> Planned {
@@ -44,44 +44,19 @@ pub(super) fn plan_q5_1(x: &[f32], w: &[f32]) -> Planned {
 }
 
 /// The `(s, b)` with `s ≥ 0` of `x ≈ s·q + b`, `q` in `0..=nmax`, with the
-/// lowest weighted error over the candidate grids.
+/// lowest weighted error over the candidate grids (the parent's search with
+/// `m = −b` free).
 fn fit_offset(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
     let lo = x.iter().fold(f32::MAX, |a, &v| a.min(v));
-    let hi = x.iter().fold(lo, |a, &v| a.max(v));
-    let full = ((hi - lo) / nmax as f32, lo);
-    if hi - lo <= 0.0 || !(hi - lo).is_finite() {
-        return full;
-    }
-    let mut best = (offset_error(x, w, full, nmax), full);
-    for k in 0..STEPS {
-        let delta = 2.0 * k as f32 / (STEPS - 1) as f32 - 1.0;
-        let is = (nmax as f32 + delta) / (hi - lo);
-        let q: Vec<f32> = x
-            .iter()
-            .map(|&v| level((v - lo) * is, 0, nmax) as f32)
-            .collect();
-        let Some(fit) = least_squares_free(x, w, &q) else {
-            continue;
-        };
-        let err = offset_error(x, w, fit, nmax);
-        if err < best.0 {
-            best = (err, fit);
-        }
-    }
-    best.1
+    let fit = |x: &[f32], w: &[f32], q: &[f32]| least_squares_free(x, w, q).map(|(s, b)| (s, -b));
+    let (s, m) = search_grids(x, w, nmax, lo, fit);
+    (s, -m)
 }
 
 /// The weighted least-squares `(s, b)` of `x ≈ s·q + b` for fixed levels;
 /// `None` unless the scale comes out positive.
 fn least_squares_free(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
-    let (mut sw, mut sq, mut sqq, mut sx, mut sqx) = (0f32, 0f32, 0f32, 0f32, 0f32);
-    for ((&v, &wi), &qi) in x.iter().zip(w).zip(q) {
-        sw += wi;
-        sq += wi * qi;
-        sqq += wi * qi * qi;
-        sx += wi * v;
-        sqx += wi * qi * v;
-    }
+    let [sw, sq, sqq, sx, sqx] = normal_sums(x, w, q);
     let det = sw * sqq - sq * sq;
     if det <= 0.0 {
         return None;
@@ -89,22 +64,6 @@ fn least_squares_free(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
     let s = (sw * sqx - sq * sx) / det;
     let b = (sqq * sx - sq * sqx) / det;
     (s > 0.0 && b.is_finite()).then_some((s, b))
-}
-
-/// Weighted squared error of `x` on the grid `s·q + b`.
-fn offset_error(x: &[f32], w: &[f32], (s, b): (f32, f32), nmax: i32) -> f32 {
-    x.iter()
-        .zip(w)
-        .map(|(&v, &wi)| {
-            let q = if s > 0.0 {
-                level((v - b) / s, 0, nmax)
-            } else {
-                0
-            };
-            let e = s * q as f32 + b - v;
-            wi * e * e
-        })
-        .sum()
 }
 
 /// The index of the table entry nearest `t` (the lower one on a tie).

@@ -11,7 +11,7 @@
 
 use super::super::avx2::{load16, prefetch};
 use super::super::avx512::{add_lanes16, f16x4, join, load64, load_masked, load_ps4, reduce16};
-use super::super::avx512::{spread, SPREAD4};
+use super::super::avx512::{q4_0_nibbles, spread, SPREAD4};
 use super::super::codec::le16;
 use super::super::scalar::ActRow;
 use super::super::BlockType;
@@ -65,7 +65,7 @@ pub(in super::super) unsafe fn dot_rows_n<const N: usize>(
                 for (o, a) in o.iter_mut().zip(a) {
                     let lanes = |q: [&[u8]; 4], xl, xh, c| {
                         let q = q.map(|q| &q[iq4_nl::QS..]);
-                        let p = iq4_dot(nibbles(group(q)), xl, xh, c, table);
+                        let p = iq4_dot(q4_0_nibbles(group(q)), xl, xh, c, table);
                         [p, p]
                     };
                     *o = dot32::<{ iq4_nl::BYTES }, false>(r, a, lanes, |b| [le16(b, 0), 0]);
@@ -101,22 +101,13 @@ fn group(q: [&[u8]; 4]) -> __m512i {
     join(_mm256_set_m128i(l(1), l(0)), _mm256_set_m128i(l(3), l(2)))
 }
 
-/// The unsigned low and high nibbles of a register of level bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn nibbles(vq: __m512i) -> (__m512i, __m512i) {
-    let mask = _mm512_set1_epi8(15);
-    let lo = _mm512_and_si512(vq, mask);
-    (lo, _mm512_and_si512(_mm512_srli_epi16::<4>(vq), mask))
-}
-
 /// Four Q5 blocks' five-bit levels (level bytes at `qs`, `qh` at `qh`):
 /// byte `16i + j` of the low (high) levels takes 16 where bit `j` (`16 + j`)
 /// of block `i`'s `qh` is set.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 fn q5_levels(blk: [&[u8]; 4], qs: usize, qh: usize) -> (__m512i, __m512i) {
-    let (lo, hi) = nibbles(group(blk.map(|b| &b[qs..])));
+    let (lo, hi) = q4_0_nibbles(group(blk.map(|b| &b[qs..])));
     let (mut mlo, mut mhi) = (0u64, 0u64);
     for (i, b) in blk.iter().enumerate() {
         let h = le32(b, qh) as u64;
@@ -228,7 +219,7 @@ fn dot_iq4_xs(w: &[u8], a: &ActRow, table: __m512i) -> f32 {
         let sc = scales_xs(blk);
         for r in 0..2 {
             let b = 8 * sb + 4 * r;
-            let nib = nibbles(load64(&blk[iq4_xs::QS + 64 * r..]));
+            let nib = q4_0_nibbles(load64(&blk[iq4_xs::QS + 64 * r..]));
             let (xl, xh) = (load64(&xlo[16 * b..]), load64(&xhi[16 * b..]));
             let p = iq4_dot(nib, xl, xh, load64(&a.c8[4 * b..]), table);
             let rep = |j: usize| (sc[4 * r + j] as u8 as u32 * 0x0101_0101) as i32;
