@@ -5,8 +5,10 @@
 //! on a circle between files, on a room missing from the table, and on a
 //! loose file in src/ other than lib.rs, main.rs and error.rs.
 //!
-//! Test code is left out: `#[cfg(test)]` modules (to the end of their file)
-//! and the files named `tests.rs`, which make their data with rooms above.
+//! Test code is left out: inline `#[cfg(test)] mod … {` blocks (to the end
+//! of their file) and the files named `tests.rs`, which make their data
+//! with rooms above. A `#[cfg(test)] mod tests;` declaration leaves the
+//! rest of its file in (the `use` lines often follow it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -79,7 +81,10 @@ fn code_of(src: &str) -> String {
     let mut from = 0;
     while let Some(i) = out[from..].find("#[cfg(test)]").map(|i| from + i) {
         let after = out[i..].trim_start_matches("#[cfg(test)]").trim_start();
-        if after.starts_with("mod ") {
+        let inline = after
+            .find('{')
+            .is_some_and(|b| after.find(';').is_none_or(|s| b < s));
+        if after.starts_with("mod ") && inline {
             out.truncate(i);
             break;
         }
@@ -405,11 +410,18 @@ fn the_checker_sees_an_arrow_up_and_a_circle() {
             "engine/run",
             "#[cfg(test)]\nmod tests { use crate::kernels::dot; }",
         ),
+        (
+            "kernels/pack",
+            "#[cfg(test)]\nmod tests;\nuse crate::model::w::X;",
+        ),
     ]);
     let a = arrows(&files);
     assert_eq!(
         upward(&table, &a),
-        ["kernels/dot -> engine/run (kernels -> engine)"]
+        [
+            "kernels/dot -> engine/run (kernels -> engine)",
+            "kernels/pack -> model/w (kernels -> model)"
+        ]
     );
     assert_eq!(
         circles(&a),

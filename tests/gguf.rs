@@ -356,11 +356,11 @@ fn bad_files_fail_cleanly_naming_the_file_and_what_is_wrong() {
         ),
         (
             Box::new(|b| {
-                // IQ4_NL has Q4_0's block size, so only the type is wrong.
+                // MXFP4: a 32-value type (17 bytes, inside Q4_0's span).
                 let (ty, _) = type_and_offset_at(b, "blk.0.attn_q.weight");
-                b[ty..ty + 4].copy_from_slice(&20u32.to_le_bytes());
+                b[ty..ty + 4].copy_from_slice(&39u32.to_le_bytes());
             }),
-            vec!["self_attn.q_proj.weight", "IQ4_NL", "does not compute"],
+            vec!["self_attn.q_proj.weight", "MXFP4", "does not compute"],
         ),
         (
             Box::new(|b| {
@@ -393,6 +393,46 @@ fn bad_files_fail_cleanly_naming_the_file_and_what_is_wrong() {
                 out.stderr
             );
         }
+    }
+}
+
+/// A Q5_0 or IQ4_XS GGUF (the Q8_0 fixture exported, every matrix of that
+/// type) cut short inside its last tensor, an expert tensor, is refused by
+/// `run` and by `convert`, naming the tensor and its size by the type's
+/// block (values / 32 · 22 bytes, values / 256 · 136).
+#[test]
+fn a_truncated_q5_0_or_iq4_xs_tensor_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = gguf("qwen3moe-Q8_0.gguf");
+    for (ty, id, elems, block_bytes) in [("q5_0", 6, 32, 22), ("iq4_xs", 23, 256, 136)] {
+        let g = dir.path().join(format!("{ty}.gguf"));
+        let args = ["export-gguf", "--model", q8.to_str().unwrap(), "--type", ty];
+        let r = moestream(&[&args[..], &["--out", g.to_str().unwrap()]].concat());
+        assert!(r.ok, "export {ty}: {}", r.stderr);
+        let f = moestream::formats::gguf::file::GgufFile::open(&g).unwrap();
+        let last = f.tensors.iter().max_by_key(|t| t.offset).unwrap();
+        assert!(
+            last.ty == id && last.name.contains("_exps"),
+            "{ty}: {last:?}"
+        );
+        let bytes = std::fs::read(&g).unwrap();
+        let cut = bytes.len() - 100;
+        assert!(
+            (last.offset as usize) < cut,
+            "{ty}: cut inside {}",
+            last.name
+        );
+        let short = dir.path().join(format!("{ty}-short.gguf"));
+        std::fs::write(&short, &bytes[..cut]).unwrap();
+        let values: u64 = last.dims.iter().product();
+        let size = format!("its {} bytes", values / elems * block_bytes);
+        let name = format!("`{}`", last.name);
+        let needles = [name.as_str(), &size, "past the end of the file"];
+        common::assert_clean_failure(&run_broken(&short), &needles);
+        let out = dir.path().join(format!("{ty}-c"));
+        let conv = ["convert", "--input", short.to_str().unwrap(), "--quiet"];
+        let conv = moestream(&[&conv[..], &["--output", out.to_str().unwrap()]].concat());
+        common::assert_clean_failure(&conv, &needles);
     }
 }
 

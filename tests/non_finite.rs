@@ -157,6 +157,10 @@ fn scale_offsets(ty: u32) -> (usize, &'static [usize]) {
         12 => (144, &[0, 2]), // Q4_K
         13 => (176, &[0, 2]), // Q5_K
         14 => (210, &[208]),  // Q6_K
+        6 => (22, &[0]),      // Q5_0
+        7 => (24, &[0, 2]),   // Q5_1 (`d`, `m`)
+        20 => (18, &[0]),     // IQ4_NL
+        23 => (136, &[0]),    // IQ4_XS
         _ => panic!("ggml type {ty} is not a block type"),
     }
 }
@@ -167,17 +171,26 @@ fn scale_offsets(ty: u32) -> (usize, &'static [usize]) {
 fn poisoned_gguf(
     file: &str,
     tensor: &str,
+    at: (usize, usize),
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    poisoned_gguf_of(&fixture("gguf").join(file), tensor, at)
+}
+
+/// [`poisoned_gguf`] of the GGUF at `src`.
+fn poisoned_gguf_of(
+    src: &Path,
+    tensor: &str,
     (block, which): (usize, usize),
 ) -> (tempfile::TempDir, std::path::PathBuf) {
-    let src = fixture("gguf").join(file);
-    let g = moestream::formats::gguf::file::GgufFile::open(&src).unwrap();
+    let file = src.file_name().unwrap();
+    let g = moestream::formats::gguf::file::GgufFile::open(src).unwrap();
     let t = g.tensors.iter().find(|t| t.name == tensor).unwrap();
     let experts = match tensor.contains("_exps") {
         true => g.get("qwen3moe.expert_count").unwrap().as_u64().unwrap() as usize,
         false => 1,
     };
     let (block_bytes, offsets) = scale_offsets(t.ty);
-    let mut bytes = std::fs::read(&src).unwrap();
+    let mut bytes = std::fs::read(src).unwrap();
     let slice = t.bytes as usize / experts;
     for e in 0..experts {
         let at = t.offset as usize + e * slice + block * block_bytes + offsets[which];
@@ -228,6 +241,47 @@ fn a_non_finite_streamed_gguf_expert_scale_is_refused_as_it_lands() {
                 "not finite",
             ];
             assert_clean_failure(&ran, &needles);
+        }
+    }
+}
+
+/// Q5_0, Q5_1, IQ4_NL and IQ4_XS (the Q8_0 fixture exported with every
+/// matrix of that type): a NaN `d` (and Q5_1's `m`) of block 1 of a
+/// resident matrix is refused at load, and of an expert as it lands,
+/// naming the tensor, the type and the block (`row, block` of a row of
+/// `cols / block_elems` blocks: IQ4_XS's rows here may be one block).
+#[test]
+fn a_non_finite_scale_of_q5_and_iq4_blocks_is_refused_naming_the_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let q8 = fixture("gguf").join("qwen3moe-Q8_0.gguf");
+    for (ty, id, name, elems) in [
+        ("q5_0", 6, "Q5_0", 32),
+        ("q5_1", 7, "Q5_1", 32),
+        ("iq4_nl", 20, "IQ4_NL", 32),
+        ("iq4_xs", 23, "IQ4_XS", 256),
+    ] {
+        let g = dir.path().join(format!("{ty}.gguf"));
+        let args = ["export-gguf", "--model", q8.to_str().unwrap()];
+        let r = moestream(&[&args[..], &["--out", g.to_str().unwrap(), "--type", ty]].concat());
+        assert!(r.ok, "export {ty}: {}", r.stderr);
+        let f = moestream::formats::gguf::file::GgufFile::open(&g).unwrap();
+        let q = f.tensors.iter().find(|t| t.name == "blk.0.attn_q.weight");
+        let q = q.unwrap();
+        assert_eq!(q.ty, id, "{ty}: attn_q's type");
+        let per_row = q.dims[0] as usize / elems;
+        let at = format!("row {}, {name} block {}", 1 / per_row, 1 % per_row);
+        for which in 0..scale_offsets(id).1.len() {
+            let (_tmp, path) = poisoned_gguf_of(&g, "blk.0.attn_q.weight", (1, which));
+            let needles = ["model.layers.0.self_attn.q_proj.weight", &at, "not finite"];
+            assert_clean_failure(&run_json(&path, &[]), &needles);
+            let (_tmp, path) = poisoned_gguf_of(&g, "blk.0.ffn_up_exps.weight", (1, which));
+            let needles = [
+                "model.layers.0.mlp.experts.",
+                "up_proj.weight",
+                name,
+                "not finite",
+            ];
+            assert_clean_failure(&run_json(&path, &[]), &needles);
         }
     }
 }

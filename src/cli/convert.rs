@@ -27,9 +27,10 @@ pub(super) struct ConvertArgs {
     /// 16 = BF16, 32 = f32); a grouped format: q4g32, q4g64, q4g128 (int4,
     /// f16 scale per group), q4g32a, q4g64a, q4g128a (int4 with an f16
     /// min), q3g32, q3g64, q3g128, q2g32, q2g64, q2g128 (int3, int2 with
-    /// scale and min); or llama.cpp blocks: q8_0, q4_0, q2_k, q3_k, q4_k,
-    /// q5_k, q6_k (K types fall back to q4_0 / q8_0 on rows that are not
-    /// whole 256-value blocks). See docs/FORMAT.md.
+    /// scale and min); or llama.cpp blocks: q8_0, q4_0, q5_0, q5_1, iq4_nl,
+    /// q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs (K types fall back to q4_0 /
+    /// q8_0, iq4_xs to iq4_nl, on rows that are not whole 256-value blocks).
+    /// See docs/FORMAT.md.
     #[arg(long, visible_alias = "quant", value_name = "FORMAT")]
     expert_bits: Option<String>,
     /// Format of attention, dense MLP and shared experts (as --expert-bits).

@@ -12,8 +12,9 @@ pub(super) struct ExportArgs {
     /// The GGUF file to write (replaced only once complete).
     #[arg(long)]
     out: PathBuf,
-    /// Block type of every matrix: q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q8_0
-    /// or f32.
+    /// Block type of every matrix: q4_0, q5_0, q5_1, iq4_nl, q2_k, q3_k,
+    /// q4_k, q5_k, q6_k, iq4_xs, q8_0 or f32 (IQ4_NL and IQ4_XS from a plain
+    /// scale, not llama.cpp's search).
     /// Norms and routers stay F32.
     #[arg(long, default_value = "q4_k")]
     r#type: String,
@@ -29,7 +30,7 @@ pub(super) fn cmd_export(a: ExportArgs) -> Result<()> {
                 .find(|t| t.name() == name)
                 .with_context(|| {
                     format!(
-                        "--type {}: use q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q8_0 or f32",
+                        "--type {}: use q4_0, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, q8_0 or f32",
                         a.r#type
                     )
                 })?,

@@ -1,5 +1,5 @@
-//! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q4_0
-//! through ggml's reference encoder), written from the format description
+//! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q5_0, Q5_1,
+//! IQ4_NL, IQ4_XS in `ext`; Q4_0 through ggml's reference encoder), written from the format description
 //! (docs/FORMAT.md): each searches its scales (and mins) to minimize the
 //! squared error of every block, optionally weighted by a per-column
 //! importance (llama.cpp's imatrix idea: the mean squared input of each
@@ -90,6 +90,10 @@ pub fn plan(ty: BlockType, x: &[f32], w: &[f32]) -> Planned {
             let d = |s: &[f32; 16]| signed_absmax(s) / -32.0;
             Planned::Sym(plan_sym(x, w, 4, (-32, 31), d))
         }
+        BlockType::Q5_0 => ext::plan_q5_0(x, w),
+        BlockType::Q5_1 => ext::plan_q5_1(x, w),
+        BlockType::IQ4NL => ext::plan_iq4_nl(x, w),
+        BlockType::IQ4XS => ext::plan_iq4_xs(x, w),
         BlockType::Q4_0 => unreachable!("Q4_0 uses ggml's reference encoder"),
     }
 }
@@ -215,6 +219,20 @@ fn plan_sym(
 /// the lowest weighted error over the candidate grids.
 fn fit_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
     let lo = x.iter().fold(0f32, |a, &v| a.min(v));
+    search_grids(x, w, nmax, lo, least_squares)
+}
+
+/// The `(s, m)` of `x ≈ s·q − m`, `q` in `0..=nmax`, with the lowest
+/// weighted error over the grids from `lo` (at most every value) to `max
+/// x` with `nmax + δ` steps, each refitted by `fit` for its levels; the
+/// plain grid `((max x − lo) / nmax, −lo)` when none fits better.
+fn search_grids(
+    x: &[f32],
+    w: &[f32],
+    nmax: i32,
+    lo: f32,
+    fit: impl Fn(&[f32], &[f32], &[f32]) -> Option<(f32, f32)>,
+) -> (f32, f32) {
     let hi = x.iter().fold(lo, |a, &v| a.max(v));
     let full = ((hi - lo) / nmax as f32, -lo);
     if hi - lo <= 0.0 || !(hi - lo).is_finite() {
@@ -228,7 +246,7 @@ fn fit_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
             .iter()
             .map(|&v| level((v - lo) * is, 0, nmax) as f32)
             .collect();
-        let Some(fit) = least_squares(x, w, &q) else {
+        let Some(fit) = fit(x, w, &q) else {
             continue;
         };
         let err = min_error(x, w, fit, nmax);
@@ -239,9 +257,9 @@ fn fit_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
     best.1
 }
 
-/// The weighted least-squares `(s, m)` of `x ≈ s·q − m` for fixed levels
-/// `q`, with `m ≥ 0`; `None` when no positive scale fits.
-fn least_squares(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
+/// The weighted sums of the normal equations of `x ≈ s·q + b`: `Σw`,
+/// `Σw·q`, `Σw·q²`, `Σw·x`, `Σw·q·x`.
+fn normal_sums(x: &[f32], w: &[f32], q: &[f32]) -> [f32; 5] {
     let (mut sw, mut sq, mut sqq, mut sx, mut sqx) = (0f32, 0f32, 0f32, 0f32, 0f32);
     for ((&v, &wi), &qi) in x.iter().zip(w).zip(q) {
         sw += wi;
@@ -250,6 +268,13 @@ fn least_squares(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
         sx += wi * v;
         sqx += wi * qi * v;
     }
+    [sw, sq, sqq, sx, sqx]
+}
+
+/// The weighted least-squares `(s, m)` of `x ≈ s·q − m` for fixed levels
+/// `q`, with `m ≥ 0`; `None` when no positive scale fits.
+fn least_squares(x: &[f32], w: &[f32], q: &[f32]) -> Option<(f32, f32)> {
+    let [sw, sq, sqq, sx, sqx] = normal_sums(x, w, q);
     let det = sw * sqq - sq * sq;
     let (mut s, mut b) = if det > 0.0 {
         ((sw * sqx - sq * sx) / det, (sqq * sx - sq * sqx) / det)
@@ -315,5 +340,6 @@ fn plan_kmin<const J: usize>(x: &[f32], w: &[f32], nmax: i32, smax: i32) -> KMin
     }
 }
 
+mod ext;
 #[cfg(test)]
 mod tests;

@@ -174,12 +174,12 @@ impl Width {
     }
 
     /// What [`Width::parse`] accepts, for error messages.
-    pub const SPELLINGS: &str = "2, 4, 8, 16 (BF16), 32 (f32), int2/int4/int8/bf16/f32, a grouped format q{4,3,2}g{32,64,128} (q4g64a: int4 with a min), or a block type q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k";
+    pub const SPELLINGS: &str = "2, 4, 8, 16 (BF16), 32 (f32), int2/int4/int8/bf16/f32, a grouped format q{4,3,2}g{32,64,128} (q4g64a: int4 with a min), or a block type q8_0, q4_0, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs";
 
     /// Whole bits per weight: per-row widths and grouped formats their
     /// levels' bits (without the group parameters); a block type its
     /// storage per weight, scales included, rounded down (Q8_0 8, Q6_K 6,
-    /// Q4_K 4, Q3_K 3, Q2_K 2).
+    /// Q5_0 5, Q4_K 4, IQ4_XS 4, Q3_K 3, Q2_K 2).
     pub fn bits(self) -> u32 {
         match self {
             Width::Int(q) => q.bits(),
@@ -193,8 +193,9 @@ impl Width {
     /// The width a matrix of `cols` columns is stored at: block types need
     /// whole blocks, so a K type over columns that are not a multiple of
     /// 256 falls back to the 32-value block of at least its bits (Q2_K,
-    /// Q3_K and Q4_K → Q4_0, Q5_K and Q6_K → Q8_0; llama.cpp takes IQ4_NL,
-    /// Q4_0's size, for Q2_K and Q3_K), and a block type over columns that
+    /// Q3_K and Q4_K → Q4_0, Q5_K and Q6_K → Q8_0, IQ4_XS → IQ4_NL, as
+    /// llama.cpp; llama.cpp takes IQ4_NL, Q4_0's size, for Q2_K and Q3_K,
+    /// and Q5_0/Q5_1 for Q4_K/Q5_K), and a block type over columns that
     /// are not a multiple of 32 to int8 (as llama.cpp's quantizer falls
     /// back; the census shows what was stored).
     pub fn fitted(self, cols: usize) -> Width {
@@ -206,6 +207,7 @@ impl Width {
         }
         let small = match ty {
             BlockType::Q2K | BlockType::Q3K | BlockType::Q4K => BlockType::Q4_0,
+            BlockType::IQ4XS => BlockType::IQ4NL,
             _ => BlockType::Q8_0,
         };
         match small.row_bytes(cols) {
@@ -407,9 +409,11 @@ mod tests {
         p.apply_override("expert=Q2_K").unwrap();
         assert_eq!(p.width(Class::ExpertDown), Width::Blocks(BlockType::Q2K));
         assert!(p
-            .apply_override("expert=q5_0")
+            .apply_override("expert=q4_1")
             .unwrap_err()
-            .contains("q3_k"));
+            .contains("iq4_xs"));
+        p.apply_override("expert_down=q5_1").unwrap();
+        assert_eq!(p.width(Class::ExpertDown), Width::Blocks(BlockType::Q5_1));
     }
 
     #[test]
@@ -426,6 +430,11 @@ mod tests {
         assert_eq!(k(BlockType::Q2K).to_string(), "q2_k");
         assert_eq!((k(BlockType::Q3K).bits(), k(BlockType::Q2K).bits()), (3, 2));
         assert_eq!(k(BlockType::Q8_0).fitted(64), k(BlockType::Q8_0));
+        assert_eq!(k(BlockType::IQ4XS).fitted(192), k(BlockType::IQ4NL));
+        assert_eq!(k(BlockType::IQ4XS).fitted(512), k(BlockType::IQ4XS));
+        assert_eq!(k(BlockType::Q5_0).fitted(96), k(BlockType::Q5_0));
+        assert_eq!(k(BlockType::IQ4NL).fitted(40), Width::Int(QBits::Int8));
+        assert_eq!(k(BlockType::IQ4NL).to_string(), "iq4_nl");
         assert_eq!(Width::Int(QBits::Int4).fitted(7), Width::Int(QBits::Int4));
         assert_eq!(k(BlockType::Q5K).to_string(), "q5_k");
     }

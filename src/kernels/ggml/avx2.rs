@@ -62,6 +62,9 @@ pub unsafe fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
                 *o = dot_q2_k(r, a);
             }
         }
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+            unreachable!("{}: ggml::dot_rows routes it to ext", ty.name())
+        }
     }
 }
 

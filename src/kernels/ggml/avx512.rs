@@ -96,13 +96,16 @@ pub unsafe fn dot_rows_n<const N: usize>(
                 *o = dot_q2_k(r, a, &idx);
             }
         }
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+            unreachable!("{}: ggml::dot_rows_n routes it to ext", ty.name())
+        }
     }
 }
 
 /// 64 bytes from the front of `s`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load64<T: Copy>(s: &[T]) -> __m512i {
+pub(super) fn load64<T: Copy>(s: &[T]) -> __m512i {
     let s = &s[..64 / size_of::<T>()];
     // SAFETY: `s` spans exactly 64 readable bytes (the slice above).
     unsafe { _mm512_loadu_si512(s.as_ptr().cast()) }
@@ -111,7 +114,7 @@ fn load64<T: Copy>(s: &[T]) -> __m512i {
 /// The bytes of `s` (at most 64) in the low bytes, zeros above.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-fn load_masked<T: Copy>(s: &[T]) -> __m512i {
+pub(super) fn load_masked<T: Copy>(s: &[T]) -> __m512i {
     let n = size_of_val(s).min(64);
     let m: __mmask64 = if n == 64 { !0 } else { (1u64 << n) - 1 };
     // SAFETY: the mask enables bytes 0..n of `s` only (n ≤ its byte length);
@@ -122,21 +125,21 @@ fn load_masked<T: Copy>(s: &[T]) -> __m512i {
 /// Two 32-byte halves as one register (`lo` in bytes 0..32).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
+pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
 /// `acc + (p as f32)·f`, lane by lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn add_lanes16(acc: __m512, p: __m512i, f: __m512) -> __m512 {
+pub(super) fn add_lanes16(acc: __m512, p: __m512i, f: __m512) -> __m512 {
     _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(p), f))
 }
 
 /// `scalar::reduce16`.
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
-fn reduce16(acc: __m512) -> f32 {
+pub(super) fn reduce16(acc: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(acc);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
     avx2::reduce16(lo, hi)
@@ -145,7 +148,7 @@ fn reduce16(acc: __m512) -> f32 {
 /// Up to four f16 values (`h`, low bits first) as f32 lanes 0..4.
 #[inline]
 #[target_feature(enable = "f16c")]
-fn f16x4(h: u64) -> __m128 {
+pub(super) fn f16x4(h: u64) -> __m128 {
     _mm_cvtph_ps(_mm_cvtsi64_si128(h as i64))
 }
 
@@ -162,12 +165,12 @@ fn scales4(h: [u16; 4], dx: [f32; 4]) -> __m128 {
 /// (one of the `SPREAD*` constants).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn spread(idx: __m512i, f: __m128) -> __m512 {
+pub(super) fn spread(idx: __m512i, f: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
 }
 
 /// Each of four values over four lanes (Q4_0: four lanes a block).
-const SPREAD4: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
+pub(super) const SPREAD4: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
 /// Values 0 and 1 (or 2 and 3) over eight lanes each (Q8_0: two blocks a
 /// register).
 const SPREAD_01: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
@@ -244,8 +247,8 @@ fn q8_0_tail(acc: __m512, w: &[u8], x: &[i8], dx: &[f32], s01: __m512i) -> __m51
 /// Four Q4_0 blocks' level bytes (`vq`: 16 each, one block a 128-bit
 /// lane) as their unsigned low and high nibbles.
 #[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
-fn q4_0_nibbles(vq: __m512i) -> (__m512i, __m512i) {
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) fn q4_0_nibbles(vq: __m512i) -> (__m512i, __m512i) {
     let mask = _mm512_set1_epi8(15);
     let lo = _mm512_and_si512(vq, mask);
     (lo, _mm512_and_si512(_mm512_srli_epi16::<4>(vq), mask))
@@ -662,7 +665,7 @@ fn dot_q2_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
 /// Four f32 from the front of `s`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load_ps4(s: &[f32]) -> __m128 {
+pub(super) fn load_ps4(s: &[f32]) -> __m128 {
     let s = &s[..4];
     // SAFETY: `s` has exactly 4 readable floats (the slice above).
     unsafe { _mm_loadu_ps(s.as_ptr()) }

@@ -31,6 +31,10 @@
 //!
 //! Non-finite inputs give non-finite scales ([`first_non_finite`] finds
 //! them); nothing panics on them.
+//!
+//! `ext`'s types (Q5_0, Q5_1, IQ4_NL, IQ4_XS) are not handled here: the
+//! doors in `ggml` route them to `ext`, which builds on this file (imports
+//! run one way).
 
 use super::BlockType;
 
@@ -243,6 +247,9 @@ pub(super) fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
             BlockType::Q6K => dequant_q6_k(blk, o),
             BlockType::Q3K => dequant_q3_k(blk, o),
             BlockType::Q2K => dequant_q2_k(blk, o),
+            BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+                unreachable!("{}: ggml::dequantize_row routes it to ext", ty.name())
+            }
         }
     }
 }
@@ -344,6 +351,9 @@ pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
         BlockType::Q6K => first_bad_block::<{ q6_k::BYTES }, { q6_k::D }, { q6_k::D }>(bytes),
         BlockType::Q3K => first_bad_block::<{ q3_k::BYTES }, { q3_k::D }, { q3_k::D }>(bytes),
         BlockType::Q2K => first_bad_block::<{ q2_k::BYTES }, { q2_k::D }, { q2_k::DMIN }>(bytes),
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+            unreachable!("{}: ggml::first_non_finite routes it to ext", ty.name())
+        }
     };
     block.map(|b| b * ty.block_elems())
 }
@@ -352,7 +362,9 @@ pub(super) fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
 /// at byte `B` is NaN or ±Inf (every exponent bit set). One branch-free
 /// pass (the common case: none; it runs as a streamed expert lands, so at
 /// memory speed matters), then a search only on a hit.
-fn first_bad_block<const BB: usize, const A: usize, const B: usize>(bytes: &[u8]) -> Option<usize> {
+pub(super) fn first_bad_block<const BB: usize, const A: usize, const B: usize>(
+    bytes: &[u8],
+) -> Option<usize> {
     let bad = |blk: &[u8]| {
         let exp = |at: usize| le16(blk, at) & 0x7c00 == 0x7c00;
         exp(A) | exp(B)
@@ -379,6 +391,9 @@ pub(super) fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
             BlockType::Q6K => encode_q6_k(x, blk),
             BlockType::Q3K => encode_q3_k(x, blk),
             BlockType::Q2K => encode_q2_k(x, blk),
+            BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+                unreachable!("{}: ggml::quantize_row routes it to ext", ty.name())
+            }
         }
     }
 }

@@ -1,10 +1,12 @@
-//! llama.cpp's GGUF block types (Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), run as they
-//! are stored: [`dequantize_row`] (ggml's, bit for bit), [`matmul`] on the
-//! integer block dots, and an encoder ([`quantize_row`]) for tests and
-//! synthetic files. Block layouts live in `codec`.
+//! llama.cpp's GGUF block types (Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K;
+//! Q5_0, Q5_1, IQ4_NL, IQ4_XS in `ext`), run as they are stored:
+//! [`dequantize_row`] (ggml's, bit for bit), [`matmul`] on the integer
+//! block dots, and an encoder ([`quantize_row`]) for tests and synthetic
+//! files. Block layouts live in `codec`.
 //!
 //! Activations follow ggml's `vec_dot_type` so results track llama.cpp's:
-//! - Q4_0 and Q8_0 weights meet Q8_0 activations, quantized like ggml's x86
+//! - Q4_0, Q8_0 and `ext`'s types (Q5_0, Q5_1, IQ4_NL, IQ4_XS) meet Q8_0
+//!   activations, quantized like ggml's x86
 //!   `quantize_row_q8_0`: per 32 values `d = amax / 127` rounded to f16 (the
 //!   dot uses the f16 value, as ggml does), `q = round(x · 127 / amax)` half
 //!   to even;
@@ -27,6 +29,9 @@
 //! e_c)`; against the quantized activation `x̃` only the `ρ` term is left.
 //! The tests check both.
 //!
+//! `ext`'s types go to `ext` at these doors (its files build on `codec`,
+//! `scalar`, `avx2` and `avx512`, which do not know it).
+//!
 //! Dispatch, picked once: the AVX-512 VNNI dots (`vpdpbusd`/`vpdpwssd`)
 //! and AVX-512 activation quantizers where `cpu::isa` reports VNNI (and the
 //! CPU has AVX2 and F16C, which they also use); else the AVX2 dots (also on
@@ -38,6 +43,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod codec;
+mod ext;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -61,10 +67,14 @@ pub enum BlockType {
     Q6K,
     Q3K,
     Q2K,
+    Q5_0,
+    Q5_1,
+    IQ4NL,
+    IQ4XS,
 }
 
 impl BlockType {
-    pub const ALL: [BlockType; 7] = [
+    pub const ALL: [BlockType; 11] = [
         Self::Q4_0,
         Self::Q8_0,
         Self::Q4K,
@@ -72,6 +82,10 @@ impl BlockType {
         Self::Q6K,
         Self::Q3K,
         Self::Q2K,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::IQ4NL,
+        Self::IQ4XS,
     ];
 
     /// The GGUF (`ggml_type`) id.
@@ -84,6 +98,10 @@ impl BlockType {
             Self::Q6K => 14,
             Self::Q3K => 11,
             Self::Q2K => 10,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
+            Self::IQ4NL => 20,
+            Self::IQ4XS => 23,
         }
     }
 
@@ -102,6 +120,10 @@ impl BlockType {
             Self::Q6K => "Q6_K",
             Self::Q3K => "Q3_K",
             Self::Q2K => "Q2_K",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -115,7 +137,7 @@ impl BlockType {
     /// Values per block.
     pub fn block_elems(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q8_0 => QK,
+            Self::Q4_0 | Self::Q8_0 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => QK,
             _ => QK_K,
         }
     }
@@ -130,6 +152,10 @@ impl BlockType {
             Self::Q6K => codec::q6_k::BYTES,
             Self::Q3K => codec::q3_k::BYTES,
             Self::Q2K => codec::q2_k::BYTES,
+            Self::Q5_0 => ext::q5_0::BYTES,
+            Self::Q5_1 => ext::q5_1::BYTES,
+            Self::IQ4NL => ext::iq4_nl::BYTES,
+            Self::IQ4XS => ext::iq4_xs::BYTES,
         }
     }
 
@@ -151,6 +177,10 @@ impl BlockType {
     }
 }
 
+/// ggml's `kvalues_iq4nl`: the sixteen levels of IQ4_NL and IQ4_XS blocks
+/// (an index `i` decodes to `d·IQ4_VALUES[i]`).
+pub const IQ4_VALUES: [i8; 16] = ext::KVALUES;
+
 /// Exactly ggml's `dequantize_row_*` (same f32 results bit for bit):
 /// `bytes` holds `out.len() / block_elems` blocks.
 pub fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
@@ -163,6 +193,9 @@ pub fn dequantize_row(ty: BlockType, bytes: &[u8], out: &mut [f32]) {
         bytes.len(),
         out.len()
     );
+    if ext::owns(ty) {
+        return ext::dequantize_row(ty, bytes, out);
+    }
     codec::dequantize_row(ty, bytes, out)
 }
 
@@ -175,12 +208,16 @@ pub fn first_non_finite(ty: BlockType, bytes: &[u8]) -> Option<usize> {
         "{}: partial block",
         ty.name()
     );
+    if ext::owns(ty) {
+        return ext::first_non_finite(ty, bytes);
+    }
     codec::first_non_finite(ty, bytes)
 }
 
-/// A valid encoder: ggml's `quantize_row_*_ref` for Q4_0 and Q8_0, a
-/// simpler scale search with a stated error bound for the K types (see
-/// `codec`). `out` holds `x.len() / block_elems` blocks.
+/// A valid encoder: ggml's `quantize_row_*_ref` for Q4_0, Q8_0, Q5_0 and
+/// Q5_1, a
+/// simpler scale search with a stated error bound for the K types and the
+/// IQ4 types (see `codec`, `ext`). `out` holds `x.len() / block_elems` blocks.
 pub fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
     let rb = ty.row_bytes_checked(x.len());
     assert_eq!(
@@ -191,6 +228,9 @@ pub fn quantize_row(ty: BlockType, x: &[f32], out: &mut [u8]) {
         out.len(),
         x.len()
     );
+    if ext::owns(ty) {
+        return ext::quantize_row(ty, x, out);
+    }
     codec::quantize_row(ty, x, out)
 }
 
@@ -205,6 +245,17 @@ pub enum Planned {
     KMin16(KMinBlock<16>),
     /// Q6_K or Q3_K.
     Sym(SymBlock),
+    /// Q5_0: f16 bits of `d`, levels 0..=31 (value `i` decodes to
+    /// `(levels[i] − 16)·d`).
+    Q5_0 { d: u16, levels: [u8; 32] },
+    /// Q5_1: f16 bits of `d` and `m`, levels 0..=31 (`levels[i]·d + m`).
+    Q5_1 { d: u16, m: u16, levels: [u8; 32] },
+    /// IQ4_NL: f16 bits of `d`, indices 0..16 into ggml's `kvalues_iq4nl`
+    /// (value `i` decodes to `d·kvalues[idx[i]]`).
+    Iq4Nl { d: u16, idx: [u8; 32] },
+    /// IQ4_XS: f16 bits of `d`, eight sub-block scales −32..=31, indices
+    /// (`d·sc[i / 32]·kvalues[idx[i]]`).
+    Iq4Xs { d: u16, sc: [i8; 8], idx: [u8; 256] },
 }
 
 /// Writes `p` as one `ty` block into `out` (`ty.block_bytes()` bytes).
@@ -237,6 +288,26 @@ pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
             assert!(b.levels.iter().all(|&l| l < 4), "Q2_K: levels");
             assert!(b.sc.iter().chain(&b.m).all(|&s| s < 16), "4-bit scales");
             codec::pack_q2_k(b, out)
+        }
+        (BlockType::Q5_0, Planned::Q5_0 { d, levels }) => {
+            assert!(levels.iter().all(|&l| l < 32), "Q5_0: levels");
+            ext::pack_q5(out, ext::q5_0::QH, ext::q5_0::QS, levels);
+            out[ext::q5_0::D..ext::q5_0::D + 2].copy_from_slice(&d.to_le_bytes());
+        }
+        (BlockType::Q5_1, Planned::Q5_1 { d, m, levels }) => {
+            assert!(levels.iter().all(|&l| l < 32), "Q5_1: levels");
+            ext::pack_q5(out, ext::q5_1::QH, ext::q5_1::QS, levels);
+            out[ext::q5_1::D..ext::q5_1::D + 2].copy_from_slice(&d.to_le_bytes());
+            out[ext::q5_1::M..ext::q5_1::M + 2].copy_from_slice(&m.to_le_bytes());
+        }
+        (BlockType::IQ4NL, Planned::Iq4Nl { d, idx }) => {
+            assert!(idx.iter().all(|&i| i < 16), "IQ4_NL: indices");
+            ext::pack_iq4_nl(*d, idx, out)
+        }
+        (BlockType::IQ4XS, Planned::Iq4Xs { d, sc, idx }) => {
+            assert!(idx.iter().all(|&i| i < 16), "IQ4_XS: indices");
+            assert!(sc.iter().all(|s| (-32..32).contains(s)), "IQ4_XS: scales");
+            ext::pack_iq4_xs(*d, sc, idx, out)
         }
         _ => panic!("{}: a plan of another type", ty.name()),
     }
@@ -295,7 +366,12 @@ pub fn matmul(
 /// measured.
 fn acts_per_pass(ty: BlockType) -> usize {
     match ty {
-        BlockType::Q4_0 => 1,
+        // `ext`'s types run as Q4_0 does (one activation row a pass).
+        BlockType::Q4_0
+        | BlockType::Q5_0
+        | BlockType::Q5_1
+        | BlockType::IQ4NL
+        | BlockType::IQ4XS => 1,
         BlockType::Q4K | BlockType::Q5K | BlockType::Q2K => 4,
         BlockType::Q8_0 | BlockType::Q6K | BlockType::Q3K => 8,
     }
@@ -356,12 +432,7 @@ pub(crate) struct Activations {
 impl Activations {
     /// Quantizes `x (n, cols)` for weights of type `ty`.
     pub(crate) fn prepare(&mut self, ty: BlockType, cols: usize, x: &[f32], n: usize) {
-        let nb = cols / ty.block_elems();
-        let (nbs, nc8) = match ty {
-            BlockType::Q4_0 => (0, 4 * nb),
-            BlockType::Q8_0 => (0, 0),
-            _ => (cols / 16, 0),
-        };
+        let (nb, nbs, nc8) = act_lens(ty, cols);
         (self.ty, self.cols) = (Some(ty), cols);
         (self.nb, self.nbs, self.nc8) = (nb, nbs, nc8);
         self.qs.resize(n * cols, 0);
@@ -376,7 +447,11 @@ impl Activations {
             let bsums = &mut self.bsums[t * nbs..(t + 1) * nbs];
             match ty {
                 BlockType::Q8_0 => quantize_q8_0(xt, qs, d),
-                BlockType::Q4_0 => {
+                BlockType::Q4_0
+                | BlockType::Q5_0
+                | BlockType::Q5_1
+                | BlockType::IQ4NL
+                | BlockType::IQ4XS => {
                     quantize_q8_0(xt, &mut self.tmp, d);
                     scalar::split_q4_0(&self.tmp, qs);
                     c8_sums(qs, &mut self.c8[t * nc8..(t + 1) * nc8]);
@@ -399,6 +474,24 @@ impl Activations {
             d: &self.d[slice(self.nb)],
             bsums: &self.bsums[slice(self.nbs)],
             c8: &self.c8[slice(self.nc8)],
+        }
+    }
+}
+
+/// The entries of an activation row of `cols` values for `ty` weights:
+/// scales `d`, `bsums` and `c8` (see [`ActRow`]). Q8_0 activations (Q4_0,
+/// Q8_0 and `ext`'s types) have one scale per 32 values, Q8_K ones (the K
+/// types) one per 256.
+pub(crate) fn act_lens(ty: BlockType, cols: usize) -> (usize, usize, usize) {
+    match ty {
+        BlockType::Q8_0 => (cols / QK, 0, 0),
+        BlockType::Q4_0
+        | BlockType::Q5_0
+        | BlockType::Q5_1
+        | BlockType::IQ4NL
+        | BlockType::IQ4XS => (cols / QK, 0, cols / 8),
+        BlockType::Q4K | BlockType::Q5K | BlockType::Q6K | BlockType::Q3K | BlockType::Q2K => {
+            (cols / QK_K, cols / 16, 0)
         }
     }
 }
@@ -470,6 +563,9 @@ pub(crate) fn dot_rows(ty: BlockType, w: &[u8], a: &ActRow, out: &mut [f32]) {
         return;
     }
     a.check(ty, &w[..rb]);
+    if ext::owns(ty) {
+        return ext::dot_rows(ty, w, a, out);
+    }
     #[cfg(target_arch = "x86_64")]
     match simd() {
         // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
@@ -501,6 +597,10 @@ pub(crate) fn dot_rows_n<const N: usize>(
     #[cfg(target_arch = "x86_64")]
     if simd() == Simd::Vnni {
         a.iter().for_each(|a| a.check(ty, &w[..rb]));
+        if ext::owns(ty) {
+            // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
+            return unsafe { ext::avx512::dot_rows_n(ty, w, a, out) };
+        }
         // SAFETY: `simd()` saw AVX2, F16C, AVX-512F/BW and VNNI.
         return unsafe { avx512::dot_rows_n(ty, w, a, out) };
     }

@@ -34,16 +34,19 @@ use super::BlockType;
 /// One quantized activation row as the dots read it.
 #[derive(Clone, Copy)]
 pub(crate) struct ActRow<'a> {
-    /// The int8 values: natural order (Q8_0, Q6_K, Q3_K, Q2_K); for Q4_0 the low halves
+    /// The int8 values: natural order (Q8_0, Q6_K, Q3_K, Q2_K); for Q4_0
+    /// (and Q5_0, Q5_1, IQ4_NL, IQ4_XS) the low halves
     /// of every block (`x_b[0..16]`, block after block) followed by the high
     /// halves (`x_b[16..32]`); for Q4_K/Q5_K each 128 values in the order of
     /// their level bytes, sub-blocks `0, 2, 1, 3` ([`kmin_pos`]).
     pub qs: &'a [i8],
-    /// One scale per block: the f16-rounded Q8_0 scale, or Q8_K's f32 `d`.
+    /// The f16-rounded Q8_0 scale of each 32 values, or Q8_K's f32 `d` of
+    /// each 256.
     pub d: &'a [f32],
     /// Q8_K only: `Σ x` over each 16 values.
     pub bsums: &'a [i16],
-    /// Q4_0 only: `−8·(Σ x)` over each of the four lanes of each block (the
+    /// Q4_0 (and `ext`'s types) only: `−8·(Σ x)` over each of the four lanes
+    /// of each 32 values (the
     /// SIMD versions multiply unsigned nibbles and add this back).
     pub c8: &'a [i32],
 }
@@ -56,12 +59,8 @@ impl ActRow<'_> {
         assert_eq!(w.len(), nb * ty.block_bytes(), "ggml dot: partial block");
         let cols = nb * ty.block_elems();
         assert_eq!(self.qs.len(), cols, "ggml dot: activation length");
-        assert_eq!(self.d.len(), nb, "ggml dot: activation scales");
-        let (bsums, c8) = match ty {
-            BlockType::Q4_0 => (0, 4 * nb),
-            BlockType::Q8_0 => (0, 0),
-            _ => (cols / 16, 0),
-        };
+        let (nd, bsums, c8) = super::act_lens(ty, cols);
+        assert_eq!(self.d.len(), nd, "ggml dot: activation scales");
         assert!(
             self.bsums.len() == bsums && self.c8.len() == c8,
             "ggml dot: activation sums"
@@ -92,6 +91,9 @@ pub(crate) fn vec_dot(ty: BlockType, w: &[u8], a: &ActRow) -> f32 {
         BlockType::Q6K => dot_q6_k(w, a),
         BlockType::Q3K => dot_q3_k(w, a),
         BlockType::Q2K => dot_q2_k(w, a),
+        BlockType::Q5_0 | BlockType::Q5_1 | BlockType::IQ4NL | BlockType::IQ4XS => {
+            unreachable!("{}: ggml::dot_rows routes it to ext", ty.name())
+        }
     }
 }
 

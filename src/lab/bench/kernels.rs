@@ -338,8 +338,9 @@ fn matrices(f: KernelFormat, rows: usize, cols: usize, count: usize) -> Vec<Matr
 pub fn finite_scales(ty: BlockType, w: &mut [u8]) {
     let bb = ty.block_bytes();
     let scale_at: &[usize] = match ty {
-        BlockType::Q4_0 | BlockType::Q8_0 => &[0],
-        BlockType::Q4K | BlockType::Q5K => &[0, 2],
+        BlockType::Q4_0 | BlockType::Q8_0 | BlockType::Q5_0 => &[0],
+        BlockType::IQ4NL | BlockType::IQ4XS => &[0],
+        BlockType::Q4K | BlockType::Q5K | BlockType::Q5_1 => &[0, 2],
         BlockType::Q6K | BlockType::Q3K => &[bb - 2],
         BlockType::Q2K => &[bb - 4, bb - 2],
     };

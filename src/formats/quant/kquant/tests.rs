@@ -7,13 +7,17 @@ use super::*;
 use crate::formats::weights::WeightIndex;
 use std::path::Path;
 
-const SEARCHED: [BlockType; 6] = [
+const SEARCHED: [BlockType; 10] = [
     BlockType::Q8_0,
     BlockType::Q4K,
     BlockType::Q5K,
     BlockType::Q6K,
     BlockType::Q3K,
     BlockType::Q2K,
+    BlockType::Q5_0,
+    BlockType::Q5_1,
+    BlockType::IQ4NL,
+    BlockType::IQ4XS,
 ];
 
 /// Deterministic standard normals (xorshift64*, Box–Muller).
@@ -57,6 +61,24 @@ fn as_planned(ty: BlockType, p: &Planned) -> Vec<f32> {
                 let d1 = from_f16(b.d) * b.sc[v / 16] as f32;
                 let m1 = from_f16(b.dmin) * b.m[v / 16] as f32;
                 d1 * b.levels[v] as f32 - m1
+            })
+            .collect(),
+        Planned::Q5_0 { d, levels } => levels
+            .iter()
+            .map(|&l| (l as i32 - 16) as f32 * from_f16(*d))
+            .collect(),
+        Planned::Q5_1 { d, m, levels } => levels
+            .iter()
+            .map(|&l| l as f32 * from_f16(*d) + from_f16(*m))
+            .collect(),
+        Planned::Iq4Nl { d, idx } => idx
+            .iter()
+            .map(|&i| from_f16(*d) * ggml::IQ4_VALUES[i as usize] as f32)
+            .collect(),
+        Planned::Iq4Xs { d, sc, idx } => (0..256)
+            .map(|v| {
+                let dl = from_f16(*d) * sc[v / 32] as f32;
+                dl * ggml::IQ4_VALUES[idx[v] as usize] as f32
             })
             .collect(),
         Planned::Sym(b) => {
@@ -129,6 +151,10 @@ fn bound(ty: BlockType) -> f64 {
         BlockType::Q6K => 0.020,
         BlockType::Q3K => 0.17,
         BlockType::Q2K => 0.32,
+        BlockType::Q5_0 => 0.05,
+        BlockType::Q5_1 => 0.05,
+        BlockType::IQ4NL => 0.1,
+        BlockType::IQ4XS => 0.1,
         BlockType::Q4_0 => unreachable!("Q4_0 is ggml's reference encoder, not searched"),
     }
 }
