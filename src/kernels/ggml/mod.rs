@@ -47,6 +47,11 @@ mod ext;
 mod scalar;
 #[cfg(test)]
 mod tests;
+mod tile;
+#[cfg(target_arch = "x86_64")]
+mod tile_avx2;
+#[cfg(test)]
+mod tile_tests;
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::{self, Isa};
@@ -56,6 +61,7 @@ use codec::{QK, QK_K};
 use scalar::ActRow;
 use std::cell::RefCell;
 use std::sync::OnceLock;
+pub use tile::{set_tiled, tiled};
 
 /// A GGUF block type this engine runs directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -318,7 +324,9 @@ pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
 /// cols)` into `y (n, rows)`. Quantizes each activation row once per call
 /// the way ggml's `vec_dot_type` does, then integer block dots; row blocks
 /// run through [`par_row_blocks`] (each activation row meets a whole block
-/// of weight rows, a few pages that stay in L2). Bit-identical on every ISA.
+/// of weight rows, a few pages that stay in L2); Q4_0 and Q4_K calls of
+/// many rows repack each block once and run it in tiles (`tile`).
+/// Bit-identical on every ISA.
 pub fn matmul(
     ty: BlockType,
     w: &[u8],
@@ -340,6 +348,9 @@ pub fn matmul(
     ACTS.with_borrow_mut(|acts| {
         acts.prepare(ty, cols, x, n);
         let acts = &*acts;
+        if tile::takes(ty, n) {
+            return tile::matmul(ty, w, rows, cols, acts, n, y);
+        }
         par_row_blocks(rows, cols, n, rb, y, |blk| {
             // Activation rows in groups of up to `acts_per_pass`, each group
             // one pass over the block's weights.

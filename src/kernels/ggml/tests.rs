@@ -10,10 +10,10 @@ use crate::kernels::{set_threading, threading, Threading};
 use proptest::prelude::*;
 
 /// Cheap deterministic values (xorshift64*).
-struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Rng {
+    pub(super) fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
     fn next(&mut self) -> u64 {
@@ -29,7 +29,7 @@ impl Rng {
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
     }
-    fn floats(&mut self, n: usize, scale: f32) -> Vec<f32> {
+    pub(super) fn floats(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.unit() * scale).collect()
     }
 }
@@ -47,7 +47,7 @@ fn scale_offsets(ty: BlockType) -> &'static [usize] {
 }
 
 /// `rows` rows of random blocks whose f16 scales are finite and moderate.
-fn random_weights(ty: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+pub(super) fn random_weights(ty: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     let mut w = rng.bytes(rows * ty.row_bytes(cols).unwrap());
     for blk in w.chunks_exact_mut(ty.block_bytes()) {
@@ -59,7 +59,7 @@ fn random_weights(ty: BlockType, rows: usize, cols: usize, seed: u64) -> Vec<u8>
     w
 }
 
-fn prepared(ty: BlockType, cols: usize, x: &[f32], n: usize) -> Activations {
+pub(super) fn prepared(ty: BlockType, cols: usize, x: &[f32], n: usize) -> Activations {
     let mut a = Activations::default();
     a.prepare(ty, cols, x, n);
     a
@@ -72,7 +72,7 @@ fn vnni() -> bool {
 }
 
 /// Equal bits, or both NaN.
-fn same(a: f32, b: f32) -> bool {
+pub(super) fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 

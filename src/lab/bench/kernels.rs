@@ -73,8 +73,9 @@ pub struct KernelBenchConfig {
     pub reps: usize,
     /// Bytes of distinct matrices each row cycles through.
     pub working_set_bytes: usize,
-    /// Also run the int8/int4 rows on the 4×4 register tiles (panels off),
-    /// alternating with the default kernel: rows named `int4 (tiles)`.
+    /// Also run the int8/int4 rows on the 4×4 register tiles (panels off)
+    /// and the Q4_0/Q4_K rows on the per-row dots (tiles off), alternating
+    /// with the default kernel: rows named `int4 (tiles)`, `q4_k (per-row)`.
     pub compare_tiles: bool,
     /// Run the kernels and the peak on the calling thread alone, timed by
     /// its CPU time (what a shared machine's preemption does not inflate),
@@ -210,6 +211,9 @@ pub fn run(cfg: &KernelBenchConfig, op: PeakOp) -> Vec<KernelRow> {
             let mats = matrices(f, rows, cols, cfg.working_set_bytes.div_ceil(bytes).max(2));
             let variants: &[bool] = match f {
                 KernelFormat::Int(_) if cfg.compare_tiles => &[true, false],
+                KernelFormat::Ggml(BlockType::Q4_0 | BlockType::Q4K) if cfg.compare_tiles => {
+                    &[true, false]
+                }
                 _ => &[true],
             };
             for &n in &cfg.batches {
@@ -218,7 +222,7 @@ pub fn run(cfg: &KernelBenchConfig, op: PeakOp) -> Vec<KernelRow> {
             }
         }
     }
-    kernels::set_panels(true);
+    set_variant(true);
     kernels::set_threading(before);
     out
 }
@@ -232,7 +236,7 @@ struct Shape {
 }
 
 /// The rows of [`run`] for one format and shape: one per variant (the
-/// [`kernels::set_panels`] choice), each repetition running the peak and
+/// [`set_variant`] choice), each repetition running the peak and
 /// then every variant in turn.
 fn measure(
     f: KernelFormat,
@@ -254,13 +258,13 @@ fn measure(
     let threads = if cfg.one_thread { 1 } else { pool::threads() };
     let mut rows: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = vec![Default::default(); variants.len()];
     for &v in variants {
-        kernels::set_panels(v);
+        set_variant(v);
         call(&mut y); // warm-up: scratch buffers sized, pool awake
     }
     for _ in 0..cfg.reps {
         let p = peak_gmacs(op, threads);
         for (&v, (gmacs, peaks, of_peak)) in variants.iter().zip(rows.iter_mut()) {
-            kernels::set_panels(v);
+            set_variant(v);
             let clock = Clock::start(cfg.one_thread);
             for _ in 0..calls {
                 call(&mut y);
@@ -276,10 +280,10 @@ fn measure(
         .iter()
         .zip(rows)
         .map(|(&v, (gmacs, peaks, of_peak))| KernelRow {
-            format: if v {
-                f.name()
-            } else {
-                format!("{} (tiles)", f.name())
+            format: match (v, f) {
+                (true, _) => f.name(),
+                (false, KernelFormat::Int(_)) => format!("{} (tiles)", f.name()),
+                (false, KernelFormat::Ggml(_)) => format!("{} (per-row)", f.name()),
             },
             rows: s.rows,
             cols: s.cols,
@@ -289,6 +293,14 @@ fn measure(
             of_peak,
         })
         .collect()
+}
+
+/// The default kernels (`true`), or the ones before them: int8/int4 on the
+/// 4×4 register tiles instead of panels, GGUF Q4_0/Q4_K on the per-row dots
+/// instead of the repacked tiles.
+fn set_variant(v: bool) {
+    kernels::set_panels(v);
+    ggml::set_tiled(v);
 }
 
 /// One weight matrix of the bench.
@@ -409,8 +421,8 @@ mod tests {
             one_thread: true,
         };
         let rows = run(&cfg, op);
-        // Two variants of each int4 row; Q4_K blocks are 256 columns, so
-        // its 64-column shape is skipped.
+        // Two variants of each row; Q4_K blocks are 256 columns, so its
+        // 64-column shape is skipped.
         let names: Vec<_> = rows.iter().map(|r| (r.format.as_str(), r.cols)).collect();
         let want = [
             ("int4", 64),
@@ -418,7 +430,8 @@ mod tests {
             ("int4", 256),
             ("int4 (tiles)", 256),
         ];
-        assert_eq!(names, [&want[..], &[("q4_k", 256)]].concat());
+        let q4k = [("q4_k", 256), ("q4_k (per-row)", 256)];
+        assert_eq!(names, [&want[..], &q4k[..]].concat());
         assert!(rows.iter().all(|r| r.gmacs > 0.0 && r.of_peak.len() == 1));
         assert!(peak_gmacs(op, 1) > 0.0);
     }
