@@ -342,6 +342,8 @@ fn write_trace(path: &Path, rows: &[Row]) {
         u32s(&|r| r.slots),
         u32s(&|r| r.n_experts),
         u64s(&|r| r.expert_bytes),
+        id_list(&|_| None),
+        id_list(&|_| None),
     ];
     let batch = RecordBatch::try_new(moestream::formats::trace::schema(), columns).unwrap();
     let mut w = moestream::formats::trace::write::TraceWriter::create(path).unwrap();

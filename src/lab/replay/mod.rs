@@ -16,8 +16,19 @@
 //! cache) but which misses stall and how many bytes are read: `none` reads
 //! every miss on demand; `lookahead` reads the run's recorded guess for
 //! the layer (those not cached) ahead, so a guessed miss costs no stall
-//! and a wrong guess costs its bytes; `oracle` reads exactly the misses
-//! ahead.
+//! and a wrong guess costs its bytes; at depth 2 also the guess made two
+//! layers before (the union, each expert read once, as the live
+//! prefetcher skips reads already on their way); `oracle` reads exactly
+//! the misses ahead. The live prefetcher's read budget and its per-rank
+//! precision gate are not simulated: every guessed expert not cached is
+//! read.
+//!
+//! Pinning ([`Pin`]) needs a usage history, which the runtime loads from
+//! an earlier session: the replay takes each run's first half as that
+//! history (its selections counted, nothing cached), then pins the
+//! hottest experts of each layer as the store does ([`policy::hottest`],
+//! the count by [`policy::pin_count`] or given) into an empty cache and
+//! counts hits and misses over the second half only.
 //!
 //! The simulation allocates nothing per access: caches, usage counters
 //! and the miss list are sized per layer before its fetches run.
@@ -27,9 +38,9 @@ pub mod plot;
 pub mod report;
 pub mod train;
 
-use crate::formats::trace::read::{LayerTrace, Run};
+use crate::formats::trace::read::{Fetch, LayerTrace, Run};
 use crate::store::cache::SlotCache;
-use crate::store::policy::{self, View};
+use crate::store::policy::{self, Evictor, View};
 use crate::store::usage::UsageTable;
 use rayon::prelude::*;
 
@@ -41,32 +52,126 @@ pub use crate::store::HEAT_DECAY_TOKENS;
 pub enum Prefetch {
     /// Every miss is a demand read.
     None,
-    /// The run's lookahead guess of the variant (0 = attn, 1 = output) is
-    /// read ahead.
-    Lookahead(usize),
+    /// The run's lookahead guesses from variant `from` (0 = attn, 1 =
+    /// output) are read ahead, from up to `depth` (1 or 2) layers before.
+    Lookahead { from: usize, depth: usize },
     /// Exactly the misses are read ahead (the best any prefetch can do).
     Oracle,
 }
 
 impl Prefetch {
-    /// `none`, `lookahead` (the attn guess, as `--prefetch on` reads it),
-    /// `lookahead:attn`, `lookahead:output` or `oracle`.
+    /// The attn guess one layer ahead, as `--prefetch on` reads it.
+    pub const ATTN: Prefetch = Prefetch::Lookahead { from: 0, depth: 1 };
+
+    /// `none`, `lookahead` (= `lookahead:attn`), `lookahead:output`, either
+    /// with `:2` for depth 2 (`lookahead:attn:2`), or `oracle`.
     pub fn parse(s: &str) -> Option<Prefetch> {
-        match s {
-            "none" => Some(Prefetch::None),
-            "lookahead" | "lookahead:attn" => Some(Prefetch::Lookahead(0)),
-            "lookahead:output" => Some(Prefetch::Lookahead(1)),
-            "oracle" => Some(Prefetch::Oracle),
+        let mut parts = s.split(':');
+        match (parts.next()?, parts.next(), parts.next(), parts.next()) {
+            ("none", None, ..) => Some(Prefetch::None),
+            ("oracle", None, ..) => Some(Prefetch::Oracle),
+            ("lookahead", from, depth, None) => {
+                let from = match from {
+                    None | Some("attn") => 0,
+                    Some("output") => 1,
+                    _ => return None,
+                };
+                let depth = match depth {
+                    None | Some("1") => 1,
+                    Some("2") => 2,
+                    _ => return None,
+                };
+                Some(Prefetch::Lookahead { from, depth })
+            }
             _ => None,
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Prefetch::None => "none",
-            Prefetch::Lookahead(0) => "lookahead",
-            Prefetch::Lookahead(_) => "lookahead:output",
-            Prefetch::Oracle => "oracle",
+            Prefetch::None => "none".into(),
+            Prefetch::Lookahead { from: 0, depth: 1 } => "lookahead".into(),
+            Prefetch::Lookahead { from, depth } => {
+                let v = if from == 0 { "attn" } else { "output" };
+                match depth {
+                    1 => format!("lookahead:{v}"),
+                    d => format!("lookahead:{v}:{d}"),
+                }
+            }
+            Prefetch::Oracle => "oracle".into(),
+        }
+    }
+}
+
+/// What each layer pins, and so whether a run's first half is its history.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pin {
+    /// No history: every run replayed whole from empty caches.
+    None,
+    /// The first half of each run is the history, the second half is
+    /// replayed; this many experts pinned per layer (at most half the
+    /// slots, as the cache allows; 0 pins nothing).
+    Count(usize),
+    /// The same, pinning this share of the slots (rounded down).
+    Share(f64),
+    /// The same, pinning as many as the store would from a history of that
+    /// length ([`policy::pin_count`]).
+    History,
+}
+
+impl Pin {
+    /// `none`, `history`, a count (`2`) or a share of the slots (`25%`).
+    pub fn parse(s: &str) -> Option<Pin> {
+        match s {
+            "none" => Some(Pin::None),
+            "history" => Some(Pin::History),
+            _ => match s.strip_suffix('%') {
+                Some(p) => p
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=100.0).contains(p))
+                    .map(|p| Pin::Share(p / 100.0)),
+                None => s.parse().ok().map(Pin::Count),
+            },
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Pin::None => "none".into(),
+            Pin::Count(n) => n.to_string(),
+            Pin::Share(f) => format!("{}%", f * 100.0),
+            Pin::History => "history".into(),
+        }
+    }
+
+    /// Experts to pin in a layer of `slots` slots, `experts` experts chosen
+    /// `top_k` per token, after a history of `tokens` tokens (at most half
+    /// the slots).
+    pub fn count(self, slots: usize, tokens: u64, top_k: usize, experts: usize) -> usize {
+        let n = match self {
+            Pin::None => 0,
+            Pin::Count(n) => n,
+            Pin::Share(f) => (f * slots as f64) as usize,
+            Pin::History => policy::pin_count(slots, tokens, top_k, experts),
+        };
+        n.min(slots / 2)
+    }
+}
+
+/// What one simulation does besides evicting.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Setup {
+    pub prefetch: Prefetch,
+    pub pin: Pin,
+}
+
+impl Setup {
+    /// `prefetch`, no pins, no history.
+    pub fn prefetch(prefetch: Prefetch) -> Setup {
+        Setup {
+            prefetch,
+            pin: Pin::None,
         }
     }
 }
@@ -109,6 +214,8 @@ pub struct Outcome {
     /// many layers ended on each active policy.
     pub switches: u64,
     pub ended: std::collections::BTreeMap<String, usize>,
+    /// Experts pinned, summed over runs and layers ([`Pin`]).
+    pub pinned: u64,
 }
 
 impl Outcome {
@@ -143,12 +250,9 @@ fn per(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Simulates `layer` under `policy` with `slots`, adding to `out`.
-fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut Outcome) {
-    let n = l.n_experts.max(l.ids.iter().max().map_or(0, |&m| m + 1));
-    let p = policy::build(name, n).expect("a known policy");
-    let offline = p.offline();
-    let mut cache: SlotCache<()> = match slots {
+/// A layer's empty cache of `slots` under `p`.
+fn new_cache(l: &LayerTrace, slots: Slots, p: Box<dyn Evictor>) -> SlotCache<()> {
+    match slots {
         Slots::Fixed(s) => SlotCache::new(s.min(l.n_experts.max(1)), p),
         Slots::Traced => {
             let cap = l
@@ -159,15 +263,80 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
                 .unwrap_or(0);
             SlotCache::gated(cap, 0, p)
         }
-    };
-    let mut usage = UsageTable::new(&[n], HEAT_DECAY_TOKENS);
-    let mut misses = Vec::with_capacity(n);
-    let mut ahead = Vec::with_capacity(n);
-    for f in &l.fetches {
+    }
+}
+
+/// Counts the selections of `fetches` (the history) into `usage`, as the
+/// run that saved it did.
+fn count_usage(l: &LayerTrace, fetches: &[Fetch], usage: &mut UsageTable) {
+    for f in fetches {
         usage.tick(f.clock.saturating_sub(usage.clock()));
         for r in &l.rows[f.rows.clone()] {
             usage.record(0, &l.picks[r.clone()]);
         }
+    }
+}
+
+/// Pins the `n` hottest experts of `usage` into the empty `cache`, as the
+/// store pins a history's (their slots made usable first); returns how
+/// many are pinned.
+fn pin_hottest(cache: &mut SlotCache<()>, usage: &UsageTable, n: usize) -> u64 {
+    let hot = policy::hottest(usage.layer(0), n);
+    cache.grow(hot.len());
+    let view = View {
+        usage: usage.layer(0),
+        now: usage.clock(),
+    };
+    for &e in &hot {
+        cache.insert(e, (), view);
+    }
+    hot.iter().filter(|&&e| cache.pin(e)).count() as u64
+}
+
+/// The experts read ahead of fetch `f` (not cached, each once) into `ahead`.
+fn read_ahead(
+    l: &LayerTrace,
+    f: &Fetch,
+    prefetch: Prefetch,
+    cache: &SlotCache<()>,
+    ahead: &mut Vec<usize>,
+) {
+    ahead.clear();
+    let Prefetch::Lookahead { from, depth } = prefetch else {
+        return;
+    };
+    let deeper = if depth >= 2 { &f.deeper[from] } else { &None };
+    for g in [&f.guess[from], deeper].into_iter().flatten() {
+        for &e in &l.guesses[g.clone()] {
+            if !cache.contains(e) && !ahead.contains(&e) {
+                ahead.push(e);
+            }
+        }
+    }
+}
+
+/// Simulates `layer` under `policy` with `slots`, adding to `out`; with
+/// pins, fetches before token `split` are the history.
+fn layer(l: &LayerTrace, name: &str, slots: Slots, setup: Setup, split: u64, out: &mut Outcome) {
+    let n = l.n_experts.max(l.ids.iter().max().map_or(0, |&m| m + 1));
+    let p = policy::build(name, n).expect("a known policy");
+    let offline = p.offline();
+    let mut cache = new_cache(l, slots, p);
+    let mut usage = UsageTable::new(&[n], HEAT_DECAY_TOKENS);
+    let first = match setup.pin {
+        Pin::None => 0,
+        _ => l.fetches.partition_point(|f| f.clock < split),
+    };
+    if setup.pin != Pin::None {
+        count_usage(l, &l.fetches[..first], &mut usage);
+        let top_k = l.rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let want = setup.pin.count(cache.capacity(), split, top_k, n);
+        out.pinned += pin_hottest(&mut cache, &usage, want);
+    }
+    let mut misses = Vec::with_capacity(n);
+    let mut ahead = Vec::with_capacity(n);
+    for f in &l.fetches[first..] {
+        count_usage(l, std::slice::from_ref(f), &mut usage);
         let ids = &l.ids[f.ids.clone()];
         if offline {
             for (&e, &next) in ids.iter().zip(&l.next[f.ids.clone()]) {
@@ -175,12 +344,7 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
             }
         }
         // A lookahead read is issued before the layer looks anything up.
-        ahead.clear();
-        if let Prefetch::Lookahead(v) = prefetch {
-            if let Some(g) = &f.guess[v] {
-                ahead.extend(l.guesses[g.clone()].iter().filter(|&&e| !cache.contains(e)));
-            }
-        }
+        read_ahead(l, f, setup.prefetch, &cache, &mut ahead);
         cache.observe(
             ids,
             View {
@@ -194,24 +358,7 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
                 misses.push(e);
             }
         }
-        let covered = match prefetch {
-            Prefetch::None => 0,
-            Prefetch::Oracle => misses.len(),
-            Prefetch::Lookahead(_) => misses.iter().filter(|e| ahead.contains(e)).count(),
-        };
-        let wasted = ahead.iter().filter(|e| !ids.contains(e)).count();
-        let demand = misses.len() - covered;
-        out.demand_misses += demand as u64;
-        let reads = match prefetch {
-            Prefetch::Lookahead(_) => demand + ahead.len(),
-            _ => misses.len(),
-        };
-        // Saturating: the trace's byte counts are bounded
-        // (`trace::read::EXPERT_BYTES_MAX`), their sums over a long trace
-        // are not.
-        let bytes = |n: usize| (n as u64).saturating_mul(l.expert_bytes);
-        out.bytes_read = out.bytes_read.saturating_add(bytes(reads));
-        out.prefetch_wasted_bytes = out.prefetch_wasted_bytes.saturating_add(bytes(wasted));
+        count_reads(l, ids, &misses, &ahead, setup.prefetch, out);
         if slots == Slots::Traced {
             cache.grow((f.slots as usize).saturating_sub(cache.limit()));
         }
@@ -231,18 +378,58 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
         .or_default() += 1;
 }
 
+/// Adds one fetch's stalls and reads to `out`: of its `misses`, those
+/// `ahead` covered do not stall; every expert read ahead costs its bytes.
+fn count_reads(
+    l: &LayerTrace,
+    ids: &[usize],
+    misses: &[usize],
+    ahead: &[usize],
+    prefetch: Prefetch,
+    out: &mut Outcome,
+) {
+    let covered = match prefetch {
+        Prefetch::None => 0,
+        Prefetch::Oracle => misses.len(),
+        Prefetch::Lookahead { .. } => misses.iter().filter(|e| ahead.contains(e)).count(),
+    };
+    let wasted = ahead.iter().filter(|e| !ids.contains(e)).count();
+    let demand = misses.len() - covered;
+    out.demand_misses += demand as u64;
+    let reads = match prefetch {
+        Prefetch::Lookahead { .. } => demand + ahead.len(),
+        _ => misses.len(),
+    };
+    // Saturating: the trace's byte counts are bounded
+    // (`trace::read::EXPERT_BYTES_MAX`), their sums over a long trace
+    // are not.
+    let bytes = |n: usize| (n as u64).saturating_mul(l.expert_bytes);
+    out.bytes_read = out.bytes_read.saturating_add(bytes(reads));
+    out.prefetch_wasted_bytes = out.prefetch_wasted_bytes.saturating_add(bytes(wasted));
+}
+
 /// Simulates every run of the trace (each from empty caches and usage)
 /// under `policy` with `slots`.
 pub fn simulate(runs: &[Run], name: &str, slots: Slots, prefetch: Prefetch) -> Outcome {
+    simulate_with(runs, name, slots, Setup::prefetch(prefetch))
+}
+
+/// [`simulate`] with pins: with any [`Pin`] but `None`, each run's first
+/// half is the history and only its second half's tokens are counted.
+pub fn simulate_with(runs: &[Run], name: &str, slots: Slots, setup: Setup) -> Outcome {
     let mut out = Outcome {
         policy: name.to_owned(),
         slots: slots.name(),
         ..Outcome::default()
     };
     for r in runs {
-        out.tokens = out.tokens.saturating_add(r.tokens);
+        let split = match setup.pin {
+            Pin::None => 0,
+            _ => r.tokens / 2,
+        };
+        out.tokens = out.tokens.saturating_add(r.tokens - split);
         for l in r.layers.iter().filter(|l| !l.fetches.is_empty()) {
-            layer(l, name, slots, prefetch, &mut out);
+            layer(l, name, slots, setup, split, &mut out);
         }
     }
     out
@@ -258,18 +445,31 @@ pub fn replay(
     slots: &[Slots],
     prefetch: Prefetch,
 ) -> Vec<Outcome> {
-    let mut jobs: Vec<(usize, &str)> = Vec::new();
+    replay_with(runs, policies, slots, Setup::prefetch(prefetch))
+}
+
+/// [`replay`] with pins. Belady, the reference, pins nothing but replays
+/// the same tokens (with pins, each run's second half).
+pub fn replay_with(runs: &[Run], policies: &[&str], slots: &[Slots], setup: Setup) -> Vec<Outcome> {
+    let reference = Setup {
+        pin: match setup.pin {
+            Pin::None => Pin::None,
+            _ => Pin::Count(0),
+        },
+        ..setup
+    };
+    let mut jobs: Vec<(usize, &str, Setup)> = Vec::new();
     for (i, _) in slots.iter().enumerate() {
         for &p in policies {
-            jobs.push((i, p));
+            jobs.push((i, p, if p == "belady" { reference } else { setup }));
         }
         if !policies.contains(&"belady") {
-            jobs.push((i, "belady"));
+            jobs.push((i, "belady", reference));
         }
     }
     let done: Vec<Outcome> = jobs
         .par_iter()
-        .map(|&(i, p)| simulate(runs, p, slots[i], prefetch))
+        .map(|&(i, p, s)| simulate_with(runs, p, slots[i], s))
         .collect();
     let mut out = Vec::new();
     for (i, s) in slots.iter().enumerate() {
@@ -304,6 +504,12 @@ mod tests {
 
     /// One layer of 8 experts whose fetches are `steps` (one token each).
     fn run_of(steps: &[&[usize]]) -> Run {
+        run_with(steps, &[])
+    }
+
+    /// [`run_of`] whose step `t` also has the depth-2 guesses `deeper[t]`
+    /// (both variants; none past its end).
+    fn run_with(steps: &[&[usize]], deeper: &[&[usize]]) -> Run {
         let mut l = LayerTrace {
             n_experts: 8,
             expert_bytes: 100,
@@ -319,12 +525,19 @@ mod tests {
             if t > 0 {
                 l.guesses.extend_from_slice(steps[t - 1]);
             }
+            let guess = (t > 0).then_some(g0..l.guesses.len());
+            let d0 = l.guesses.len();
+            let deep = deeper.get(t).map(|d| {
+                l.guesses.extend_from_slice(d);
+                d0..l.guesses.len()
+            });
             l.fetches.push(Fetch {
                 clock: t as u64,
                 slots: 2,
                 ids: i0..l.ids.len(),
                 rows: r0..l.rows.len(),
-                guess: [(t > 0).then_some(g0..l.guesses.len()), None],
+                guess: [guess.clone(), guess],
+                deeper: [deep.clone(), deep],
             });
         }
         let mut next = vec![u64::MAX; l.ids.len()];
@@ -382,7 +595,7 @@ mod tests {
         let s = [Slots::Fixed(2)];
         let none = &replay(&runs, &["lru"], &s, Prefetch::None)[0];
         let oracle = &replay(&runs, &["lru"], &s, Prefetch::Oracle)[0];
-        let ahead = &replay(&runs, &["lru"], &s, Prefetch::Lookahead(0))[0];
+        let ahead = &replay(&runs, &["lru"], &s, Prefetch::ATTN)[0];
         assert_eq!((none.misses, oracle.misses, ahead.misses), (8, 8, 8));
         assert_eq!((none.demand_misses, oracle.demand_misses), (8, 0));
         assert_eq!((none.bytes_read, oracle.bytes_read), (800, 800));
@@ -390,8 +603,149 @@ mod tests {
         assert_eq!((ahead.demand_misses, ahead.prefetch_wasted_bytes), (8, 0));
         // A trace whose guesses are right: every miss but the first is covered.
         let runs = [run_of(&[&[1], &[1], &[1]])];
-        let one = &replay(&runs, &["lru"], &[Slots::Fixed(0)], Prefetch::Lookahead(0))[0];
+        let one = &replay(&runs, &["lru"], &[Slots::Fixed(0)], Prefetch::ATTN)[0];
         assert_eq!((one.misses, one.demand_misses, one.bytes_read), (3, 1, 300));
+    }
+
+    #[test]
+    fn prefetch_and_pin_settings_parse_and_name_themselves() {
+        let table = [
+            ("none", Some(Prefetch::None), "none"),
+            ("oracle", Some(Prefetch::Oracle), "oracle"),
+            ("lookahead", Some(Prefetch::ATTN), "lookahead"),
+            ("lookahead:attn", Some(Prefetch::ATTN), "lookahead"),
+            ("lookahead:attn:1", Some(Prefetch::ATTN), "lookahead"),
+            (
+                "lookahead:output",
+                Some(Prefetch::Lookahead { from: 1, depth: 1 }),
+                "lookahead:output",
+            ),
+            (
+                "lookahead:attn:2",
+                Some(Prefetch::Lookahead { from: 0, depth: 2 }),
+                "lookahead:attn:2",
+            ),
+            (
+                "lookahead:output:2",
+                Some(Prefetch::Lookahead { from: 1, depth: 2 }),
+                "lookahead:output:2",
+            ),
+            ("lookahead:attn:3", None, ""),
+            ("lookahead:input", None, ""),
+            ("lookahead:attn:2:x", None, ""),
+            ("none:2", None, ""),
+        ];
+        for (s, want, name) in table {
+            assert_eq!(Prefetch::parse(s), want, "{s}");
+            if let Some(p) = want {
+                assert_eq!(p.name(), name);
+                assert_eq!(Prefetch::parse(&p.name()), want, "{s} round trip");
+            }
+        }
+        // (spelling, pin, experts pinned of 16 slots: 256 tokens of top-4 of 32)
+        let table = [
+            ("none", Some(Pin::None), 0),
+            ("0", Some(Pin::Count(0)), 0),
+            ("3", Some(Pin::Count(3)), 3),
+            ("20", Some(Pin::Count(20)), 8), // at most half the slots
+            ("25%", Some(Pin::Share(0.25)), 4),
+            ("100%", Some(Pin::Share(1.0)), 8),
+            ("history", Some(Pin::History), 8 * 32 / 40), // 8 · s / (s + 8), s = 32
+            ("101%", None, 0),
+            ("-1", None, 0),
+            ("half", None, 0),
+        ];
+        for (s, want, pins) in table {
+            assert_eq!(Pin::parse(s), want, "{s}");
+            if let Some(p) = want {
+                assert_eq!(p.count(16, 256, 4, 32), pins, "{s}");
+                assert_eq!(Pin::parse(&p.name()), want, "{s} round trip");
+            }
+        }
+    }
+
+    #[test]
+    fn depth_two_reads_the_union_of_both_guesses_once() {
+        // Nothing cached (0 slots). The depth-1 guess (the previous step's
+        // experts) is always wrong, the depth-2 one always right.
+        let steps: [&[usize]; 4] = [&[1], &[2], &[3], &[4]];
+        let runs = [run_with(&steps, &[&[], &[2], &[3], &[4]])];
+        let s = [Slots::Fixed(0)];
+        // (prefetch, demand misses, bytes read, bytes wasted)
+        let table = [
+            (Prefetch::None, 4, 400, 0),
+            (Prefetch::ATTN, 4, 700, 300),
+            (Prefetch::Lookahead { from: 1, depth: 1 }, 4, 700, 300),
+            (Prefetch::Lookahead { from: 0, depth: 2 }, 1, 700, 300),
+            (Prefetch::Lookahead { from: 1, depth: 2 }, 1, 700, 300),
+            (Prefetch::Oracle, 0, 400, 0),
+        ];
+        for (p, demand, bytes, wasted) in table {
+            let o = &replay(&runs, &["lru"], &s, p)[0];
+            assert_eq!(o.misses, 4, "{}", p.name());
+            let got = (o.demand_misses, o.bytes_read, o.prefetch_wasted_bytes);
+            assert_eq!(got, (demand, bytes, wasted), "{}", p.name());
+        }
+        // Both guesses name the expert: it is read once.
+        let runs = [run_with(&[&[1], &[1], &[1]], &[&[], &[1], &[1]])];
+        let deep = Prefetch::Lookahead { from: 0, depth: 2 };
+        let o = &replay(&runs, &["lru"], &s, deep)[0];
+        assert_eq!((o.demand_misses, o.bytes_read), (1, 300));
+        // A trace without depth-2 guesses reads at depth 2 what depth 1 reads.
+        let runs = [run_of(&steps)];
+        let (one, two) = (
+            &replay(&runs, &["lru"], &s, Prefetch::ATTN)[0],
+            &replay(&runs, &["lru"], &s, deep)[0],
+        );
+        assert_eq!(
+            (one.demand_misses, one.bytes_read),
+            (two.demand_misses, two.bytes_read)
+        );
+    }
+
+    #[test]
+    fn pins_come_from_the_first_half_and_count_the_second() {
+        // History (tokens 0-3): expert 1 every token. Then, at 2 slots:
+        // without pins LRU never hits; with 1 pinned, 1 hits twice.
+        let steps: [&[usize]; 8] = [
+            &[1, 2],
+            &[1, 3],
+            &[1, 4],
+            &[1, 5],
+            &[1, 2],
+            &[3, 4],
+            &[1, 5],
+            &[6, 7],
+        ];
+        let runs = [run_of(&steps)];
+        // (pin, pinned, hits, misses, tokens counted)
+        let table = [
+            (Pin::None, 0, 4, 12, 8), // the whole trace, nothing pinned
+            (Pin::Count(0), 0, 0, 8, 4),
+            (Pin::Count(1), 1, 2, 6, 4),
+            (Pin::Count(5), 1, 2, 6, 4), // at most half of 2 slots
+            (Pin::Share(0.5), 1, 2, 6, 4),
+            // 4 tokens of top-2 of 8: 1 selection per expert, 1 · 1/9 → 0.
+            (Pin::History, 0, 0, 8, 4),
+        ];
+        for (pin, pinned, hits, misses, tokens) in table {
+            let setup = Setup {
+                prefetch: Prefetch::None,
+                pin,
+            };
+            let o = simulate_with(&runs, "lru", Slots::Fixed(2), setup);
+            let got = (o.pinned, o.hits, o.misses, o.tokens);
+            assert_eq!(got, (pinned, hits, misses, tokens), "{pin:?}");
+        }
+        // Belady, the reference, pins nothing over the same second half.
+        let setup = Setup {
+            prefetch: Prefetch::None,
+            pin: Pin::Count(1),
+        };
+        let out = replay_with(&runs, &["lru", "belady"], &[Slots::Fixed(2)], setup);
+        assert_eq!((out[1].pinned, out[1].tokens), (0, 4));
+        let belady = out[1].misses as f64;
+        assert_eq!(out[0].ratio_to_belady, Some(6.0 / belady));
     }
 
     #[test]
