@@ -53,10 +53,18 @@ RECIPES = [
     ("q8_0 (every matrix)", ["--expert-bits", "q8_0", "--dense-bits", "q8_0", "--io-bits", "q8_0"]),
     ("int8", ["--recipe", "int8"]),
     ("k4m", ["--recipe", "k4m"]),
+    ("k3m", ["--recipe", "k3m"]),
+    ("k2", ["--recipe", "k2"]),
     ("down8", ["--recipe", "down8"]),
     ("g32", ["--recipe", "g32"]),
     ("default", ["--recipe", "default"]),
+    ("row4", ["--recipe", "row4"]),
     ("experts q4g64", ["--expert-bits", "q4g64"]),
+    ("gate/up q4g64, down q4g32", ["--bits", "expert_gate_up=q4g64", "--bits", "expert_down=q4g32"]),
+    ("gate/up q4g64, down int8", ["--bits", "expert_gate_up=q4g64", "--bits", "expert_down=int8"]),
+    ("gate/up q4g64, down q8_0", ["--bits", "expert_gate_up=q4g64", "--bits", "expert_down=q8_0"]),
+    # the default recipe's widths as flags (for a binary built before it became the default)
+    ("gate/up q4g64, down q5_k", ["--bits", "expert_gate_up=q4g64", "--bits", "expert_down=q5_k"]),
     ("experts q4g64a", ["--expert-bits", "q4g64a"]),
     ("experts q3g64", ["--expert-bits", "q3g64"]),
     ("gate/up q3g64, down q4g64", ["--bits", "expert_gate_up=q3g64", "--bits", "expert_down=q4g64"]),
@@ -275,7 +283,7 @@ def moestream_rows(a, calib, scorer, moe, rows):
     imp = os.path.join(a.workdir, "importance.safetensors")
     run([a.bin, "calibrate", "--model", a.model, "--text", calib, "--window", str(a.ctx), "--out", imp])
     for label, flags in RECIPES:
-        if a.recipes and label not in a.recipes.split(","):
+        if a.recipes and label not in [x.strip() for x in a.recipes.split(";")]:
             continue
         for weighted in (False, True):
             out = os.path.join(a.workdir, "container")
@@ -342,14 +350,15 @@ def target(rows):
 
 
 def half_of_default(rows):
-    """Rows with at most half the default recipe's KL at no more than 10% more bytes per token."""
+    """Rows with at most half per-row int4's KL (`row4`, the default before issue 30) at no more
+    than 10% more bytes per token."""
     ours = [r for r in rows if r["side"] == "moestream" and r["moestream"] and r["census"]]
-    base = next((r for r in ours if r["label"] == "default" and not r["weighting"]), None)
+    base = next((r for r in ours if r["label"] == "row4" and not r["weighting"]), None)
     if base is None:
-        return ["(the default recipe was not measured)"]
+        return ["(the row4 recipe was not measured)"]
     kl, nbytes = base["moestream"]["kl"], base["census"]["per_token"]
     fit = [r for r in ours if r["census"]["per_token"] <= 1.1 * nbytes and r["moestream"]["kl"] <= kl / 2]
-    lines = [f"The default recipe (routed experts per-row int4, no importance): KL {kl:.5f} at "
+    lines = [f"The row4 recipe (routed experts per-row int4, no importance): KL {kl:.5f} at "
              f"{nbytes:,} bytes per token. Rows with KL ≤ {kl / 2:.5f} at ≤ {int(1.1 * nbytes):,} bytes:", ""]
     lines += [f"- {r['label']}{' + importance' if r['weighting'] else ''}: KL {r['moestream']['kl']:.5f}, "
               f"{r['census']['per_token']:,} bytes per token ({r['census']['per_token'] / nbytes - 1:+.1%})"
@@ -408,7 +417,7 @@ def main():
     p.add_argument("--part", choices=["all", "llama.cpp", "moestream"], default="all",
                    help="measure only llama.cpp's rows or only moestream's (two runs side by side, "
                    "each with its own --workdir and --json, joined by --render)")
-    p.add_argument("--recipes", help="only these rows of RECIPES (labels, comma-separated)")
+    p.add_argument("--recipes", help="only these rows of RECIPES (labels, separated by ';': labels hold commas)")
     p.add_argument("--render", metavar="JSON", nargs="+", help="only re-render the rows of earlier --json files")
     a = p.parse_args()
     if a.render:

@@ -25,6 +25,13 @@ Corpus: the prose of Python's documentation from Debian's python3.11-doc package
         --out tests/fixtures/trained/qwen3_moe
     python scripts/train_moe.py --model deepseek_v3 --minutes 35 \\
         --out tests/fixtures/trained/deepseek_v3
+    python scripts/train_moe.py --model qwen3_moe --variant k256 --minutes 25 \\
+        --out tests/fixtures/trained/qwen3_moe_k256
+
+``--variant k256`` is the qwen3_moe shape whose every matrix row (hidden, head dims times
+heads, moe_intermediate) is a multiple of 256, so llama.cpp's K-quants (Q4_K, Q6_K, ...; 256
+weights a super-block) apply to every tensor instead of falling back to Q5_0/Q8_0: hidden 256,
+3 layers, 4 query / 2 KV heads of 64, 16 experts top-4 of width 256 (BF16 files ~24 MB).
 
 Training runs for a wall-clock budget (``--minutes``); the learning-rate schedule (linear
 warm-up, cosine decay to 10%) follows the elapsed fraction of that budget, so the same command
@@ -408,6 +415,12 @@ DEFAULTS = {
                         experts=32, top_k=4, lr=3e-3),
 }
 
+# Shape variants of a family (--variant), applied over DEFAULTS before explicit flags.
+VARIANTS = {
+    ("qwen3_moe", "k256"): dict(hidden=256, layers=3, heads=4, kv_heads=2, head_dim=64, moe_inter=256,
+                                experts=16, top_k=4),
+}
+
 
 def parse_args(argv=None):
     """Command-line interface."""
@@ -439,11 +452,16 @@ def parse_args(argv=None):
     for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "moe_inter", "experts", "top_k"):
         p.add_argument("--" + k.replace("_", "-"), dest=k, type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--variant", default=None, choices=sorted({v for _, v in VARIANTS}),
+                   help="a named shape of the family (k256: every row a multiple of 256)")
     p.add_argument("--no-write", action="store_true", help="train only (benchmarks)")
     p.add_argument("--save-ckpt", default=None, help="save the f32 trained state here (torch.save)")
     p.add_argument("--load-ckpt", default=None, help="skip training: load a --save-ckpt file and write")
     a = p.parse_args(argv)
-    for k, v in DEFAULTS[a.model].items():
+    if a.variant is not None and (a.model, a.variant) not in VARIANTS:
+        p.error(f"--variant {a.variant} is not defined for --model {a.model}")
+    shape = dict(DEFAULTS[a.model], **VARIANTS.get((a.model, a.variant), {}))
+    for k, v in shape.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     return a
@@ -624,7 +642,7 @@ def write_card(a, cfg, st: dict, out: str) -> None:
         f"update, gamma {a.bias_gamma}."
     )
     lines = [
-        f"# Trained {a.model} fixture",
+        f"# Trained {a.model} fixture" + (f" (variant {a.variant})" if a.variant else ""),
         "",
         "A small MoE language model trained from scratch by `scripts/train_moe.py` with "
         "transformers' own model class, saved in BF16 in hub layout. `oracle.json` holds "

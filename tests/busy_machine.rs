@@ -52,6 +52,8 @@ fn model(dir: &Path) -> std::path::PathBuf {
         src.to_str().unwrap(),
         "--output",
         dst.to_str().unwrap(),
+        "--recipe",
+        "row4",
     ]);
     assert!(out.ok, "{}", out.stderr);
     dst

@@ -374,12 +374,13 @@ fn bad_containers_fail_with_named_errors() {
 
 /// A container's packed experts are decoded in place: their matrices are
 /// windows of the read slab (no copy), in every read mode, and equal the
-/// bytes an owned decode gives.
+/// bytes an owned decode gives. (Per-row int4, `row4`: the default's grouped
+/// and block experts are a different `MatData`.)
 #[test]
 fn packed_experts_are_windows_of_their_read_slab() {
     use moestream::formats::tensor::MatData;
     use moestream::model::{LoadOptions, Model};
-    let (_tmp, dst) = quant_container("qwen3_moe", &[]);
+    let (_tmp, dst) = quant_container("qwen3_moe", &["--recipe", "row4"]);
     for mode in ReadMode::ALL {
         let opts = LoadOptions {
             read_mode: mode,
@@ -432,6 +433,15 @@ fn census_widths(dst: &Path) -> std::collections::BTreeMap<String, Vec<String>> 
 /// recipe's bytes per token in the order of its widths.
 #[test]
 fn a_recipe_writes_the_widths_it_names_and_plan_prices_each() {
+    let (_t, dst) = quant_container("qwen3_moe", &[]);
+    let c = census_widths(&dst);
+    assert_eq!(c["expert_gate_up"], ["q4g64"], "the default recipe");
+    assert_eq!(c["expert_down"], ["q8_0"], "q5_k on partial blocks");
+    assert_eq!(c["attention"], ["int8"]);
+    let (_t, dst) = quant_container("qwen3_moe", &["--recipe", "row4"]);
+    let c = census_widths(&dst);
+    assert_eq!(c["expert_gate_up"], ["int4"]);
+    assert_eq!(c["expert_down"], ["int4"]);
     let (_t, dst) = quant_container("qwen3_moe", &["--recipe", "down8"]);
     let c = census_widths(&dst);
     assert_eq!(c["expert_gate_up"], ["int4"]);
@@ -465,9 +475,12 @@ fn a_recipe_writes_the_widths_it_names_and_plan_prices_each() {
         let r = rows.iter().find(|r| r["recipe"] == name).expect(name);
         r["expert_bytes_per_token"].as_u64().unwrap()
     };
-    assert!(per_token("tiny") < per_token("default"));
-    assert!(per_token("default") < per_token("down8"));
+    assert!(per_token("tiny") < per_token("row4"));
+    assert!(per_token("row4") < per_token("down8"));
     assert!(per_token("down8") < per_token("int8"));
+    // The default (gate/up q4g64, down q5_k, stored q8_0 on these partial
+    // blocks) sits between the 4-bit rows and int8.
+    assert!(per_token("default") < per_token("int8"));
     assert!(per_token("int8") < per_token("bf16"));
     // A container is quantized already.
     let refused = moestream(&["plan", "--recipes", "--model", dst.to_str().unwrap()]);
@@ -488,7 +501,8 @@ fn eval_ids(model: &Path, extra: &[&str]) -> serde_json::Value {
 /// Qwen3-MoE), `--expert-bits q4_k|q3_k|q2_k` keep the routed experts in
 /// their blocks (census), run, and lose more the fewer their bits (mean KL
 /// against the float model); `--recipe k3m` and `k2` write the widths they
-/// name, and `plan --recipes` prices them between `tiny` and the default.
+/// name, and `plan --recipes` prices them between `tiny` and `row4`, the
+/// default (gate/up q4g64, down q5_k) between `row4` and `k4m`.
 #[test]
 fn k_quant_experts_keep_their_blocks_and_lose_more_with_fewer_bits() {
     let tmp = tempfile::tempdir().unwrap();
@@ -542,6 +556,7 @@ fn k_quant_experts_keep_their_blocks_and_lose_more_with_fewer_bits() {
     };
     assert!(per_token("tiny") < per_token("k2"));
     assert!(per_token("k2") < per_token("k3m"));
-    assert!(per_token("k3m") < per_token("default"));
+    assert!(per_token("k3m") < per_token("row4"));
+    assert!(per_token("row4") < per_token("default"));
     assert!(per_token("default") < per_token("k4m"));
 }

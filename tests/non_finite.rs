@@ -92,7 +92,8 @@ fn convert_refuses_a_non_finite_weight_by_name() {
     assert!(!Path::new(&out_dir.path().join("c").join("config.json")).exists());
 }
 
-/// The fixture converted to the container (int4 experts, int8 attention).
+/// The fixture converted to the container (per-row int4 experts, `row4`:
+/// every packed matrix has an f32 scale per row; int8 attention).
 fn converted() -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("c");
@@ -103,6 +104,8 @@ fn converted() -> (tempfile::TempDir, std::path::PathBuf) {
         "--output",
         out.to_str().unwrap(),
         "--quiet",
+        "--recipe",
+        "row4",
     ]);
     assert!(converted.ok, "{}", converted.stderr);
     (tmp, out)

@@ -16,6 +16,7 @@ use moestream::model::mla::{DsaMode, MlaMode};
 use moestream::model::profile::Profile;
 use moestream::model::progress::{Progress, Work};
 use moestream::model::{LoadOptions, Model, PREFILL_CHUNK};
+use moestream::store::EarlyReads;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -482,4 +483,119 @@ fn a_streamed_long_prompt_reports_its_prefill_progress_up_to_the_total() {
         ]
     );
     assert!(!lines.iter().any(|l| l.contains("prompt_progress")));
+}
+
+/// The last logits and every KV value of a streamed 600-row prefill (2
+/// expert slots per layer) with early reads `early`, and the counters of
+/// the prefill.
+fn streamed_under(
+    dir: &Path,
+    early: Option<EarlyReads>,
+) -> (Vec<f32>, Vec<u32>, moestream::store::StoreCounters, usize) {
+    let opts = LoadOptions {
+        expert_cache: 2,
+        ..LoadOptions::default()
+    };
+    let mut model = load(dir, opts);
+    model.store.schedule.early = early;
+    let ids = prompt(600, model.cfg.vocab_size);
+    assert!(model.prefill_pass.sub_rows < ids.len(), "a streamed pass");
+    let mut kv = model.new_kv(ids.len());
+    let logits = model
+        .prefill(&ids, &mut kv, false, &mut Profile::default())
+        .unwrap();
+    let allowance = model.store.early_allowance();
+    if early.is_some() {
+        assert_eq!(allowance + 1, model.store.read_budget());
+    }
+    (logits, kv_bits(&kv), model.store.counters(), allowance)
+}
+
+/// A streamed pass reads a layer's experts while its attention runs
+/// (in file order, or the experts its router picks for a sample of the
+/// rows entering it), before its routing: the logits and the KV cache are
+/// the same bits as with every read after the routing, in every family;
+/// the early reads happen, each is either used or counted unneeded, the
+/// experts are still read at most once per layer, and the experts held
+/// read and not yet applied never exceed the allowance (the read window
+/// and the prefetch item of the plan).
+#[test]
+fn early_reads_change_no_bit_stay_within_the_allowance_and_read_each_expert_once() {
+    for family in FAMILIES {
+        let dir = long_fixture(family, 700);
+        let (logits, kv, off, _) = streamed_under(dir.path(), None);
+        assert_eq!(off.early_issued, 0, "{family}: no early reads when off");
+        let model = load(dir.path(), LoadOptions::default());
+        let (layers, experts, top_k) = (
+            model.store.moe_layers() as u64,
+            model.cfg.num_experts as u64,
+            model.cfg.top_k as u64,
+        );
+        drop(model);
+        assert!(off.read_window_peak <= top_k, "{family}: {off:?}");
+        for early in [EarlyReads::Files, EarlyReads::Guess] {
+            let what = format!("{family} {}", early.name());
+            let (l, k, c, allowance) = streamed_under(dir.path(), Some(early));
+            assert!(same_bits(&l, &logits), "{what}: last logits");
+            assert!(k == kv, "{what}: the KV caches differ");
+            assert!(c.early_issued > 0, "{what}: no early read: {c:?}");
+            assert!(c.early_issued <= layers * allowance as u64, "{what}: {c:?}");
+            assert_eq!(
+                c.early_used + c.early_unneeded,
+                c.early_issued,
+                "{what}: every early read used or released: {c:?}"
+            );
+            assert!(
+                c.demand_reads + c.early_used <= layers * experts,
+                "{what}: an expert read twice in a layer: {c:?}"
+            );
+            assert!(c.demand_reads < off.demand_reads, "{what}: {c:?}");
+            assert!(
+                c.read_window_peak <= allowance as u64 + 1,
+                "{what}: {} held, budget {}",
+                c.read_window_peak,
+                allowance + 1
+            );
+        }
+    }
+}
+
+/// Early reads a layer's routing does not ask for are released when its
+/// fetch begins (cancelled or dropped, counted unneeded); the ones it
+/// asks for are handed over without a demand read.
+#[test]
+fn unneeded_early_reads_are_released_and_needed_ones_used() {
+    let dir = long_fixture("qwen3_moe", 700);
+    let mut model = load(dir.path(), LoadOptions::default());
+    // Room for three early reads in the plan (prefetch item).
+    model.store.schedule.prefetch_experts_max = 3;
+    let store = &model.store;
+    let layer = (0..model.cfg.num_layers)
+        .find(|&l| store.experts_in(l) > 0)
+        .expect("an MoE layer");
+    assert!(store.early_allowance() >= 3, "{}", store.early_allowance());
+    assert_eq!(store.read_early(layer, [0, 1, 2]), 3);
+    // Asked again: already on their way, nothing started.
+    assert_eq!(store.read_early(layer, [0, 1, 2]), 0);
+    let mut routes = moestream::store::Routes::default();
+    routes.push(&[1], &[1.0], 0.0, None);
+    routes.seal();
+    let mut cached = Vec::new();
+    let mut pending = store.fetch_in_order(layer, &routes, &mut cached).unwrap();
+    assert!(cached[0].is_none(), "a miss");
+    pending.take(1, true).unwrap();
+    pending.finish();
+    let c = store.counters();
+    assert_eq!((c.early_issued, c.early_used, c.early_unneeded), (3, 1, 2));
+    assert_eq!(
+        c.demand_reads, 0,
+        "the routed expert came from its early read"
+    );
+    assert_eq!(c.early_unneeded_bytes, 2 * c.early_issued_bytes / 3);
+    // Off: nothing is read early.
+    drop(model);
+    let mut model = load(dir.path(), LoadOptions::default());
+    model.store.schedule.early = None;
+    assert_eq!(model.store.early_allowance(), 0);
+    assert_eq!(model.store.read_early(layer, [0, 1, 2]), 0);
 }

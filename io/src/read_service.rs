@@ -208,6 +208,7 @@ fn serve(
         }
         // A caller that stopped listening only loses the result.
         let _ = reply.send(BatchEvent::Done((span.tag, result)));
+        counters.add_answered(1);
     }
 }
 
@@ -243,6 +244,7 @@ fn take(
             for (_, reply, span) in hit {
                 counters.add_cancelled(span.len);
                 let _ = reply.send(BatchEvent::Cancelled(span.tag));
+                counters.add_answered(1);
             }
         }
     }

@@ -99,6 +99,8 @@ impl<R: Send + 'static> Client<R> {
     pub(crate) fn submit_at(&self, reqs: Vec<R>, priority: Priority) -> Batch {
         let (reply, events) = channel::unbounded();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let reads = reqs.len();
+        self.counters.add_submitted(reads);
         let msg = Msg::Submit {
             id,
             reqs,
@@ -106,6 +108,7 @@ impl<R: Send + 'static> Client<R> {
             reply,
         };
         if let Err(channel::SendError(Msg::Submit { reply, .. })) = self.sender().send(msg) {
+            self.counters.add_answered(reads);
             let _ = reply.send(BatchEvent::Failed(IoError::Ring {
                 op: "submit",
                 source: std::io::Error::other(format!("{} has exited", self.what)),
@@ -154,6 +157,7 @@ pub struct ReadCounters {
     demand_bytes: AtomicU64,
     prefetch_bytes: AtomicU64,
     cancelled_bytes: AtomicU64,
+    in_flight: AtomicU64,
 }
 
 impl ReadCounters {
@@ -178,6 +182,18 @@ impl ReadCounters {
             .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    /// Counts `reads` submitted (each is answered once, or its batch
+    /// fails).
+    pub fn add_submitted(&self, reads: usize) {
+        self.in_flight.fetch_add(reads as u64, Ordering::Relaxed);
+    }
+
+    /// Counts `reads` answered (done, cancelled, or failed with their
+    /// batch).
+    pub fn add_answered(&self, reads: usize) {
+        self.in_flight.fetch_sub(reads as u64, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> ServiceCounters {
         ServiceCounters {
@@ -185,6 +201,7 @@ impl ReadCounters {
             demand_bytes: self.demand_bytes.load(Ordering::Relaxed),
             prefetch_bytes: self.prefetch_bytes.load(Ordering::Relaxed),
             cancelled_bytes: self.cancelled_bytes.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
         }
     }
 }
@@ -200,6 +217,9 @@ pub struct ServiceCounters {
     pub prefetch_bytes: u64,
     /// Bytes of prefetch reads cancelled before any I/O.
     pub cancelled_bytes: u64,
+    /// Reads submitted and not yet answered (parked, in the kernel, or
+    /// done but not yet sent): zero when the service has nothing to do.
+    pub in_flight: u64,
 }
 
 /// A reactor on its own thread.
@@ -301,6 +321,7 @@ impl Served {
         if let Some((reply, left)) = self.batches.get_mut(&batch) {
             // A caller that stopped listening only loses results.
             let _ = reply.send(event);
+            self.counters.add_answered(1);
             *left -= 1;
             if *left == 0 {
                 self.batches.remove(&batch);
@@ -310,7 +331,8 @@ impl Served {
 
     /// Fails every outstanding batch after a ring error.
     fn fail_all(&mut self, e: &IoError) {
-        for (_, (reply, _)) in self.batches.drain() {
+        for (_, (reply, left)) in self.batches.drain() {
+            self.counters.add_answered(left);
             let _ = reply.send(BatchEvent::Failed(IoError::Ring {
                 op: "reactor",
                 source: std::io::Error::other(e.to_string()),
@@ -353,7 +375,8 @@ impl Served {
 
     fn handle_or_fail(&mut self, msg: Msg<ReadReq>, broken: &Option<IoError>) {
         match (msg, broken) {
-            (Msg::Submit { reply, .. }, Some(e)) => {
+            (Msg::Submit { reply, reqs, .. }, Some(e)) => {
+                self.counters.add_answered(reqs.len());
                 let _ = reply.send(BatchEvent::Failed(IoError::Ring {
                     op: "submit",
                     source: std::io::Error::other(e.to_string()),

@@ -395,6 +395,7 @@ fn service_cancel_answers_every_request_once() {
     let service = moestream_io::ReactorService::spawn(r).unwrap();
     let reqs = requests(&file, 30);
     let batch = service.submit_at(reqs.clone(), Priority::Prefetch);
+    assert_eq!(service.counters().in_flight, reqs.len() as u64);
     service.cancel(batch.id);
     let demand = service.submit(requests(&file, 3));
     assert_eq!(demand.iter().take(3).count(), 3);
@@ -424,6 +425,13 @@ fn service_cancel_answers_every_request_once() {
     let c = service.counters();
     assert_eq!((c.prefetch_bytes, c.cancelled_bytes), (read, cancelled));
     assert!(c.demand_bytes > 0 && c.busy > std::time::Duration::ZERO);
+    // Every read answered: the gauge falls to zero (it is lowered just
+    // after each answer is sent).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while service.counters().in_flight > 0 {
+        assert!(std::time::Instant::now() < deadline, "reads stay in flight");
+        std::thread::yield_now();
+    }
 }
 
 /// A stream pulls requests only while fewer than `depth` are outstanding,

@@ -15,7 +15,9 @@ pub(super) struct ConvertArgs {
     output: PathBuf,
     /// The widths of every tensor class, by name (`moestream plan --recipes
     /// --model DIR` shows each one's bytes per token): default (routed
-    /// experts int4, the rest int8), bf16, int8, down8 (routed down int8),
+    /// gate/up q4g64, routed down q5_k, or q8_0 on partial blocks; the rest
+    /// int8), row4 (routed experts per-row int4, the rest int8), bf16,
+    /// int8, down8 (routed gate/up int4, down int8),
     /// g32 (routed experts q4g32), k4m (Q4_K_M-like blocks), k3m
     /// (Q3_K_M-like), k2 (Q2_K-like), tiny (routed gate/up int2). The flags
     /// below change it.

@@ -312,6 +312,21 @@ struct ModelArgs {
     /// the chunked prefill that came before layer-major passes).
     #[arg(long, value_name = "POSITIONS", help_heading = H_RESEARCH)]
     prefill_pass: Option<usize>,
+    /// Which experts a layer-major prefill pass reads while a layer's
+    /// attention runs, before its routing: the first ones in file order
+    /// (`files`, the default), those the layer's router picks for a
+    /// sample of the rows entering the layer (`guess`), or none (`off`:
+    /// the reads start after the routing). Tokens do not change.
+    #[arg(long, value_enum, value_name = "WHICH", help_heading = H_RESEARCH)]
+    prefill_early: Option<EarlyArg>,
+}
+
+/// `--prefill-early`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum EarlyArg {
+    Files,
+    Guess,
+    Off,
 }
 
 impl ModelArgs {
@@ -930,6 +945,13 @@ fn load_with_inputs(m: &ModelArgs, input_bytes: u64) -> Result<Model> {
         model
             .set_prefill_pass(positions)
             .map_err(|e| anyhow::anyhow!("--prefill-pass: {e}"))?;
+    }
+    if let Some(early) = m.prefill_early {
+        model.store.schedule.early = match early {
+            EarlyArg::Files => Some(moestream::store::EarlyReads::Files),
+            EarlyArg::Guess => Some(moestream::store::EarlyReads::Guess),
+            EarlyArg::Off => None,
+        };
     }
     // Only once the model loaded: a profile that could not be read because
     // the model directory is bad would only precede the real error.

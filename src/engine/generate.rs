@@ -59,6 +59,16 @@ pub struct RunStats {
     pub prefetch_used: u64,
     pub prefetch_late: u64,
     pub prefetch_wasted_bytes: u64,
+    /// Early reads of a layer-major pass (issued before a layer's
+    /// routing, while its attention ran): issued, then asked for by the
+    /// routing, and unneeded (cancelled or dropped), with their bytes.
+    pub early_issued: u64,
+    pub early_used: u64,
+    pub early_unneeded: u64,
+    pub early_unneeded_bytes: u64,
+    /// The most experts one layer's fetch held read and not yet applied
+    /// (over the process so far).
+    pub read_window_peak: u64,
     /// Share of chosen experts the lookahead guessed, predicting layer L+1
     /// from layer L's post-attention residual (`attn`) or its output
     /// (`output`); single-token forwards only; `None` without any.
@@ -111,6 +121,12 @@ impl RunStats {
                 self.policy,
                 chose.join(", "),
                 self.policy_switches
+            ));
+        }
+        if self.early_issued > 0 {
+            main.push_str(&format!(
+                " | early reads {} used of {} ({} unneeded)",
+                self.early_used, self.early_issued, self.early_unneeded
             ));
         }
         if self.leaned_chosen > 0 {
@@ -387,6 +403,11 @@ impl Probe {
             prefetch_wasted_bytes: after
                 .prefetch_wasted_bytes
                 .saturating_sub(before.prefetch_wasted_bytes),
+            early_issued: after.early_issued - before.early_issued,
+            early_used: after.early_used - before.early_used,
+            early_unneeded: after.early_unneeded - before.early_unneeded,
+            early_unneeded_bytes: after.early_unneeded_bytes - before.early_unneeded_bytes,
+            read_window_peak: after.read_window_peak,
             recall_learned: {
                 let (hit, all) = model.store.learned_recall();
                 let (hit, all) = (hit - learned_before.0, all - learned_before.1);

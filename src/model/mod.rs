@@ -33,7 +33,7 @@ use crate::layers::tap::{self, Block, Part};
 use crate::model::kv::{KvCache, KvLayout, LayerKv};
 use crate::model::profile::Profile;
 use crate::model::progress::Work;
-use crate::store::{ExpertStore, Variant};
+use crate::store::{EarlyReads, ExpertStore, Variant};
 use attention::{Attention, AttentionShape};
 use dsa::Selections;
 use mla::{DsaMode, MlaAttention, MlaMode, MlaShape};
@@ -493,6 +493,9 @@ impl Model {
     ) -> Result<()> {
         let n = x.len() / self.cfg.hidden_size;
         tap::at_layer(l);
+        if n > sub {
+            self.read_early(l, layer, x, sub);
+        }
         let mut at = 0;
         for s in segs.iter_mut() {
             self.attend(layer, x, s, at, sub, prof);
@@ -516,6 +519,34 @@ impl Model {
             self.look_ahead(l, x, Variant::Output);
         }
         Ok(())
+    }
+
+    /// Starts layer `l`'s early reads, before its attention over the `x`
+    /// `(n, hidden)` rows of a layer-major pass (`schedule.early`): the
+    /// first experts in file order, or those the layer's router picks for
+    /// at most `sub` of the rows as they enter the layer (in file order).
+    fn read_early(&self, l: usize, layer: &Layer, x: &[f32], sub: usize) {
+        let Ffn::Moe(block) = &layer.ffn else {
+            return;
+        };
+        if self.store.early_allowance() == 0 {
+            return;
+        }
+        match self.store.schedule.early {
+            None => {}
+            Some(EarlyReads::Files) => {
+                self.store.read_early(l, 0..self.store.experts_in(l));
+            }
+            Some(EarlyReads::Guess) => {
+                let norm = moe::NormedRows {
+                    x,
+                    weight: &layer.post_attn_norm,
+                    eps: self.cfg.rms_norm_eps,
+                };
+                let guess = block.guess_union(&norm, sub, self.store.experts_in(l));
+                self.store.read_early(l, guess);
+            }
+        }
     }
 
     /// Attention of one sequence (its rows start at row `at` of `x`), a

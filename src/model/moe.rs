@@ -250,6 +250,28 @@ impl MoeBlock {
         Ok(())
     }
 
+    /// The experts this block's router picks (exact routing) for at most
+    /// `rows` of `x`'s rows, spread evenly over them, in id order: a guess,
+    /// made before the layer's attention, of the union its routing will
+    /// fetch. `experts` is the layer's number of routed experts.
+    pub fn guess_union(&self, x: &NormedRows, rows: usize, experts: usize) -> Vec<usize> {
+        let n = x.rows();
+        let step = n.div_ceil(rows.max(1)).max(1);
+        let mut picked = vec![false; experts];
+        let mut row = Scratch::zeroed(x.hidden()); // (hidden) one normed row
+        let mut route = Route::default();
+        for t in (0..n).step_by(step) {
+            x.row_into(t, &mut row);
+            self.router.route_into(&row, None, &mut route);
+            for &e in &route.experts {
+                if let Some(p) = picked.get_mut(e) {
+                    *p = true;
+                }
+            }
+        }
+        (0..experts).filter(|&e| picked[e]).collect()
+    }
+
     /// The shared expert's output rows `(n, hidden)`, gated where it has a
     /// gate; `None` without a shared expert. Added to the routed sum last,
     /// whenever it was computed, so the result does not depend on when.

@@ -181,6 +181,9 @@ pub(crate) struct PrefetchRead {
     pub read: Inflight,
     /// The assembled expert, once it landed.
     pub ready: Option<Arc<Mlp>>,
+    /// An early read (issued before the layer's routing, see
+    /// [`super::ExpertStore::read_early`]), not a lookahead prefetch.
+    pub early: bool,
 }
 
 /// Where an expert of a [`Pending`] comes from.
@@ -228,30 +231,40 @@ pub struct Pending<'s> {
     landed: Vec<(usize, Arc<Mlp>)>,
     /// Every expert handed out, for the cache.
     fetched: Vec<(usize, Arc<Mlp>)>,
+    /// Early reads taken over and not yet handed out: counted in
+    /// `outstanding`, so the window bounds them with the demand reads.
+    counted: Vec<usize>,
     /// Time blocked waiting for reads.
     stall: Duration,
     latencies: Vec<u64>,
 }
 
+/// What a fetch starts with: experts already landed (id, weights), reads
+/// in flight it awaits, and the early reads among both (ids).
+pub(crate) type Started = (Vec<(usize, Arc<Mlp>)>, Vec<PrefetchRead>, Vec<usize>);
+
 impl<'s> Pending<'s> {
     /// `misses` are every cache miss in the order asked for, with whether
     /// each survives the cache insertions; `to_read` those neither
-    /// prefetched nor awaited.
+    /// prefetched nor awaited; `early` the early reads among `ready` and
+    /// `awaited`, which count in the window until handed out (so demand
+    /// reads start only as they leave it).
     pub(crate) fn new(
         parts: Parts<'s>,
         layer: usize,
-        (ready, awaited): (Vec<(usize, Arc<Mlp>)>, Vec<PrefetchRead>),
+        (ready, awaited, early): Started,
         misses: Vec<(usize, bool)>,
         to_read: Vec<usize>,
         window: usize,
     ) -> Pending<'s> {
         assert!(window > 0, "the read window must be positive");
+        parts.stats.window_held(early.len());
         let mut p = Pending {
             parts,
             layer,
             misses,
             queue: to_read.into(),
-            outstanding: 0,
+            outstanding: early.len(),
             window,
             hold: false,
             demand: Vec::new(),
@@ -259,6 +272,7 @@ impl<'s> Pending<'s> {
             ready,
             landed: Vec::new(),
             fetched: Vec::new(),
+            counted: early,
             stall: Duration::ZERO,
             latencies: Vec::new(),
         };
@@ -282,6 +296,7 @@ impl<'s> Pending<'s> {
             return;
         }
         self.outstanding += experts.len();
+        self.parts.stats.window_held(self.outstanding);
         self.parts
             .stats
             .demand_reads
@@ -293,10 +308,15 @@ impl<'s> Pending<'s> {
         self.demand.push(batch);
     }
 
-    /// Keeps `mlp` for the cache if it survives the layer's insertions.
+    /// Keeps `mlp` for the cache if it survives the layer's insertions;
+    /// an early read handed out leaves the window, which is topped up.
     fn keep(&mut self, e: usize, mlp: &Arc<Mlp>) {
         if self.misses.iter().any(|&(m, survives)| m == e && survives) {
             self.fetched.push((e, mlp.clone()));
+        }
+        if let Some(i) = self.counted.iter().position(|&c| c == e) {
+            self.counted.swap_remove(i);
+            self.handed_out();
         }
     }
 
@@ -416,10 +436,10 @@ impl<'s> Pending<'s> {
         i: usize,
         slabs: Vec<Slab>,
     ) -> Result<(usize, Arc<Mlp>)> {
-        let (e, plan, submitted, bytes) = match source {
+        let (e, plan, submitted, bytes, early) = match source {
             Source::Demand => {
                 let b = &self.demand[k];
-                (b.experts[i], &b.plans[i], b.submitted, b.bytes[i])
+                (b.experts[i], &b.plans[i], b.submitted, b.bytes[i], false)
             }
             Source::Prefetch => {
                 let a = &self.awaited[k];
@@ -428,6 +448,7 @@ impl<'s> Pending<'s> {
                     &a.read.plans[0],
                     a.read.submitted,
                     a.read.bytes[0],
+                    a.early,
                 )
             }
         };
@@ -437,7 +458,7 @@ impl<'s> Pending<'s> {
             self.parts.trace.read(self.layer, e, bytes, us);
         }
         let mlp = Arc::new(self.parts.experts.assemble(self.layer, e, plan, slabs)?);
-        if source == Source::Prefetch {
+        if source == Source::Prefetch && !early {
             self.parts.stats.prefetch_used(bytes, true);
         }
         Ok((e, mlp))

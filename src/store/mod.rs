@@ -96,6 +96,8 @@ pub struct ExpertStore {
     /// How misses are read, and why: said at load, not only in `--json`.
     read_path: &'static str,
     prefetcher: Prefetcher,
+    /// Early reads in flight (see [`ExpertStore::read_early`]).
+    early: Prefetcher,
     recall: Recall,
     learned: Learned,
     trace: Trace,
@@ -129,6 +131,32 @@ pub struct Schedule {
     /// score of every expert a layer's cache holds by 1 + λ (the weights
     /// stay the experts' own). `None`: exact routing, transformers' tokens.
     pub cache_lean: Option<f32>,
+    /// Which experts a layer-major pass reads while a layer's attention
+    /// runs, before its routing ([`ExpertStore::read_early`]); `None`: its
+    /// reads start after the routing. Only with `pipeline`.
+    pub early: Option<EarlyReads>,
+}
+
+/// The experts a layer-major pass reads early, while a layer's attention
+/// and router run: over hundreds of rows nearly every expert of a layer
+/// is needed. Either way the reads go in id (file) order, the order the
+/// pass applies its experts in, within [`ExpertStore::early_allowance`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EarlyReads {
+    /// The layer's first experts in file order.
+    Files,
+    /// The experts the layer's router picks for a sample of the rows'
+    /// input to the layer (the previous layer's output), in file order.
+    Guess,
+}
+
+impl EarlyReads {
+    pub fn name(self) -> &'static str {
+        match self {
+            EarlyReads::Files => "files",
+            EarlyReads::Guess => "guess",
+        }
+    }
 }
 
 impl Default for Schedule {
@@ -192,6 +220,7 @@ impl ScheduleOptions {
             prefetch_experts_max: self.prefetch_experts_max(top_k, predictor),
             recall: self.recall || predictor,
             cache_lean: self.cache_lean,
+            early: Some(EarlyReads::Files),
         }
     }
 }
@@ -257,6 +286,7 @@ impl ExpertStore {
             reads,
             read_path,
             prefetcher: Prefetcher::new(n),
+            early: Prefetcher::new(n),
             recall: Recall::new(n),
             learned: Learned::new(n),
             trace: Trace::default(),
@@ -368,7 +398,9 @@ impl ExpertStore {
             self.trace.hits(layer, ids, cached, &state.slots);
         }
         let mut prefetched = self.prefetcher.take(layer);
+        prefetched.extend(self.early.take(layer));
         self.land(layer, &mut prefetched);
+        let mut early = Vec::new();
         let mut ready = Vec::new();
         let mut awaited = Vec::new();
         let mut to_read = Vec::new();
@@ -384,8 +416,14 @@ impl ExpertStore {
                 continue;
             };
             let p = prefetched.swap_remove(at);
+            if p.early && (p.ready.is_some() || p.read.outstanding() && !p.read.is_lost(0)) {
+                self.stats.early_used();
+                early.push(e);
+            }
             if let Some(m) = p.ready {
-                self.stats.prefetch_used(p.read.bytes[0], false);
+                if !p.early {
+                    self.stats.prefetch_used(p.read.bytes[0], false);
+                }
                 self.trace.miss(layer, e, Tier::Prefetched, p.read.bytes[0]);
                 ready.push((e, m));
             } else if p.read.outstanding() && !p.read.is_lost(0) {
@@ -393,12 +431,18 @@ impl ExpertStore {
                 self.trace.miss(layer, e, Tier::Prefetched, 0);
                 awaited.push(p);
             } else {
+                if p.early {
+                    self.stats.early_unneeded(p.read.bytes[0]);
+                }
                 self.trace.miss(layer, e, Tier::Miss, 0);
                 to_read.push(e);
             }
         }
         // Wrong guesses: drop their reads that have not started.
         for p in prefetched {
+            if p.early {
+                self.stats.early_unneeded(p.read.bytes[0]);
+            }
             if p.read.outstanding() {
                 self.reads.cancel(p.read.batch.id);
             }
@@ -410,11 +454,13 @@ impl ExpertStore {
         self.grow_into_spare_buffers(layer, misses.len());
         let survives = self.layers[layer].lock().survivors(&misses, &self.clock);
         let misses = misses.into_iter().zip(survives).collect();
-        let window = self.top_k.max(1);
+        // Early reads taken over count in the window: one place stays
+        // free for demand reads (within `early_allowance`'s bound).
+        let window = self.top_k.max(1).max(early.len() + 1);
         Ok(Pending::new(
             self.parts(layer),
             layer,
-            (ready, awaited),
+            (ready, awaited, early),
             misses,
             to_read,
             window,
@@ -480,9 +526,58 @@ impl ExpertStore {
         self.prefetcher.issue(
             layer,
             wanted,
-            max,
+            (max, false),
             (&self.experts, self.reads.as_ref(), &self.stats),
         );
+    }
+
+    /// Experts a layer's early reads may hold at once: one less than the
+    /// plan's budget for reads (its `in-flight experts` item, top-k, idle
+    /// while the layer's attention runs, and the prefetch item's experts);
+    /// 0 unless the schedule reads early. A fetch counts the early reads
+    /// it takes over in its read window and keeps one place free for the
+    /// demand read it needs next (an early read later in id order waits
+    /// for its turn), so no more than [`Self::read_budget`] experts are
+    /// ever held read and not yet applied.
+    pub fn early_allowance(&self) -> usize {
+        if self.schedule.early.is_none() || !self.schedule.pipeline {
+            return 0;
+        }
+        self.read_budget().saturating_sub(1)
+    }
+
+    /// Experts the plan lets reads hold at once: the `in-flight experts`
+    /// item (top-k) and the prefetch item.
+    pub fn read_budget(&self) -> usize {
+        self.top_k.max(1) + self.schedule.prefetch_experts_max
+    }
+
+    /// Starts early reads of `layer`'s experts (`candidates`, in the order
+    /// to read them: a layer-major pass's guess of what its routing will
+    /// pick, given before the layer's attention), skipping those cached or
+    /// already on their way, at most [`Self::early_allowance`] live. The
+    /// layer's next fetch takes over those it needs and cancels or drops
+    /// the rest ([`StoreCounters::early_unneeded`]). Returns how many
+    /// reads it started.
+    pub fn read_early(&self, layer: usize, candidates: impl IntoIterator<Item = usize>) -> usize {
+        let max = self.early_allowance();
+        if max == 0 || self.experts.locations[layer].is_empty() {
+            return 0;
+        }
+        let wanted: Vec<usize> = {
+            let state = self.layers[layer].lock();
+            candidates
+                .into_iter()
+                .filter(|&e| !state.slots.contains(e))
+                .take(max)
+                .collect()
+        };
+        self.early.issue(
+            layer,
+            wanted,
+            (max, true),
+            (&self.experts, self.reads.as_ref(), &self.stats),
+        )
     }
 
     /// Records a lookahead prediction of `layer`'s experts (scored when the
@@ -609,6 +704,7 @@ impl ExpertStore {
         let r = self.reads.counters();
         c.bytes_read = r.demand_bytes + r.prefetch_bytes;
         c.disk_busy = r.busy;
+        c.reads_in_flight = r.in_flight;
         self.stats.fill(&mut c);
         let t = self.stats.prefetch_tally();
         c.prefetch_issued = t.issued;

@@ -105,14 +105,17 @@ impl Prefetcher {
 
     /// Starts low-priority reads of `wanted` (experts of `layer` its cache
     /// does not hold), skipping those already on their way, while fewer
-    /// than `max` prefetch reads are live; counts them in `stats`.
+    /// than `max` reads of this prefetcher are live; counts them in
+    /// `stats` (as early reads with `early`, see
+    /// [`super::ExpertStore::read_early`]). Returns how many it started.
     pub(crate) fn issue(
         &self,
         layer: usize,
         wanted: Vec<usize>,
-        max: usize,
+        (max, early): (usize, bool),
         (experts, reads, stats): (&Experts, &dyn ReadService, &Stats),
-    ) {
+    ) -> usize {
+        let mut started = 0;
         let mut pf = self.prefetched[layer].lock().expect("prefetch lock");
         for e in wanted {
             if pf.iter().any(|p| p.expert == e) {
@@ -122,14 +125,21 @@ impl Prefetcher {
                 break;
             }
             let read = Inflight::submit(experts, reads, layer, vec![e], Priority::Prefetch);
-            stats.prefetch_issued(read.bytes[0]);
+            if early {
+                stats.early_issued(read.bytes[0]);
+            } else {
+                stats.prefetch_issued(read.bytes[0]);
+            }
             self.live.fetch_add(1, Ordering::Relaxed);
+            started += 1;
             pf.push(PrefetchRead {
                 expert: e,
                 read,
                 ready: None,
+                early,
             });
         }
+        started
     }
 }
 

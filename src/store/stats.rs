@@ -21,6 +21,9 @@ pub struct StoreCounters {
     pub disk_time: Duration,
     /// Time the read path had reads in flight.
     pub disk_busy: Duration,
+    /// Reads the read service holds now and has not yet answered (a gauge:
+    /// cancelled or unneeded reads still landing count until they do).
+    pub reads_in_flight: u64,
     /// Prefetch reads issued, and their bytes.
     pub prefetch_issued: u64,
     pub prefetch_issued_bytes: u64,
@@ -41,6 +44,21 @@ pub struct StoreCounters {
     pub leaned_chosen: u64,
     /// Times a layer's cache changed its active eviction policy (`auto`).
     pub policy_switches: u64,
+    /// Early reads: a layer-major pass's reads of a layer's experts issued
+    /// before its routing, while its attention runs
+    /// ([`super::ExpertStore::read_early`]), and their bytes.
+    pub early_issued: u64,
+    pub early_issued_bytes: u64,
+    /// Early reads the layer's routing then asked for.
+    pub early_used: u64,
+    /// Early reads no row was routed to: cancelled if not yet started,
+    /// else dropped when the layer's fetch began; and their bytes.
+    pub early_unneeded: u64,
+    pub early_unneeded_bytes: u64,
+    /// The most experts one layer's fetch held read and not yet handed
+    /// out at once (demand reads in its window and the early reads it
+    /// took over).
+    pub read_window_peak: u64,
 }
 
 impl StoreCounters {
@@ -88,6 +106,11 @@ pub(crate) struct Stats {
     leaned_moved: AtomicU64,
     leaned_chosen: AtomicU64,
     prefetch: Mutex<PrefetchTally>,
+    /// [`StoreCounters::early_issued`] and the early counts after it, in
+    /// their order there.
+    early: Mutex<[u64; 5]>,
+    /// See [`StoreCounters::read_window_peak`].
+    window_peak: AtomicU64,
 }
 
 impl Stats {
@@ -103,7 +126,33 @@ impl Stats {
             leaned_moved: AtomicU64::new(0),
             leaned_chosen: AtomicU64::new(0),
             prefetch: Mutex::new(PrefetchTally::default()),
+            early: Mutex::new([0; 5]),
+            window_peak: AtomicU64::new(0),
         }
+    }
+
+    /// Counts an early read issued, of `bytes`.
+    pub(crate) fn early_issued(&self, bytes: u64) {
+        let mut e = self.early.lock().expect("early stats lock");
+        e[0] += 1;
+        e[1] += bytes;
+    }
+
+    /// Counts an early read a layer then asked for.
+    pub(crate) fn early_used(&self) {
+        self.early.lock().expect("early stats lock")[2] += 1;
+    }
+
+    /// Counts an early read no row was routed to, of `bytes`.
+    pub(crate) fn early_unneeded(&self, bytes: u64) {
+        let mut e = self.early.lock().expect("early stats lock");
+        e[3] += 1;
+        e[4] += bytes;
+    }
+
+    /// Raises the read window's peak to `held` experts.
+    pub(crate) fn window_held(&self, held: usize) {
+        self.window_peak.fetch_max(held as u64, Ordering::Relaxed);
     }
 
     /// Counts cache-aware routing: `moved` of `chosen` experts differ from
@@ -169,5 +218,14 @@ impl Stats {
         c.demand_reads = self.demand_reads.load(Ordering::Relaxed);
         c.leaned_moved = self.leaned_moved.load(Ordering::Relaxed);
         c.leaned_chosen = self.leaned_chosen.load(Ordering::Relaxed);
+        let e = *self.early.lock().expect("early stats lock");
+        [
+            c.early_issued,
+            c.early_issued_bytes,
+            c.early_used,
+            c.early_unneeded,
+            c.early_unneeded_bytes,
+        ] = e;
+        c.read_window_peak = self.window_peak.load(Ordering::Relaxed);
     }
 }

@@ -234,8 +234,10 @@ pub struct Policy {
 }
 
 impl Default for Policy {
-    /// Routed experts int4; attention, dense, shared experts, embeddings,
-    /// lm_head and MTP int8; routers and norms f32.
+    /// The base every recipe edits (the `row4` recipe; `convert`'s
+    /// default recipe narrows it further, see `recipe.rs`): routed experts
+    /// int4; attention, dense, shared experts, embeddings, lm_head and MTP
+    /// int8; routers and norms f32.
     fn default() -> Self {
         let mut widths = BTreeMap::new();
         for c in Class::ALL {
