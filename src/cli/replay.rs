@@ -40,8 +40,10 @@ pub(super) struct ReplayArgs {
     /// second half replayed with, per layer, N (a count), P% (a share of
     /// the slots) or `history` (as many as the store pins from a history
     /// that long) of the history's hottest experts pinned; 0 pins nothing
-    /// over the same second half. At most half the slots are pinned.
-    #[arg(long, default_value = "none")]
+    /// over the same second half. A share is rounded down; at most half
+    /// the slots are pinned. (A value starting with `-` is taken, and
+    /// refused naming this flag.)
+    #[arg(long, default_value = "none", allow_hyphen_values = true)]
     pin: String,
     /// Only the run with this id (the trace's `run` column).
     #[arg(long)]
@@ -95,16 +97,13 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
     }
     let prefetch = Prefetch::parse(&a.prefetch).with_context(|| {
         format!(
-            "--prefetch: `{}`: expected none, lookahead, lookahead:output or oracle",
-            a.prefetch
+            "--prefetch: `{}`: expected {}",
+            a.prefetch,
+            Prefetch::SPELLINGS
         )
     })?;
-    let pin = Pin::parse(&a.pin).with_context(|| {
-        format!(
-            "--pin: `{}`: expected none, history, a count or a share (25%)",
-            a.pin
-        )
-    })?;
+    let pin = Pin::parse(&a.pin)
+        .with_context(|| format!("--pin: `{}`: expected {}", a.pin, Pin::SPELLINGS))?;
     let t0 = Instant::now();
     let runs = moestream::formats::trace::read::read(&a.trace, a.run.as_deref())?;
     let read_s = t0.elapsed().as_secs_f64();
@@ -117,19 +116,8 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
                 .map_or(String::new(), |r| format!(" of run {r}"))
         );
     }
-    if let Prefetch::Lookahead { depth: 2, .. } = prefetch {
-        let deeper = runs
-            .iter()
-            .flat_map(|r| &r.layers)
-            .flat_map(|l| &l.fetches)
-            .any(|f| f.deeper.iter().any(Option::is_some));
-        if !deeper {
-            bail!(
-                "--prefetch {}: {} records no guesses from two layers back (a trace of version 1: record it again)",
-                prefetch.name(),
-                a.trace.display()
-            );
-        }
+    if let Prefetch::Lookahead { from, depth: 2 } = prefetch {
+        check_deeper(&runs, from, &prefetch, &a.trace)?;
     }
     let t1 = Instant::now();
     let outcomes = replay::replay_with(&runs, &policies, &slots, Setup { prefetch, pin });
@@ -205,6 +193,30 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a lookahead of depth 2 on a trace that holds no guesses of its
+/// variant from two layers back (a version-1 trace lacks the column).
+fn check_deeper(
+    runs: &[moestream::formats::trace::read::Run],
+    from: usize,
+    prefetch: &Prefetch,
+    trace: &Path,
+) -> Result<()> {
+    let any = runs
+        .iter()
+        .flat_map(|r| &r.layers)
+        .flat_map(|l| &l.fetches)
+        .any(|f| f.deeper[from].is_some());
+    if !any {
+        bail!(
+            "--prefetch {}: {} has no `{}` values (the guesses from two layers back; a version-1 trace lacks the column: record it again)",
+            prefetch.name(),
+            trace.display(),
+            moestream::formats::trace::DEEPER_GUESSES[from]
+        );
+    }
+    Ok(())
+}
+
 fn print_json(
     runs: &[moestream::formats::trace::read::Run],
     outcomes: &[replay::Outcome],
@@ -224,6 +236,7 @@ fn print_json(
                 "tokens": o.tokens,
                 "misses_per_token": o.misses_per_token(),
                 "bytes_per_token": o.bytes_per_token(),
+                "prefetch_reads": o.prefetch_reads,
                 "prefetch_wasted_bytes": o.prefetch_wasted_bytes,
                 "pinned": o.pinned,
                 "hit_rate": o.hit_rate(),

@@ -208,6 +208,14 @@ mod tests {
         r.finish().unwrap();
     }
 
+    /// Writes `b` as a plain parquet file (as another tool would).
+    fn write_parquet(path: &std::path::Path, b: &RecordBatch) {
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, b.schema(), None).unwrap();
+        w.write(b).unwrap();
+        w.close().unwrap();
+    }
+
     fn rows(path: &std::path::Path) -> Vec<RecordBatch> {
         batches(path).unwrap().map(|b| b.unwrap()).collect()
     }
@@ -279,14 +287,7 @@ mod tests {
             .filter(|&i| !DEEPER_GUESSES.contains(&ours.schema().field(i).name().as_str()))
             .collect();
         let v1 = ours.project(&keep).unwrap();
-        let mut w = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            v1.schema(),
-            None,
-        )
-        .unwrap();
-        w.write(&v1).unwrap();
-        w.close().unwrap();
+        write_parquet(&path, &v1);
         let runs = read::read(&path, None).unwrap();
         let f = &runs[0].layers[1].fetches[1];
         assert!(f.guess[1].is_some() && f.deeper.iter().all(Option::is_none));
@@ -334,14 +335,7 @@ mod tests {
             .collect();
         let theirs = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
         let other = dir.path().join("other.parquet");
-        let mut w = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&other).unwrap(),
-            theirs.schema(),
-            None,
-        )
-        .unwrap();
-        w.write(&theirs).unwrap();
-        w.close().unwrap();
+        write_parquet(&other, &theirs);
         assert_eq!(rows(&other), [ours]);
     }
 
@@ -351,14 +345,7 @@ mod tests {
         let other = dir.path().join("x.parquet");
         let a: ArrayRef = Arc::new(arrow_array::UInt32Array::from(vec![1, 2]));
         let b = RecordBatch::try_from_iter([("run", a)]).unwrap();
-        let mut w = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&other).unwrap(),
-            b.schema(),
-            None,
-        )
-        .unwrap();
-        w.write(&b).unwrap();
-        w.close().unwrap();
+        write_parquet(&other, &b);
         let e = batches(&other).err().unwrap().to_string();
         assert!(e.contains("column `run` is UInt32"), "{e}");
     }

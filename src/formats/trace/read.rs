@@ -74,6 +74,21 @@ impl LayerTrace {
     pub fn accesses(&self) -> usize {
         self.ids.len()
     }
+
+    /// Fills [`LayerTrace::next`] from the fetches' `ids`: per looked-up
+    /// expert, the next fetch that looks it up.
+    pub fn fill_next(&mut self) {
+        let experts = self.ids.iter().max().map_or(0, |&m| m + 1);
+        let mut seen = vec![u64::MAX; experts];
+        self.next = vec![u64::MAX; self.ids.len()];
+        for (f, fetch) in self.fetches.iter().enumerate().rev() {
+            for k in fetch.ids.clone() {
+                let e = self.ids[k];
+                self.next[k] = seen[e];
+                seen[e] = f as u64;
+            }
+        }
+    }
 }
 
 /// What the run counted itself (the `tier` column).
@@ -341,24 +356,10 @@ impl Builder {
         self.close();
         for r in &mut self.runs {
             for l in &mut r.layers {
-                next_uses(l);
+                l.fill_next();
             }
         }
         self.runs
-    }
-}
-
-/// Fills `l.next`: per looked-up expert, the next fetch that looks it up.
-fn next_uses(l: &mut LayerTrace) {
-    let experts = l.ids.iter().max().map_or(0, |&m| m + 1);
-    let mut seen = vec![u64::MAX; experts];
-    l.next = vec![u64::MAX; l.ids.len()];
-    for (f, fetch) in l.fetches.iter().enumerate().rev() {
-        for k in fetch.ids.clone() {
-            let e = l.ids[k];
-            l.next[k] = seen[e];
-            seen[e] = f as u64;
-        }
     }
 }
 

@@ -171,9 +171,9 @@ impl Recorder {
         l.weights.extend_from_slice(weights);
     }
 
-    /// A lookahead guess of `layer`'s experts: `which` is `depth_index * 2
-    /// + variant` (variant 0 = attn, 1 = output; depth index 0 from the
-    /// layer before, 1 from two layers before).
+    /// A lookahead guess of `layer`'s experts: `which` is
+    /// `depth_index * 2 + variant` (variant 0 = attn, 1 = output; depth
+    /// index 0 from the layer before, 1 from two layers before).
     pub fn guess(&mut self, layer: usize, which: usize, experts: &[usize]) {
         let (pending, g) = &mut self.layers[layer].guess[which];
         g.clear();

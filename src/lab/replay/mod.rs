@@ -36,6 +36,7 @@
 pub mod knobs;
 pub mod plot;
 pub mod report;
+pub mod setup;
 pub mod train;
 
 use crate::formats::trace::read::{Fetch, LayerTrace, Run};
@@ -44,137 +45,10 @@ use crate::store::policy::{self, Evictor, View};
 use crate::store::usage::UsageTable;
 use rayon::prelude::*;
 
+pub use setup::{Pin, Prefetch, Setup};
+
 /// Heats halve every this many tokens, as in the store.
 pub use crate::store::HEAT_DECAY_TOKENS;
-
-/// How misses reach the cache in the simulation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prefetch {
-    /// Every miss is a demand read.
-    None,
-    /// The run's lookahead guesses from variant `from` (0 = attn, 1 =
-    /// output) are read ahead, from up to `depth` (1 or 2) layers before.
-    Lookahead { from: usize, depth: usize },
-    /// Exactly the misses are read ahead (the best any prefetch can do).
-    Oracle,
-}
-
-impl Prefetch {
-    /// The attn guess one layer ahead, as `--prefetch on` reads it.
-    pub const ATTN: Prefetch = Prefetch::Lookahead { from: 0, depth: 1 };
-
-    /// `none`, `lookahead` (= `lookahead:attn`), `lookahead:output`, either
-    /// with `:2` for depth 2 (`lookahead:attn:2`), or `oracle`.
-    pub fn parse(s: &str) -> Option<Prefetch> {
-        let mut parts = s.split(':');
-        match (parts.next()?, parts.next(), parts.next(), parts.next()) {
-            ("none", None, ..) => Some(Prefetch::None),
-            ("oracle", None, ..) => Some(Prefetch::Oracle),
-            ("lookahead", from, depth, None) => {
-                let from = match from {
-                    None | Some("attn") => 0,
-                    Some("output") => 1,
-                    _ => return None,
-                };
-                let depth = match depth {
-                    None | Some("1") => 1,
-                    Some("2") => 2,
-                    _ => return None,
-                };
-                Some(Prefetch::Lookahead { from, depth })
-            }
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> String {
-        match self {
-            Prefetch::None => "none".into(),
-            Prefetch::Lookahead { from: 0, depth: 1 } => "lookahead".into(),
-            Prefetch::Lookahead { from, depth } => {
-                let v = if from == 0 { "attn" } else { "output" };
-                match depth {
-                    1 => format!("lookahead:{v}"),
-                    d => format!("lookahead:{v}:{d}"),
-                }
-            }
-            Prefetch::Oracle => "oracle".into(),
-        }
-    }
-}
-
-/// What each layer pins, and so whether a run's first half is its history.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Pin {
-    /// No history: every run replayed whole from empty caches.
-    None,
-    /// The first half of each run is the history, the second half is
-    /// replayed; this many experts pinned per layer (at most half the
-    /// slots, as the cache allows; 0 pins nothing).
-    Count(usize),
-    /// The same, pinning this share of the slots (rounded down).
-    Share(f64),
-    /// The same, pinning as many as the store would from a history of that
-    /// length ([`policy::pin_count`]).
-    History,
-}
-
-impl Pin {
-    /// `none`, `history`, a count (`2`) or a share of the slots (`25%`).
-    pub fn parse(s: &str) -> Option<Pin> {
-        match s {
-            "none" => Some(Pin::None),
-            "history" => Some(Pin::History),
-            _ => match s.strip_suffix('%') {
-                Some(p) => p
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|p| (0.0..=100.0).contains(p))
-                    .map(|p| Pin::Share(p / 100.0)),
-                None => s.parse().ok().map(Pin::Count),
-            },
-        }
-    }
-
-    pub fn name(self) -> String {
-        match self {
-            Pin::None => "none".into(),
-            Pin::Count(n) => n.to_string(),
-            Pin::Share(f) => format!("{}%", f * 100.0),
-            Pin::History => "history".into(),
-        }
-    }
-
-    /// Experts to pin in a layer of `slots` slots, `experts` experts chosen
-    /// `top_k` per token, after a history of `tokens` tokens (at most half
-    /// the slots).
-    pub fn count(self, slots: usize, tokens: u64, top_k: usize, experts: usize) -> usize {
-        let n = match self {
-            Pin::None => 0,
-            Pin::Count(n) => n,
-            Pin::Share(f) => (f * slots as f64) as usize,
-            Pin::History => policy::pin_count(slots, tokens, top_k, experts),
-        };
-        n.min(slots / 2)
-    }
-}
-
-/// What one simulation does besides evicting.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Setup {
-    pub prefetch: Prefetch,
-    pub pin: Pin,
-}
-
-impl Setup {
-    /// `prefetch`, no pins, no history.
-    pub fn prefetch(prefetch: Prefetch) -> Setup {
-        Setup {
-            prefetch,
-            pin: Pin::None,
-        }
-    }
-}
 
 /// Cache slots per layer in a simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +79,9 @@ pub struct Outcome {
     pub demand_misses: u64,
     /// Demand and prefetch reads, bytes.
     pub bytes_read: u64,
+    /// Experts read ahead (a lookahead's guesses not cached, each once per
+    /// fetch; the oracle's misses); their bytes are in `bytes_read`.
+    pub prefetch_reads: u64,
     /// Prefetched bytes no lookup asked for.
     pub prefetch_wasted_bytes: u64,
     pub tokens: u64,
@@ -396,10 +273,13 @@ fn count_reads(
     let wasted = ahead.iter().filter(|e| !ids.contains(e)).count();
     let demand = misses.len() - covered;
     out.demand_misses += demand as u64;
-    let reads = match prefetch {
-        Prefetch::Lookahead { .. } => demand + ahead.len(),
-        _ => misses.len(),
+    let ahead_reads = match prefetch {
+        Prefetch::None => 0,
+        Prefetch::Oracle => misses.len(),
+        Prefetch::Lookahead { .. } => ahead.len(),
     };
+    out.prefetch_reads += ahead_reads as u64;
+    let reads = demand + ahead_reads;
     // Saturating: the trace's byte counts are bounded
     // (`trace::read::EXPERT_BYTES_MAX`), their sums over a long trace
     // are not.
@@ -540,15 +420,7 @@ mod tests {
                 deeper: [deep.clone(), deep],
             });
         }
-        let mut next = vec![u64::MAX; l.ids.len()];
-        for (f, fetch) in l.fetches.iter().enumerate() {
-            for k in fetch.ids.clone() {
-                next[k] = (f + 1..l.fetches.len())
-                    .find(|&g| l.ids[l.fetches[g].ids.clone()].contains(&l.ids[k]))
-                    .map_or(u64::MAX, |g| g as u64);
-            }
-        }
-        l.next = next;
+        l.fill_next();
         Run {
             id: "r".into(),
             tokens: steps.len() as u64,
@@ -605,63 +477,6 @@ mod tests {
         let runs = [run_of(&[&[1], &[1], &[1]])];
         let one = &replay(&runs, &["lru"], &[Slots::Fixed(0)], Prefetch::ATTN)[0];
         assert_eq!((one.misses, one.demand_misses, one.bytes_read), (3, 1, 300));
-    }
-
-    #[test]
-    fn prefetch_and_pin_settings_parse_and_name_themselves() {
-        let table = [
-            ("none", Some(Prefetch::None), "none"),
-            ("oracle", Some(Prefetch::Oracle), "oracle"),
-            ("lookahead", Some(Prefetch::ATTN), "lookahead"),
-            ("lookahead:attn", Some(Prefetch::ATTN), "lookahead"),
-            ("lookahead:attn:1", Some(Prefetch::ATTN), "lookahead"),
-            (
-                "lookahead:output",
-                Some(Prefetch::Lookahead { from: 1, depth: 1 }),
-                "lookahead:output",
-            ),
-            (
-                "lookahead:attn:2",
-                Some(Prefetch::Lookahead { from: 0, depth: 2 }),
-                "lookahead:attn:2",
-            ),
-            (
-                "lookahead:output:2",
-                Some(Prefetch::Lookahead { from: 1, depth: 2 }),
-                "lookahead:output:2",
-            ),
-            ("lookahead:attn:3", None, ""),
-            ("lookahead:input", None, ""),
-            ("lookahead:attn:2:x", None, ""),
-            ("none:2", None, ""),
-        ];
-        for (s, want, name) in table {
-            assert_eq!(Prefetch::parse(s), want, "{s}");
-            if let Some(p) = want {
-                assert_eq!(p.name(), name);
-                assert_eq!(Prefetch::parse(&p.name()), want, "{s} round trip");
-            }
-        }
-        // (spelling, pin, experts pinned of 16 slots: 256 tokens of top-4 of 32)
-        let table = [
-            ("none", Some(Pin::None), 0),
-            ("0", Some(Pin::Count(0)), 0),
-            ("3", Some(Pin::Count(3)), 3),
-            ("20", Some(Pin::Count(20)), 8), // at most half the slots
-            ("25%", Some(Pin::Share(0.25)), 4),
-            ("100%", Some(Pin::Share(1.0)), 8),
-            ("history", Some(Pin::History), 8 * 32 / 40), // 8 · s / (s + 8), s = 32
-            ("101%", None, 0),
-            ("-1", None, 0),
-            ("half", None, 0),
-        ];
-        for (s, want, pins) in table {
-            assert_eq!(Pin::parse(s), want, "{s}");
-            if let Some(p) = want {
-                assert_eq!(p.count(16, 256, 4, 32), pins, "{s}");
-                assert_eq!(Pin::parse(&p.name()), want, "{s} round trip");
-            }
-        }
     }
 
     #[test]
@@ -724,7 +539,7 @@ mod tests {
             (Pin::Count(0), 0, 0, 8, 4),
             (Pin::Count(1), 1, 2, 6, 4),
             (Pin::Count(5), 1, 2, 6, 4), // at most half of 2 slots
-            (Pin::Share(0.5), 1, 2, 6, 4),
+            (Pin::Share(50_00), 1, 2, 6, 4),
             // 4 tokens of top-2 of 8: 1 selection per expert, 1 · 1/9 → 0.
             (Pin::History, 0, 0, 8, 4),
         ];
