@@ -89,6 +89,7 @@ fn run(fetches: usize) -> Run {
             ids: i0..l.ids.len(),
             rows: r0..l.rows.len(),
             guess: [Some(g0..l.guesses.len()), None],
+            deeper: [None, None],
         });
     }
     l.next = (0..l.ids.len()).map(|k| (k as u64 / 4) + 3).collect();
@@ -112,7 +113,7 @@ fn allocations(f: impl FnOnce()) -> u64 {
 fn the_simulation_allocates_per_layer_not_per_access() {
     let (short, long) = (run(500), run(2000));
     for name in NAMES {
-        for prefetch in [Prefetch::None, Prefetch::Lookahead(0), Prefetch::Oracle] {
+        for prefetch in [Prefetch::None, Prefetch::ATTN, Prefetch::Oracle] {
             for slots in [Slots::Fixed(8), Slots::Traced] {
                 let a = allocations(|| {
                     simulate(std::slice::from_ref(&short), name, slots, prefetch);

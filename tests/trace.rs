@@ -183,7 +183,7 @@ fn the_columns_hold_what_the_run_did() {
         "one row per token and MoE layer"
     );
     let mut bytes = 0;
-    let mut guessed = 0;
+    let (mut guessed, mut deeper) = (0, 0);
     for b in &batches {
         let col = |n: &str| b.column_by_name(n).unwrap();
         let experts = col("experts").as_list::<i32>();
@@ -192,6 +192,7 @@ fn the_columns_hold_what_the_run_did() {
         let tier = col("tier").as_list::<i32>();
         let read_us = col("read_us").as_list::<i32>();
         let row = col("row").as_primitive::<UInt32Type>().values();
+        let layer = col("layer").as_primitive::<UInt32Type>().values();
         let token = col("token").as_primitive::<UInt64Type>().values();
         for i in 0..b.num_rows() {
             assert_eq!(experts.value(i).len(), 2, "top-2");
@@ -220,10 +221,47 @@ fn the_columns_hold_what_the_run_did() {
                 assert_eq!(row[i], 0);
                 assert!(token[i] >= 6, "decode tokens only");
             }
+            // The guesses from two decoder layers back: every decode row
+            // of a layer with a decoder layer two before it (store layers
+            // 2 and 3; layer 0 is dense but guesses too), top-2 each.
+            for name in moestream::formats::trace::DEEPER_GUESSES {
+                let want = !col("guess_attn").is_null(i) && layer[i] >= 2;
+                assert_eq!(!col(name).is_null(i), want, "{name}, layer {}", layer[i]);
+                if want {
+                    deeper += 1;
+                    let g = col(name).as_list::<i32>().value(i);
+                    assert_eq!(g.len(), 2, "{name}: top-2");
+                }
+            }
         }
     }
     assert_eq!(bytes, s["expert_bytes_read"].as_u64().unwrap());
     assert!(guessed > 0, "decode rows carry the lookahead's guesses");
+    assert!(deeper > 0, "and the guesses from two layers back");
+    // Depth 2 replays on it, reading at least what depth 1 reads.
+    let ahead = |prefetch: &str| {
+        let t = trace.to_str().unwrap();
+        let out = moestream(&[
+            "replay",
+            "--trace",
+            t,
+            "--slots",
+            "3",
+            "--prefetch",
+            prefetch,
+            "--json",
+        ]);
+        assert!(out.ok, "{prefetch}: {}", out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        v["outcomes"][0]["prefetch_reads"].as_u64().unwrap()
+    };
+    for variant in ["attn", "output"] {
+        let (one, two) = (
+            ahead(&format!("lookahead:{variant}")),
+            ahead(&format!("lookahead:{variant}:2")),
+        );
+        assert!(one > 0 && two >= one, "{variant}: {one} then {two}");
+    }
 }
 
 #[test]
@@ -342,6 +380,8 @@ fn write_trace(path: &Path, rows: &[Row]) {
         u32s(&|r| r.slots),
         u32s(&|r| r.n_experts),
         u64s(&|r| r.expert_bytes),
+        id_list(&|_| None),
+        id_list(&|_| None),
     ];
     let batch = RecordBatch::try_new(moestream::formats::trace::schema(), columns).unwrap();
     let mut w = moestream::formats::trace::write::TraceWriter::create(path).unwrap();

@@ -4,7 +4,7 @@
 //! ([`moestream::lab::replay`]); and `--trace` itself, started at load.
 
 use super::*;
-use moestream::lab::replay::{self, Prefetch, Slots};
+use moestream::lab::replay::{self, Pin, Prefetch, Setup, Slots};
 use moestream::store::policy;
 use std::time::Instant;
 
@@ -29,10 +29,22 @@ pub(super) struct ReplayArgs {
     policy: Vec<String>,
     /// Which misses stall and what is read: none (every miss read on
     /// demand), lookahead (the run's recorded attn guess read ahead;
-    /// lookahead:output for the output guess), oracle (exactly the misses
-    /// read ahead). Hits and misses do not change.
+    /// lookahead:output for the output guess; lookahead:attn:2 or
+    /// lookahead:output:2 also the guess from two layers before, as
+    /// `--prefetch-depth 2` reads), oracle (exactly the misses read ahead).
+    /// Hits and misses do not change.
     #[arg(long, default_value = "none")]
     prefetch: String,
+    /// Pinning, which needs a usage history: none (each run replayed whole
+    /// from empty caches), or each run's first half as the history and its
+    /// second half replayed with, per layer, N (a count), P% (a share of
+    /// the slots) or `history` (as many as the store pins from a history
+    /// that long) of the history's hottest experts pinned; 0 pins nothing
+    /// over the same second half. A share is rounded down; at most half
+    /// the slots are pinned. (A value starting with `-` is taken, and
+    /// refused naming this flag.)
+    #[arg(long, default_value = "none", allow_hyphen_values = true)]
+    pin: String,
     /// Only the run with this id (the trace's `run` column).
     #[arg(long)]
     run: Option<String>,
@@ -85,10 +97,13 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
     }
     let prefetch = Prefetch::parse(&a.prefetch).with_context(|| {
         format!(
-            "--prefetch: `{}`: expected none, lookahead, lookahead:output or oracle",
-            a.prefetch
+            "--prefetch: `{}`: expected {}",
+            a.prefetch,
+            Prefetch::SPELLINGS
         )
     })?;
+    let pin = Pin::parse(&a.pin)
+        .with_context(|| format!("--pin: `{}`: expected {}", a.pin, Pin::SPELLINGS))?;
     let t0 = Instant::now();
     let runs = moestream::formats::trace::read::read(&a.trace, a.run.as_deref())?;
     let read_s = t0.elapsed().as_secs_f64();
@@ -101,15 +116,18 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
                 .map_or(String::new(), |r| format!(" of run {r}"))
         );
     }
+    if let Prefetch::Lookahead { from, depth: 2 } = prefetch {
+        check_deeper(&runs, from, &prefetch, &a.trace)?;
+    }
     let t1 = Instant::now();
-    let outcomes = replay::replay(&runs, &policies, &slots, prefetch);
+    let outcomes = replay::replay_with(&runs, &policies, &slots, Setup { prefetch, pin });
     let sim_s = t1.elapsed().as_secs_f64();
     let accesses: usize = runs.iter().map(|r| r.accesses()).sum();
     // Every policy at every slot count, plus Belady where not asked for.
     let sims = slots.len() * (policies.len() + usize::from(!policies.contains(&"belady")));
     let rate = (accesses * sims) as f64 / sim_s.max(1e-9);
     if let Some(path) = &a.csv {
-        replay::report::write_csv(path, &outcomes, prefetch.name())
+        replay::report::write_csv(path, &outcomes, &prefetch.name())
             .with_context(|| format!("--csv {}", path.display()))?;
     }
     if let Some(path) = &a.plot {
@@ -124,7 +142,7 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
         let c = r.recorded;
         (t.0 + c.pinned_hits, t.1 + c.hits, t.2 + c.misses)
     });
-    if recorded.0 > 0 {
+    if recorded.0 > 0 && pin == Pin::None {
         eprintln!(
             "warning: the traced runs served {} lookups from pinned experts; the replay pins nothing, so its counts differ from the runs'",
             recorded.0
@@ -132,7 +150,7 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
     }
     let knobs = replay::knobs::measure(&runs);
     if a.json {
-        print_json(&runs, &outcomes, prefetch, recorded, knobs)?;
+        print_json(&runs, &outcomes, Setup { prefetch, pin }, recorded, knobs)?;
         return Ok(());
     }
     let tokens: u64 = runs.iter().map(|r| r.tokens).sum();
@@ -147,6 +165,12 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
         runs.len(),
         prefetch.name()
     );
+    if pin != Pin::None {
+        println!(
+            "pin {}: each run's first half is the usage history; counts are over the second halves",
+            pin.name()
+        );
+    }
     println!(
         "recorded by the run(s): {} hits ({} pinned), {} misses",
         recorded.0 + recorded.1,
@@ -169,10 +193,34 @@ pub(super) fn cmd_replay(a: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a lookahead of depth 2 on a trace that holds no guesses of its
+/// variant from two layers back (a version-1 trace lacks the column).
+fn check_deeper(
+    runs: &[moestream::formats::trace::read::Run],
+    from: usize,
+    prefetch: &Prefetch,
+    trace: &Path,
+) -> Result<()> {
+    let any = runs
+        .iter()
+        .flat_map(|r| &r.layers)
+        .flat_map(|l| &l.fetches)
+        .any(|f| f.deeper[from].is_some());
+    if !any {
+        bail!(
+            "--prefetch {}: {} has no `{}` values (the guesses from two layers back; a version-1 trace lacks the column: record it again)",
+            prefetch.name(),
+            trace.display(),
+            moestream::formats::trace::DEEPER_GUESSES[from]
+        );
+    }
+    Ok(())
+}
+
 fn print_json(
     runs: &[moestream::formats::trace::read::Run],
     outcomes: &[replay::Outcome],
-    prefetch: Prefetch,
+    setup: Setup,
     (pinned_hits, hits, misses): (u64, u64, u64),
     knobs: replay::knobs::Knobs,
 ) -> Result<()> {
@@ -185,7 +233,12 @@ fn print_json(
                 "hits": o.hits,
                 "misses": o.misses,
                 "demand_misses": o.demand_misses,
+                "tokens": o.tokens,
+                "misses_per_token": o.misses_per_token(),
                 "bytes_per_token": o.bytes_per_token(),
+                "prefetch_reads": o.prefetch_reads,
+                "prefetch_wasted_bytes": o.prefetch_wasted_bytes,
+                "pinned": o.pinned,
                 "hit_rate": o.hit_rate(),
                 "ratio_to_belady": o.ratio_to_belady,
                 "switches": o.switches,
@@ -196,7 +249,8 @@ fn print_json(
     let v = serde_json::json!({
         "runs": runs.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
         "tokens": runs.iter().map(|r| r.tokens).sum::<u64>(),
-        "prefetch": prefetch.name(),
+        "prefetch": setup.prefetch.name(),
+        "pin": setup.pin.name(),
         "recorded": {"hits": hits + pinned_hits, "pinned_hits": pinned_hits, "misses": misses},
         "routing": {
             "top10_share": knobs.top10_share,

@@ -635,7 +635,8 @@ impl Model {
     /// `depth` next MoE layers' routers (after that layer's own norm) to
     /// it and starts reading the guessed experts; the next layer's guess is
     /// kept for the recall stats. With `schedule.recall`, the next layer is
-    /// guessed (and scored) from both variants even without prefetch.
+    /// guessed (and scored) from both variants even without prefetch; with a
+    /// trace, the layer after it too (recorded, not scored).
     fn look_ahead(&self, l: usize, x: &[f32], variant: Variant) {
         let schedule = self.store.schedule;
         let prefetch = schedule
@@ -645,21 +646,30 @@ impl Model {
             return;
         }
         let depth = prefetch.map_or(1, |a| a.depth.max(1));
+        // A trace also records the guess two layers ahead (what depth 2
+        // reads): one more router product per layer and token.
+        let guessed = if self.store.tracing() {
+            depth.max(2)
+        } else {
+            depth
+        };
         let mut xn = Scratch::zeroed(x.len());
         LOOKAHEAD.with(|guess| {
             let mut guess = guess.borrow_mut();
-            for j in l + 1..(l + 1 + depth).min(self.layers.len()) {
+            for j in l + 1..(l + 1 + guessed).min(self.layers.len()) {
                 let next = &self.layers[j];
                 let Ffn::Moe(block) = &next.ffn else {
                     continue;
                 };
                 rms_norm(x, &next.post_attn_norm, self.cfg.rms_norm_eps, &mut xn);
                 block.router.route_into(&xn, None, &mut guess);
-                if prefetch.is_some() {
+                if prefetch.is_some() && j <= l + depth {
                     self.store.prefetch_ranked(j, variant, &guess.experts);
                 }
                 if j == l + 1 {
                     self.store.predict(j, variant, &guess.experts);
+                } else if j == l + 2 {
+                    self.store.trace_deeper_guess(j, variant, &guess.experts);
                 }
             }
         });

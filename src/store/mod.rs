@@ -587,6 +587,13 @@ impl ExpertStore {
         self.trace.guess(layer, variant as usize, experts);
     }
 
+    /// Records in the trace (when one is recorded) a lookahead guess of
+    /// `layer`'s experts made two decoder layers before it, what a lookahead
+    /// of depth 2 reads ahead (not scored).
+    pub fn trace_deeper_guess(&self, layer: usize, variant: Variant, experts: &[usize]) {
+        self.trace.guess(layer, 2 + variant as usize, experts);
+    }
+
     /// Uses `predictor` from now on (`None`: none). Refused when a layer it
     /// guesses, or the layer before, is not an MoE layer of this many
     /// experts.
@@ -599,8 +606,8 @@ impl ExpertStore {
     /// Starts recording a routing trace into `path` (appended when the
     /// store is dropped). Also scores both lookahead
     /// variants at every single-token layer (`Schedule::recall`), so every
-    /// decode row carries both guesses; tokens do not change. Returns the
-    /// run's id.
+    /// decode row carries both guesses, and from two layers back as well;
+    /// tokens do not change. Returns the run's id.
     pub fn start_trace(&mut self, path: &Path) -> trace::Result<String> {
         let shapes = self
             .experts

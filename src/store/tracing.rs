@@ -39,10 +39,11 @@ impl Trace {
         }
     }
 
-    /// A lookahead guess of `layer`'s experts (variant 0 = attn, 1 = output).
-    pub(crate) fn guess(&self, layer: usize, variant: usize, experts: &[usize]) {
+    /// A lookahead guess of `layer`'s experts (`which`: see
+    /// [`Recorder::guess`]).
+    pub(crate) fn guess(&self, layer: usize, which: usize, experts: &[usize]) {
         if let Some(mut t) = self.recorder() {
-            t.guess(layer, variant, experts);
+            t.guess(layer, which, experts);
         }
     }
 

@@ -22,8 +22,18 @@ use std::sync::Arc;
 
 /// The trace format's version, in the file's key-value metadata under
 /// [`VERSION_KEY`].
-pub const VERSION: &str = "1";
+/// Version 2 added [`DEEPER_GUESSES`]; a version-1 file (without them) is
+/// read as if they were null.
+pub const VERSION: &str = "2";
 pub const VERSION_KEY: &str = "moestream.trace.version";
+
+/// The columns a version-1 trace lacks: the lookahead's guesses from two
+/// decoder layers back (attn, output), what `--prefetch-depth 2` reads.
+pub const DEEPER_GUESSES: [&str; 2] = ["guess_attn_2", "guess_output_2"];
+
+/// Lookahead guesses a row holds: per depth (1, 2) and variant (attn,
+/// output), `depth_index * 2 + variant`.
+pub const GUESSES: usize = 4;
 
 /// Where a chosen expert came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +88,8 @@ pub fn schema() -> SchemaRef {
         Field::new("slots", DataType::UInt32, false),
         Field::new("n_experts", DataType::UInt32, false),
         Field::new("expert_bytes", DataType::UInt64, false),
+        list(DEEPER_GUESSES[0], DataType::UInt32, true),
+        list(DEEPER_GUESSES[1], DataType::UInt32, true),
     ]))
 }
 
@@ -186,6 +198,7 @@ mod tests {
         // A decode row with both guesses.
         r.guess(1, 0, &[3, 6]);
         r.guess(1, 1, &[3, 5]);
+        r.guess(1, 3, &[6, 2]);
         r.route(1, &[3, 6], &[0.5, 0.5], 0.1);
         r.looked_up(1, 3, Tier::Warm, 0);
         r.looked_up(1, 6, Tier::Miss, 0);
@@ -193,6 +206,14 @@ mod tests {
         r.end_fetch(1, 4);
         r.end_step(1);
         r.finish().unwrap();
+    }
+
+    /// Writes `b` as a plain parquet file (as another tool would).
+    fn write_parquet(path: &std::path::Path, b: &RecordBatch) {
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, b.schema(), None).unwrap();
+        w.write(b).unwrap();
+        w.close().unwrap();
     }
 
     fn rows(path: &std::path::Path) -> Vec<RecordBatch> {
@@ -246,7 +267,36 @@ mod tests {
         assert_eq!(l.ids, [3, 5, 7, 3, 6]);
         assert_eq!(l.next, [1, u64::MAX, u64::MAX, u64::MAX, u64::MAX]);
         assert_eq!(l.fetches[1].clock, 2);
+        // The output guess from two layers back; none from attn.
+        let f = &l.fetches[1];
+        let deeper = f.deeper[1].clone().map(|g| l.guesses[g].to_vec());
+        assert_eq!((f.deeper[0].clone(), deeper), (None, Some(vec![6, 2])));
+        assert!(l.fetches[0].deeper.iter().all(Option::is_none));
         assert_eq!(read::read(&path, Some("a")).unwrap().len(), 1);
+    }
+
+    /// A version-1 trace (no deeper guesses) reads with them null, and a
+    /// run appended to it lands after its rows.
+    #[test]
+    fn a_version_1_trace_reads_and_takes_new_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        record(&path, "a");
+        let ours = rows(&path).remove(0);
+        let keep: Vec<usize> = (0..ours.num_columns())
+            .filter(|&i| !DEEPER_GUESSES.contains(&ours.schema().field(i).name().as_str()))
+            .collect();
+        let v1 = ours.project(&keep).unwrap();
+        write_parquet(&path, &v1);
+        let runs = read::read(&path, None).unwrap();
+        let f = &runs[0].layers[1].fetches[1];
+        assert!(f.guess[1].is_some() && f.deeper.iter().all(Option::is_none));
+        record(&path, "b");
+        let runs = read::read(&path, None).unwrap();
+        let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert!(runs[0].layers[1].fetches[1].deeper[1].is_none());
+        assert!(runs[1].layers[1].fetches[1].deeper[1].is_some());
     }
 
     /// A trace another tool rewrote (pyarrow names list items `element`)
@@ -285,14 +335,7 @@ mod tests {
             .collect();
         let theirs = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
         let other = dir.path().join("other.parquet");
-        let mut w = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&other).unwrap(),
-            theirs.schema(),
-            None,
-        )
-        .unwrap();
-        w.write(&theirs).unwrap();
-        w.close().unwrap();
+        write_parquet(&other, &theirs);
         assert_eq!(rows(&other), [ours]);
     }
 
@@ -302,14 +345,7 @@ mod tests {
         let other = dir.path().join("x.parquet");
         let a: ArrayRef = Arc::new(arrow_array::UInt32Array::from(vec![1, 2]));
         let b = RecordBatch::try_from_iter([("run", a)]).unwrap();
-        let mut w = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&other).unwrap(),
-            b.schema(),
-            None,
-        )
-        .unwrap();
-        w.write(&b).unwrap();
-        w.close().unwrap();
+        write_parquet(&other, &b);
         let e = batches(&other).err().unwrap().to_string();
         assert!(e.contains("column `run` is UInt32"), "{e}");
     }

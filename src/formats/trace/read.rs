@@ -7,7 +7,7 @@
 //! pinned hits), from the `tier` column.
 
 use super::write::batches;
-use super::{Result, Tier, TraceError};
+use super::{Result, Tier, TraceError, DEEPER_GUESSES, GUESSES};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt64Type};
 use arrow_array::{Array, ListArray, RecordBatch};
@@ -46,6 +46,9 @@ pub struct Fetch {
     pub rows: Range<usize>,
     /// Per lookahead variant (attn, output): into [`LayerTrace::guesses`].
     pub guess: [Option<Range<usize>>; 2],
+    /// The same from two decoder layers back (what a lookahead of depth 2
+    /// also reads); `None` in version-1 traces.
+    pub deeper: [Option<Range<usize>>; 2],
 }
 
 /// One MoE layer of one run.
@@ -70,6 +73,21 @@ impl LayerTrace {
     /// Looked-up experts (accesses) of the layer.
     pub fn accesses(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Fills [`LayerTrace::next`] from the fetches' `ids`: per looked-up
+    /// expert, the next fetch that looks it up.
+    pub fn fill_next(&mut self) {
+        let experts = self.ids.iter().max().map_or(0, |&m| m + 1);
+        let mut seen = vec![u64::MAX; experts];
+        self.next = vec![u64::MAX; self.ids.len()];
+        for (f, fetch) in self.fetches.iter().enumerate().rev() {
+            for k in fetch.ids.clone() {
+                let e = self.ids[k];
+                self.next[k] = seen[e];
+                seen[e] = f as u64;
+            }
+        }
     }
 }
 
@@ -109,7 +127,8 @@ struct Cols<'a> {
     layer: &'a [u32],
     row: &'a [u32],
     experts: &'a ListArray,
-    guess: [&'a ListArray; 2],
+    /// In [`GUESSES`] order: attn, output, then the deeper two.
+    guess: [&'a ListArray; GUESSES],
     tier: &'a ListArray,
     bytes_read: &'a ListArray,
     slots: &'a [u32],
@@ -129,6 +148,8 @@ impl<'a> Cols<'a> {
             guess: [
                 col("guess_attn").as_list::<i32>(),
                 col("guess_output").as_list::<i32>(),
+                col(DEEPER_GUESSES[0]).as_list::<i32>(),
+                col(DEEPER_GUESSES[1]).as_list::<i32>(),
             ],
             tier: col("tier").as_list::<i32>(),
             bytes_read: col("bytes_read").as_list::<i32>(),
@@ -174,8 +195,14 @@ fn check_row(c: &Cols, i: usize, at: u64, path: &Path) -> Result<()> {
     if c.token[i] >= TOKENS_MAX {
         return bad(format!("`token` {} is not below {TOKENS_MAX}", c.token[i]));
     }
-    let lists = [("experts", c.experts), ("guess_attn", c.guess[0])];
-    for (name, list) in lists.into_iter().chain([("guess_output", c.guess[1])]) {
+    let names = [
+        "guess_attn",
+        "guess_output",
+        DEEPER_GUESSES[0],
+        DEEPER_GUESSES[1],
+    ];
+    let guesses = names.into_iter().zip(c.guess);
+    for (name, list) in [("experts", c.experts)].into_iter().chain(guesses) {
         if !list.is_valid(i) {
             continue;
         }
@@ -279,7 +306,7 @@ impl Builder {
         }
         l.n_experts = n;
         l.expert_bytes = c.expert_bytes[i];
-        let mut guess = [None, None];
+        let mut guess: [Option<Range<usize>>; GUESSES] = Default::default();
         for (g, list) in guess.iter_mut().zip(c.guess) {
             if list.is_valid(i) {
                 let start = l.guesses.len();
@@ -287,12 +314,14 @@ impl Builder {
                 *g = Some(start..l.guesses.len());
             }
         }
+        let [a1, o1, a2, o2] = guess;
         l.fetches.push(Fetch {
             clock: c.token[i],
             slots: c.slots[i],
             ids: l.ids.len()..l.ids.len(),
             rows: l.rows.len()..l.rows.len(),
-            guess,
+            guess: [a1, o1],
+            deeper: [a2, o2],
         });
         Ok(())
     }
@@ -327,24 +356,10 @@ impl Builder {
         self.close();
         for r in &mut self.runs {
             for l in &mut r.layers {
-                next_uses(l);
+                l.fill_next();
             }
         }
         self.runs
-    }
-}
-
-/// Fills `l.next`: per looked-up expert, the next fetch that looks it up.
-fn next_uses(l: &mut LayerTrace) {
-    let experts = l.ids.iter().max().map_or(0, |&m| m + 1);
-    let mut seen = vec![u64::MAX; experts];
-    l.next = vec![u64::MAX; l.ids.len()];
-    for (f, fetch) in l.fetches.iter().enumerate().rev() {
-        for k in fetch.ids.clone() {
-            let e = l.ids[k];
-            l.next[k] = seen[e];
-            seen[e] = f as u64;
-        }
     }
 }
 

@@ -10,7 +10,7 @@
 //! `bytes_read` over rows gives the bytes the run read.
 
 use super::write::TraceWriter;
-use super::{schema, Result, Tier, TraceError};
+use super::{schema, Result, Tier, TraceError, GUESSES};
 use arrow_array::builder::{
     Float32Builder, ListBuilder, StringBuilder, UInt32Builder, UInt64Builder,
 };
@@ -29,9 +29,10 @@ struct LayerRows {
     weights: Vec<f32>,
     /// Per row: (start in `experts`, count, router margin).
     rows: Vec<(usize, usize, f32)>,
-    /// Per lookahead variant: the guess for this layer, if one is pending
-    /// (kept for a single-row fetch, as the recall stats score it).
-    guess: [(bool, Vec<u32>); 2],
+    /// Per lookahead depth and variant (`depth_index * 2 + variant`): the
+    /// guess for this layer, if one is pending (kept for a single-row
+    /// fetch, as the recall stats score it).
+    guess: [(bool, Vec<u32>); GUESSES],
     /// Per expert of the fetch's union.
     fetched: Vec<Fetched>,
 }
@@ -64,7 +65,8 @@ struct Columns {
     experts: ListBuilder<UInt32Builder>,
     weights: ListBuilder<Float32Builder>,
     margin: Float32Builder,
-    guess: [ListBuilder<UInt32Builder>; 2],
+    /// In [`GUESSES`] order; the deeper two are the schema's last columns.
+    guess: [ListBuilder<UInt32Builder>; GUESSES],
     tier: ListBuilder<StringBuilder>,
     bytes_read: ListBuilder<UInt64Builder>,
     read_us: ListBuilder<UInt64Builder>,
@@ -85,10 +87,7 @@ impl Columns {
             experts: ListBuilder::new(UInt32Builder::new()),
             weights: ListBuilder::new(Float32Builder::new()),
             margin: Float32Builder::new(),
-            guess: [
-                ListBuilder::new(UInt32Builder::new()),
-                ListBuilder::new(UInt32Builder::new()),
-            ],
+            guess: std::array::from_fn(|_| ListBuilder::new(UInt32Builder::new())),
             tier: ListBuilder::new(StringBuilder::new()),
             bytes_read: ListBuilder::new(UInt64Builder::new()),
             read_us: ListBuilder::new(UInt64Builder::new()),
@@ -102,7 +101,7 @@ impl Columns {
     /// The rows so far as one batch; the builders start over.
     fn batch(&mut self) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
         self.len = 0;
-        let [g0, g1] = &mut self.guess;
+        let [g0, g1, g2, g3] = &mut self.guess;
         let columns: Vec<ArrayRef> = vec![
             Arc::new(self.run.finish()),
             Arc::new(self.step.finish()),
@@ -120,6 +119,8 @@ impl Columns {
             Arc::new(self.slots.finish()),
             Arc::new(self.n_experts.finish()),
             Arc::new(self.expert_bytes.finish()),
+            Arc::new(g2.finish()),
+            Arc::new(g3.finish()),
         ];
         RecordBatch::try_new(schema(), columns)
     }
@@ -170,10 +171,11 @@ impl Recorder {
         l.weights.extend_from_slice(weights);
     }
 
-    /// A lookahead guess of `layer`'s experts from `variant` (0 = attn,
-    /// 1 = output).
-    pub fn guess(&mut self, layer: usize, variant: usize, experts: &[usize]) {
-        let (pending, g) = &mut self.layers[layer].guess[variant];
+    /// A lookahead guess of `layer`'s experts: `which` is
+    /// `depth_index * 2 + variant` (variant 0 = attn, 1 = output; depth
+    /// index 0 from the layer before, 1 from two layers before).
+    pub fn guess(&mut self, layer: usize, which: usize, experts: &[usize]) {
+        let (pending, g) = &mut self.layers[layer].guess[which];
         g.clear();
         g.extend(experts.iter().map(|&e| e as u32));
         *pending = true;

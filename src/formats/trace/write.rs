@@ -9,7 +9,7 @@
 //! filtered trace saved by pyarrow) are read too: their list item fields
 //! are renamed to ours.
 
-use super::{schema, Result, TraceError, VERSION, VERSION_KEY};
+use super::{schema, Result, TraceError, DEEPER_GUESSES, VERSION, VERSION_KEY};
 use crate::fs::lock::Lock;
 use crate::fs::Output;
 use arrow_array::cast::AsArray;
@@ -172,7 +172,11 @@ pub fn batches(path: &Path) -> Result<impl Iterator<Item = Result<RecordBatch>>>
             let columns = want
                 .fields()
                 .iter()
-                .map(|f| conform(b.column_by_name(f.name()).expect("checked column"), f))
+                .map(|f| match b.column_by_name(f.name()) {
+                    Some(c) => conform(c, f),
+                    // A version-1 file: no deeper guesses.
+                    None => Ok(arrow_array::new_null_array(f.data_type(), b.num_rows())),
+                })
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| TraceError::arrow(&path, e))?;
             RecordBatch::try_new(want.clone(), columns).map_err(|e| TraceError::arrow(&path, e))
@@ -227,7 +231,8 @@ fn conform(a: &ArrayRef, field: &Field) -> std::result::Result<ArrayRef, arrow_s
     }
 }
 
-/// Refuses a file whose columns are not this version's.
+/// Refuses a file whose columns are not this version's (version 1's,
+/// without [`DEEPER_GUESSES`], are read too).
 fn check_schema(path: &Path, found: &arrow_schema::Schema) -> Result<()> {
     let want = schema();
     for f in want.fields() {
@@ -244,6 +249,7 @@ fn check_schema(path: &Path, found: &arrow_schema::Schema) -> Result<()> {
                     ),
                 ))
             }
+            Err(_) if DEEPER_GUESSES.contains(&f.name().as_str()) => {}
             Err(_) => {
                 return Err(TraceError::format(
                     path,

@@ -94,6 +94,7 @@ mod tests {
                 ids: 0..0,
                 rows: r0..l.rows.len(),
                 guess: [(t > 0).then_some(g0..l.guesses.len()), None],
+                deeper: [None, None],
             });
         }
         let runs = [Run {

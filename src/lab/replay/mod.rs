@@ -16,8 +16,19 @@
 //! cache) but which misses stall and how many bytes are read: `none` reads
 //! every miss on demand; `lookahead` reads the run's recorded guess for
 //! the layer (those not cached) ahead, so a guessed miss costs no stall
-//! and a wrong guess costs its bytes; `oracle` reads exactly the misses
-//! ahead.
+//! and a wrong guess costs its bytes; at depth 2 also the guess made two
+//! layers before (the union, each expert read once, as the live
+//! prefetcher skips reads already on their way); `oracle` reads exactly
+//! the misses ahead. The live prefetcher's read budget and its per-rank
+//! precision gate are not simulated: every guessed expert not cached is
+//! read.
+//!
+//! Pinning ([`Pin`]) needs a usage history, which the runtime loads from
+//! an earlier session: the replay takes each run's first half as that
+//! history (its selections counted, nothing cached), then pins the
+//! hottest experts of each layer as the store does ([`policy::hottest`],
+//! the count by [`policy::pin_count`] or given) into an empty cache and
+//! counts hits and misses over the second half only.
 //!
 //! The simulation allocates nothing per access: caches, usage counters
 //! and the miss list are sized per layer before its fetches run.
@@ -25,51 +36,19 @@
 pub mod knobs;
 pub mod plot;
 pub mod report;
+pub mod setup;
 pub mod train;
 
-use crate::formats::trace::read::{LayerTrace, Run};
+use crate::formats::trace::read::{Fetch, LayerTrace, Run};
 use crate::store::cache::SlotCache;
-use crate::store::policy::{self, View};
+use crate::store::policy::{self, Evictor, View};
 use crate::store::usage::UsageTable;
 use rayon::prelude::*;
 
+pub use setup::{Pin, Prefetch, Setup};
+
 /// Heats halve every this many tokens, as in the store.
 pub use crate::store::HEAT_DECAY_TOKENS;
-
-/// How misses reach the cache in the simulation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prefetch {
-    /// Every miss is a demand read.
-    None,
-    /// The run's lookahead guess of the variant (0 = attn, 1 = output) is
-    /// read ahead.
-    Lookahead(usize),
-    /// Exactly the misses are read ahead (the best any prefetch can do).
-    Oracle,
-}
-
-impl Prefetch {
-    /// `none`, `lookahead` (the attn guess, as `--prefetch on` reads it),
-    /// `lookahead:attn`, `lookahead:output` or `oracle`.
-    pub fn parse(s: &str) -> Option<Prefetch> {
-        match s {
-            "none" => Some(Prefetch::None),
-            "lookahead" | "lookahead:attn" => Some(Prefetch::Lookahead(0)),
-            "lookahead:output" => Some(Prefetch::Lookahead(1)),
-            "oracle" => Some(Prefetch::Oracle),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Prefetch::None => "none",
-            Prefetch::Lookahead(0) => "lookahead",
-            Prefetch::Lookahead(_) => "lookahead:output",
-            Prefetch::Oracle => "oracle",
-        }
-    }
-}
 
 /// Cache slots per layer in a simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +79,9 @@ pub struct Outcome {
     pub demand_misses: u64,
     /// Demand and prefetch reads, bytes.
     pub bytes_read: u64,
+    /// Experts read ahead (a lookahead's guesses not cached, each once per
+    /// fetch; the oracle's misses); their bytes are in `bytes_read`.
+    pub prefetch_reads: u64,
     /// Prefetched bytes no lookup asked for.
     pub prefetch_wasted_bytes: u64,
     pub tokens: u64,
@@ -109,6 +91,8 @@ pub struct Outcome {
     /// many layers ended on each active policy.
     pub switches: u64,
     pub ended: std::collections::BTreeMap<String, usize>,
+    /// Experts pinned, summed over runs and layers ([`Pin`]).
+    pub pinned: u64,
 }
 
 impl Outcome {
@@ -143,12 +127,9 @@ fn per(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Simulates `layer` under `policy` with `slots`, adding to `out`.
-fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut Outcome) {
-    let n = l.n_experts.max(l.ids.iter().max().map_or(0, |&m| m + 1));
-    let p = policy::build(name, n).expect("a known policy");
-    let offline = p.offline();
-    let mut cache: SlotCache<()> = match slots {
+/// A layer's empty cache of `slots` under `p`.
+fn new_cache(l: &LayerTrace, slots: Slots, p: Box<dyn Evictor>) -> SlotCache<()> {
+    match slots {
         Slots::Fixed(s) => SlotCache::new(s.min(l.n_experts.max(1)), p),
         Slots::Traced => {
             let cap = l
@@ -159,15 +140,80 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
                 .unwrap_or(0);
             SlotCache::gated(cap, 0, p)
         }
-    };
-    let mut usage = UsageTable::new(&[n], HEAT_DECAY_TOKENS);
-    let mut misses = Vec::with_capacity(n);
-    let mut ahead = Vec::with_capacity(n);
-    for f in &l.fetches {
+    }
+}
+
+/// Counts the selections of `fetches` (the history) into `usage`, as the
+/// run that saved it did.
+fn count_usage(l: &LayerTrace, fetches: &[Fetch], usage: &mut UsageTable) {
+    for f in fetches {
         usage.tick(f.clock.saturating_sub(usage.clock()));
         for r in &l.rows[f.rows.clone()] {
             usage.record(0, &l.picks[r.clone()]);
         }
+    }
+}
+
+/// Pins the `n` hottest experts of `usage` into the empty `cache`, as the
+/// store pins a history's (their slots made usable first); returns how
+/// many are pinned.
+fn pin_hottest(cache: &mut SlotCache<()>, usage: &UsageTable, n: usize) -> u64 {
+    let hot = policy::hottest(usage.layer(0), n);
+    cache.grow(hot.len());
+    let view = View {
+        usage: usage.layer(0),
+        now: usage.clock(),
+    };
+    for &e in &hot {
+        cache.insert(e, (), view);
+    }
+    hot.iter().filter(|&&e| cache.pin(e)).count() as u64
+}
+
+/// The experts read ahead of fetch `f` (not cached, each once) into `ahead`.
+fn read_ahead(
+    l: &LayerTrace,
+    f: &Fetch,
+    prefetch: Prefetch,
+    cache: &SlotCache<()>,
+    ahead: &mut Vec<usize>,
+) {
+    ahead.clear();
+    let Prefetch::Lookahead { from, depth } = prefetch else {
+        return;
+    };
+    let deeper = if depth >= 2 { &f.deeper[from] } else { &None };
+    for g in [&f.guess[from], deeper].into_iter().flatten() {
+        for &e in &l.guesses[g.clone()] {
+            if !cache.contains(e) && !ahead.contains(&e) {
+                ahead.push(e);
+            }
+        }
+    }
+}
+
+/// Simulates `layer` under `policy` with `slots`, adding to `out`; with
+/// pins, fetches before token `split` are the history.
+fn layer(l: &LayerTrace, name: &str, slots: Slots, setup: Setup, split: u64, out: &mut Outcome) {
+    let n = l.n_experts.max(l.ids.iter().max().map_or(0, |&m| m + 1));
+    let p = policy::build(name, n).expect("a known policy");
+    let offline = p.offline();
+    let mut cache = new_cache(l, slots, p);
+    let mut usage = UsageTable::new(&[n], HEAT_DECAY_TOKENS);
+    let first = match setup.pin {
+        Pin::None => 0,
+        _ => l.fetches.partition_point(|f| f.clock < split),
+    };
+    if setup.pin != Pin::None {
+        count_usage(l, &l.fetches[..first], &mut usage);
+        let top_k = l.rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let want = setup.pin.count(cache.capacity(), split, top_k, n);
+        out.pinned += pin_hottest(&mut cache, &usage, want);
+    }
+    let mut misses = Vec::with_capacity(n);
+    let mut ahead = Vec::with_capacity(n);
+    for f in &l.fetches[first..] {
+        count_usage(l, std::slice::from_ref(f), &mut usage);
         let ids = &l.ids[f.ids.clone()];
         if offline {
             for (&e, &next) in ids.iter().zip(&l.next[f.ids.clone()]) {
@@ -175,12 +221,7 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
             }
         }
         // A lookahead read is issued before the layer looks anything up.
-        ahead.clear();
-        if let Prefetch::Lookahead(v) = prefetch {
-            if let Some(g) = &f.guess[v] {
-                ahead.extend(l.guesses[g.clone()].iter().filter(|&&e| !cache.contains(e)));
-            }
-        }
+        read_ahead(l, f, setup.prefetch, &cache, &mut ahead);
         cache.observe(
             ids,
             View {
@@ -194,24 +235,7 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
                 misses.push(e);
             }
         }
-        let covered = match prefetch {
-            Prefetch::None => 0,
-            Prefetch::Oracle => misses.len(),
-            Prefetch::Lookahead(_) => misses.iter().filter(|e| ahead.contains(e)).count(),
-        };
-        let wasted = ahead.iter().filter(|e| !ids.contains(e)).count();
-        let demand = misses.len() - covered;
-        out.demand_misses += demand as u64;
-        let reads = match prefetch {
-            Prefetch::Lookahead(_) => demand + ahead.len(),
-            _ => misses.len(),
-        };
-        // Saturating: the trace's byte counts are bounded
-        // (`trace::read::EXPERT_BYTES_MAX`), their sums over a long trace
-        // are not.
-        let bytes = |n: usize| (n as u64).saturating_mul(l.expert_bytes);
-        out.bytes_read = out.bytes_read.saturating_add(bytes(reads));
-        out.prefetch_wasted_bytes = out.prefetch_wasted_bytes.saturating_add(bytes(wasted));
+        count_reads(l, ids, &misses, &ahead, setup.prefetch, out);
         if slots == Slots::Traced {
             cache.grow((f.slots as usize).saturating_sub(cache.limit()));
         }
@@ -231,18 +255,61 @@ fn layer(l: &LayerTrace, name: &str, slots: Slots, prefetch: Prefetch, out: &mut
         .or_default() += 1;
 }
 
+/// Adds one fetch's stalls and reads to `out`: of its `misses`, those
+/// `ahead` covered do not stall; every expert read ahead costs its bytes.
+fn count_reads(
+    l: &LayerTrace,
+    ids: &[usize],
+    misses: &[usize],
+    ahead: &[usize],
+    prefetch: Prefetch,
+    out: &mut Outcome,
+) {
+    let covered = match prefetch {
+        Prefetch::None => 0,
+        Prefetch::Oracle => misses.len(),
+        Prefetch::Lookahead { .. } => misses.iter().filter(|e| ahead.contains(e)).count(),
+    };
+    let wasted = ahead.iter().filter(|e| !ids.contains(e)).count();
+    let demand = misses.len() - covered;
+    out.demand_misses += demand as u64;
+    let ahead_reads = match prefetch {
+        Prefetch::None => 0,
+        Prefetch::Oracle => misses.len(),
+        Prefetch::Lookahead { .. } => ahead.len(),
+    };
+    out.prefetch_reads += ahead_reads as u64;
+    let reads = demand + ahead_reads;
+    // Saturating: the trace's byte counts are bounded
+    // (`trace::read::EXPERT_BYTES_MAX`), their sums over a long trace
+    // are not.
+    let bytes = |n: usize| (n as u64).saturating_mul(l.expert_bytes);
+    out.bytes_read = out.bytes_read.saturating_add(bytes(reads));
+    out.prefetch_wasted_bytes = out.prefetch_wasted_bytes.saturating_add(bytes(wasted));
+}
+
 /// Simulates every run of the trace (each from empty caches and usage)
 /// under `policy` with `slots`.
 pub fn simulate(runs: &[Run], name: &str, slots: Slots, prefetch: Prefetch) -> Outcome {
+    simulate_with(runs, name, slots, Setup::prefetch(prefetch))
+}
+
+/// [`simulate`] with pins: with any [`Pin`] but `None`, each run's first
+/// half is the history and only its second half's tokens are counted.
+pub fn simulate_with(runs: &[Run], name: &str, slots: Slots, setup: Setup) -> Outcome {
     let mut out = Outcome {
         policy: name.to_owned(),
         slots: slots.name(),
         ..Outcome::default()
     };
     for r in runs {
-        out.tokens = out.tokens.saturating_add(r.tokens);
+        let split = match setup.pin {
+            Pin::None => 0,
+            _ => r.tokens / 2,
+        };
+        out.tokens = out.tokens.saturating_add(r.tokens - split);
         for l in r.layers.iter().filter(|l| !l.fetches.is_empty()) {
-            layer(l, name, slots, prefetch, &mut out);
+            layer(l, name, slots, setup, split, &mut out);
         }
     }
     out
@@ -258,18 +325,31 @@ pub fn replay(
     slots: &[Slots],
     prefetch: Prefetch,
 ) -> Vec<Outcome> {
-    let mut jobs: Vec<(usize, &str)> = Vec::new();
+    replay_with(runs, policies, slots, Setup::prefetch(prefetch))
+}
+
+/// [`replay`] with pins. Belady, the reference, pins nothing but replays
+/// the same tokens (with pins, each run's second half).
+pub fn replay_with(runs: &[Run], policies: &[&str], slots: &[Slots], setup: Setup) -> Vec<Outcome> {
+    let reference = Setup {
+        pin: match setup.pin {
+            Pin::None => Pin::None,
+            _ => Pin::Count(0),
+        },
+        ..setup
+    };
+    let mut jobs: Vec<(usize, &str, Setup)> = Vec::new();
     for (i, _) in slots.iter().enumerate() {
         for &p in policies {
-            jobs.push((i, p));
+            jobs.push((i, p, if p == "belady" { reference } else { setup }));
         }
         if !policies.contains(&"belady") {
-            jobs.push((i, "belady"));
+            jobs.push((i, "belady", reference));
         }
     }
     let done: Vec<Outcome> = jobs
         .par_iter()
-        .map(|&(i, p)| simulate(runs, p, slots[i], prefetch))
+        .map(|&(i, p, s)| simulate_with(runs, p, slots[i], s))
         .collect();
     let mut out = Vec::new();
     for (i, s) in slots.iter().enumerate() {
@@ -304,6 +384,12 @@ mod tests {
 
     /// One layer of 8 experts whose fetches are `steps` (one token each).
     fn run_of(steps: &[&[usize]]) -> Run {
+        run_with(steps, &[])
+    }
+
+    /// [`run_of`] whose step `t` also has the depth-2 guesses `deeper[t]`
+    /// (both variants; none past its end).
+    fn run_with(steps: &[&[usize]], deeper: &[&[usize]]) -> Run {
         let mut l = LayerTrace {
             n_experts: 8,
             expert_bytes: 100,
@@ -319,23 +405,22 @@ mod tests {
             if t > 0 {
                 l.guesses.extend_from_slice(steps[t - 1]);
             }
+            let guess = (t > 0).then_some(g0..l.guesses.len());
+            let d0 = l.guesses.len();
+            let deep = deeper.get(t).map(|d| {
+                l.guesses.extend_from_slice(d);
+                d0..l.guesses.len()
+            });
             l.fetches.push(Fetch {
                 clock: t as u64,
                 slots: 2,
                 ids: i0..l.ids.len(),
                 rows: r0..l.rows.len(),
-                guess: [(t > 0).then_some(g0..l.guesses.len()), None],
+                guess: [guess.clone(), guess],
+                deeper: [deep.clone(), deep],
             });
         }
-        let mut next = vec![u64::MAX; l.ids.len()];
-        for (f, fetch) in l.fetches.iter().enumerate() {
-            for k in fetch.ids.clone() {
-                next[k] = (f + 1..l.fetches.len())
-                    .find(|&g| l.ids[l.fetches[g].ids.clone()].contains(&l.ids[k]))
-                    .map_or(u64::MAX, |g| g as u64);
-            }
-        }
-        l.next = next;
+        l.fill_next();
         Run {
             id: "r".into(),
             tokens: steps.len() as u64,
@@ -382,7 +467,7 @@ mod tests {
         let s = [Slots::Fixed(2)];
         let none = &replay(&runs, &["lru"], &s, Prefetch::None)[0];
         let oracle = &replay(&runs, &["lru"], &s, Prefetch::Oracle)[0];
-        let ahead = &replay(&runs, &["lru"], &s, Prefetch::Lookahead(0))[0];
+        let ahead = &replay(&runs, &["lru"], &s, Prefetch::ATTN)[0];
         assert_eq!((none.misses, oracle.misses, ahead.misses), (8, 8, 8));
         assert_eq!((none.demand_misses, oracle.demand_misses), (8, 0));
         assert_eq!((none.bytes_read, oracle.bytes_read), (800, 800));
@@ -390,8 +475,92 @@ mod tests {
         assert_eq!((ahead.demand_misses, ahead.prefetch_wasted_bytes), (8, 0));
         // A trace whose guesses are right: every miss but the first is covered.
         let runs = [run_of(&[&[1], &[1], &[1]])];
-        let one = &replay(&runs, &["lru"], &[Slots::Fixed(0)], Prefetch::Lookahead(0))[0];
+        let one = &replay(&runs, &["lru"], &[Slots::Fixed(0)], Prefetch::ATTN)[0];
         assert_eq!((one.misses, one.demand_misses, one.bytes_read), (3, 1, 300));
+    }
+
+    #[test]
+    fn depth_two_reads_the_union_of_both_guesses_once() {
+        // Nothing cached (0 slots). The depth-1 guess (the previous step's
+        // experts) is always wrong, the depth-2 one always right.
+        let steps: [&[usize]; 4] = [&[1], &[2], &[3], &[4]];
+        let runs = [run_with(&steps, &[&[], &[2], &[3], &[4]])];
+        let s = [Slots::Fixed(0)];
+        // (prefetch, demand misses, bytes read, bytes wasted)
+        let table = [
+            (Prefetch::None, 4, 400, 0),
+            (Prefetch::ATTN, 4, 700, 300),
+            (Prefetch::Lookahead { from: 1, depth: 1 }, 4, 700, 300),
+            (Prefetch::Lookahead { from: 0, depth: 2 }, 1, 700, 300),
+            (Prefetch::Lookahead { from: 1, depth: 2 }, 1, 700, 300),
+            (Prefetch::Oracle, 0, 400, 0),
+        ];
+        for (p, demand, bytes, wasted) in table {
+            let o = &replay(&runs, &["lru"], &s, p)[0];
+            assert_eq!(o.misses, 4, "{}", p.name());
+            let got = (o.demand_misses, o.bytes_read, o.prefetch_wasted_bytes);
+            assert_eq!(got, (demand, bytes, wasted), "{}", p.name());
+        }
+        // Both guesses name the expert: it is read once.
+        let runs = [run_with(&[&[1], &[1], &[1]], &[&[], &[1], &[1]])];
+        let deep = Prefetch::Lookahead { from: 0, depth: 2 };
+        let o = &replay(&runs, &["lru"], &s, deep)[0];
+        assert_eq!((o.demand_misses, o.bytes_read), (1, 300));
+        // A trace without depth-2 guesses reads at depth 2 what depth 1 reads.
+        let runs = [run_of(&steps)];
+        let (one, two) = (
+            &replay(&runs, &["lru"], &s, Prefetch::ATTN)[0],
+            &replay(&runs, &["lru"], &s, deep)[0],
+        );
+        assert_eq!(
+            (one.demand_misses, one.bytes_read),
+            (two.demand_misses, two.bytes_read)
+        );
+    }
+
+    #[test]
+    fn pins_come_from_the_first_half_and_count_the_second() {
+        // History (tokens 0-3): expert 1 every token. Then, at 2 slots:
+        // without pins LRU never hits; with 1 pinned, 1 hits twice.
+        let steps: [&[usize]; 8] = [
+            &[1, 2],
+            &[1, 3],
+            &[1, 4],
+            &[1, 5],
+            &[1, 2],
+            &[3, 4],
+            &[1, 5],
+            &[6, 7],
+        ];
+        let runs = [run_of(&steps)];
+        // (pin, pinned, hits, misses, tokens counted)
+        let table = [
+            (Pin::None, 0, 4, 12, 8), // the whole trace, nothing pinned
+            (Pin::Count(0), 0, 0, 8, 4),
+            (Pin::Count(1), 1, 2, 6, 4),
+            (Pin::Count(5), 1, 2, 6, 4), // at most half of 2 slots
+            (Pin::Share(50_00), 1, 2, 6, 4),
+            // 4 tokens of top-2 of 8: 1 selection per expert, 1 · 1/9 → 0.
+            (Pin::History, 0, 0, 8, 4),
+        ];
+        for (pin, pinned, hits, misses, tokens) in table {
+            let setup = Setup {
+                prefetch: Prefetch::None,
+                pin,
+            };
+            let o = simulate_with(&runs, "lru", Slots::Fixed(2), setup);
+            let got = (o.pinned, o.hits, o.misses, o.tokens);
+            assert_eq!(got, (pinned, hits, misses, tokens), "{pin:?}");
+        }
+        // Belady, the reference, pins nothing over the same second half.
+        let setup = Setup {
+            prefetch: Prefetch::None,
+            pin: Pin::Count(1),
+        };
+        let out = replay_with(&runs, &["lru", "belady"], &[Slots::Fixed(2)], setup);
+        assert_eq!((out[1].pinned, out[1].tokens), (0, 4));
+        let belady = out[1].misses as f64;
+        assert_eq!(out[0].ratio_to_belady, Some(6.0 / belady));
     }
 
     #[test]
