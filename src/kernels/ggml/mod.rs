@@ -52,6 +52,7 @@ mod tile;
 mod tile_avx2;
 #[cfg(test)]
 mod tile_tests;
+mod tiled;
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::{self, Isa};
@@ -61,7 +62,7 @@ use codec::{QK, QK_K};
 use scalar::ActRow;
 use std::cell::RefCell;
 use std::sync::OnceLock;
-pub use tile::{set_tiled, tiled};
+pub use tiled::{set_tiled, tiled};
 
 /// A GGUF block type this engine runs directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -325,7 +326,7 @@ pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
 /// the way ggml's `vec_dot_type` does, then integer block dots; row blocks
 /// run through [`par_row_blocks`] (each activation row meets a whole block
 /// of weight rows, a few pages that stay in L2); Q4_0 and Q4_K calls of
-/// many rows repack each block once and run it in tiles (`tile`).
+/// many rows repack each block once and run it in tiles (`tiled`).
 /// Bit-identical on every ISA.
 pub fn matmul(
     ty: BlockType,
@@ -348,8 +349,8 @@ pub fn matmul(
     ACTS.with_borrow_mut(|acts| {
         acts.prepare(ty, cols, x, n);
         let acts = &*acts;
-        if tile::takes(ty, n) {
-            return tile::matmul(ty, w, rows, cols, acts, n, y);
+        if tiled::takes(ty, n) {
+            return tiled::matmul(ty, w, rows, cols, acts, n, y);
         }
         par_row_blocks(rows, cols, n, rb, y, |blk| {
             // Activation rows in groups of up to `acts_per_pass`, each group

@@ -37,7 +37,7 @@
 //! per row the tile held twelve (pointer, length) pairs and spilled them,
 //! at 22% of the AVX2 peak for Q4_0 against 33% regrouped.
 //!
-//! Dispatch: the AVX2 kernels (`tile_avx2`) where `matmul` runs the AVX2
+//! Dispatch (`tiled`): the AVX2 kernels (`tile_avx2`) where `matmul` runs the AVX2
 //! dots and a call has at least [`TILE_ACTS_MIN`] activation rows; the
 //! scalar functions here are their twins (tests hold them bit-identical,
 //! and both to the per-row dots). The AVX-512 VNNI dispatch keeps its
@@ -46,53 +46,11 @@
 use super::codec::{f16_to_f32, le16, q4_0, q4_k, scales_k4, QK_K};
 use super::scalar::{reduce16, reduce8};
 use super::{Activations, BlockType};
-use crate::kernels::{par_row_blocks, RowBlock};
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Fewest activation rows a call takes the tiled kernels for.
 pub(crate) const TILE_ACTS_MIN: usize = 8;
 /// Activation rows one weight row meets at a time.
 pub(crate) const TILE_ACTS: usize = 4;
-
-static TILED: AtomicBool = AtomicBool::new(true);
-
-/// Whether GGUF Q4_0/Q4_K products of [`TILE_ACTS_MIN`] or more rows take
-/// the repacked, tiled kernels (`true`, the default) or the per-row dots: a
-/// process-wide switch for side-by-side measurements (`moestream bench
-/// kernels --compare-tiles`). Both give the same bits.
-pub fn set_tiled(on: bool) {
-    TILED.store(on, Ordering::Relaxed);
-}
-
-/// The current [`set_tiled`] choice.
-pub fn tiled() -> bool {
-    TILED.load(Ordering::Relaxed)
-}
-
-/// Whether a call of `n` activation rows of `ty` weights runs here.
-pub(super) fn takes(ty: BlockType, n: usize) -> bool {
-    tiled()
-        && n >= TILE_ACTS_MIN
-        && matches!(ty, BlockType::Q4_0 | BlockType::Q4K)
-        && kernel() == Kernel::Avx2
-}
-
-/// Which tile kernels run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kernel {
-    Scalar,
-    Avx2,
-}
-
-/// The AVX2 tiles where `matmul` runs its AVX2 dots, else the twins.
-fn kernel() -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd() == super::Simd::Avx2 {
-        return Kernel::Avx2;
-    }
-    Kernel::Scalar
-}
 
 /// One block of weight rows, repacked (see the module doc).
 #[derive(Default)]
@@ -383,100 +341,4 @@ pub(super) fn dot_q4_k(w: &PackedRow, a: &Act4k, i: usize) -> f32 {
         }
     }
     reduce16(&acc) - reduce8(&acc_min)
-}
-
-thread_local! {
-    /// This thread's repacked block of weight rows, reused across calls.
-    static PACKED: RefCell<Packed> = RefCell::new(Packed::default());
-    /// The caller's activations in the tiled layout (Q4_0 or Q4_K).
-    static TILED_ACTS: RefCell<(Acts40, Acts4k)> = RefCell::new(Default::default());
-}
-
-/// `matmul`'s tiled path: `acts` holds the call's `n` prepared rows.
-pub(super) fn matmul(
-    ty: BlockType,
-    w: &[u8],
-    rows: usize,
-    cols: usize,
-    acts: &Activations,
-    n: usize,
-    y: &mut [f32],
-) {
-    let rb = ty.row_bytes_checked(cols);
-    let k = kernel();
-    TILED_ACTS.with_borrow_mut(|(a40, a4k)| {
-        match ty {
-            BlockType::Q4_0 => a40.prepare(acts, n, cols / ty.block_elems()),
-            _ => a4k.prepare(acts, n, cols / ty.block_elems()),
-        }
-        let tiled = (&*a40, &*a4k);
-        par_row_blocks(rows, cols, n, rb, y, |blk| {
-            PACKED.with_borrow_mut(|p| {
-                let rs = blk.rows();
-                p.pack(ty, &w[rs.start * rb..rs.end * rb], rb);
-                run_block(k, ty, p, tiled, n, blk);
-            })
-        });
-    });
-}
-
-/// Every activation row against every row of the repacked block `p`,
-/// [`TILE_ACTS`] activation rows a tile, the weight rows inner.
-fn run_block(
-    k: Kernel,
-    ty: BlockType,
-    p: &Packed,
-    (a40, a4k): (&Acts40, &Acts4k),
-    n: usize,
-    blk: &mut RowBlock<'_>,
-) {
-    let rs = blk.rows();
-    let mut t0 = 0;
-    while t0 < n {
-        let m = (n - t0).min(TILE_ACTS);
-        for (i, r) in rs.clone().enumerate() {
-            let w = p.row(i);
-            let mut out = [0f32; TILE_ACTS];
-            match ty {
-                BlockType::Q4_0 => tile_q4_0(k, &w, a40, t0, &mut out[..m]),
-                _ => tile_q4_k(k, &w, a4k, t0, &mut out[..m]),
-            }
-            for (t, &v) in out[..m].iter().enumerate() {
-                blk.set(t0 + t, r, v);
-            }
-        }
-        t0 += m;
-    }
-}
-
-/// Q4_0 row `w` against activation rows `t0..t0 + out.len()` (`t0` a
-/// multiple of [`TILE_ACTS`]).
-fn tile_q4_0(k: Kernel, w: &PackedRow, a40: &Acts40, t0: usize, out: &mut [f32]) {
-    let a = a40.group(t0 / TILE_ACTS);
-    #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 {
-        // SAFETY: `Kernel::Avx2` is picked only where the CPU has AVX2.
-        let all = unsafe { super::tile_avx2::q4_0(w, &a) };
-        out.copy_from_slice(&all[..out.len()]);
-        return;
-    }
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = dot_q4_0(w, &a, i);
-    }
-}
-
-/// Q4_K row `w` against activation rows `t0..t0 + out.len()` (`t0` a
-/// multiple of [`TILE_ACTS`]).
-fn tile_q4_k(k: Kernel, w: &PackedRow, a4k: &Acts4k, t0: usize, out: &mut [f32]) {
-    let a = a4k.group(t0 / TILE_ACTS);
-    #[cfg(target_arch = "x86_64")]
-    if k == Kernel::Avx2 {
-        // SAFETY: `Kernel::Avx2` is picked only where the CPU has AVX2.
-        let all = unsafe { super::tile_avx2::q4_k(w, &a) };
-        out.copy_from_slice(&all[..out.len()]);
-        return;
-    }
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = dot_q4_k(w, &a, i);
-    }
 }
