@@ -162,6 +162,45 @@ impl OutPtr {
     }
 }
 
+/// Runs `body(t0, rows)` over `y` (rows of `row_len` floats) in groups of
+/// `group` rows (`rows` is rows `t0..`, the last group may be short), one
+/// task a group on the current [`Threading`] when the caller's work
+/// reaches 2^18 multiply-adds (`macs`), else on the calling thread in
+/// order. Each call owns its rows; groups may cost different amounts (the
+/// pool hands them out one at a time). For per-row work that is not a
+/// weight product (attention over a cache).
+pub fn par_row_groups(
+    y: &mut [f32],
+    (row_len, group): (usize, usize),
+    macs: usize,
+    body: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    assert!(
+        row_len > 0 && group > 0 && y.len().is_multiple_of(row_len),
+        "whole rows"
+    );
+    let rows = y.len() / row_len;
+    let groups = rows.div_ceil(group);
+    if macs < PARALLEL_MACS_MIN || groups <= 1 || threading() == Threading::Single {
+        for (g, part) in y.chunks_mut(group * row_len).enumerate() {
+            body(g * group, part);
+        }
+        return;
+    }
+    let out = OutPtr(y.as_mut_ptr());
+    pool::run(groups, &|g| {
+        let (t0, t1) = (g * group, ((g + 1) * group).min(rows));
+        // SAFETY: `t0 < t1 <= rows`, so the rows lie within `y`; the pool
+        // runs each `g` once and groups do not overlap, so no two calls
+        // share a row, and `y`'s `&mut` borrow is held until `run`
+        // returns, after every call.
+        let part = unsafe {
+            std::slice::from_raw_parts_mut(out.get().add(t0 * row_len), (t1 - t0) * row_len)
+        };
+        body(t0, part);
+    });
+}
+
 /// Splits the `rows` output rows of `Y (n, rows)` into blocks of about
 /// 16 KiB of weights (`row_bytes` per row) and runs `body` on each, on the
 /// current [`Threading`] when `rows · cols · n` reaches 2^18 multiply-adds

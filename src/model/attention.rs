@@ -9,6 +9,7 @@ use super::Rows;
 use crate::formats::config::{ModelConfig, QkNorm};
 use crate::formats::tensor::Mat;
 use crate::kernels::f32::dot;
+use crate::kernels::par_row_groups;
 use crate::layers::scratch::Scratch;
 use crate::layers::tap::{self, Part};
 use crate::model::kv::LayerKv;
@@ -139,44 +140,72 @@ impl Attention {
         kc[start * kd..(start + n) * kd].copy_from_slice(&k);
         vc[start * kd..(start + n) * kd].copy_from_slice(&v);
         let mut ctx = Scratch::zeroed(n * qd); // (n, heads * head_dim)
-        for t in 0..n {
-            let q_row = &q[t * qd..(t + 1) * qd];
-            let len = start + t + 1;
-            let first = self.window.map_or(0, |w| len.saturating_sub(w));
-            attend(s, q_row, kc, vc, first..len, &mut ctx[t * qd..(t + 1) * qd]);
-        }
+        let (kc, vc, q) = (&*kc, &*vc, &*q);
+        // Rows are independent (each its own arithmetic, in its order), so
+        // a prefill's rows spread over the kernel pool in groups that share
+        // each cached key and value they read (at 16k positions attention
+        // is most of a prefill, and it streams the cache).
+        let macs = 2 * n * (start + n) * qd;
+        par_row_groups(&mut ctx, (qd, ROW_GROUP), macs, |t0, ctx_rows| {
+            let m = ctx_rows.len() / qd;
+            let spans: [Range<usize>; ROW_GROUP] = std::array::from_fn(|i| {
+                let len = start + t0 + i.min(m - 1) + 1;
+                self.window.map_or(0, |w| len.saturating_sub(w))..len
+            });
+            let q_rows = &q[t0 * qd..(t0 + m) * qd];
+            attend_rows(s, q_rows, (kc, vc), &spans[..m], ctx_rows);
+        });
         tap::record(Part::AttnOut, &ctx, qd);
         self.wo.matmul(&ctx, n, out);
         add_bias(out, &self.bo);
     }
 }
 
-/// Attention of one query row over the cached positions `span`.
-fn attend(
+/// Query rows one task attends together: each cached key and value is
+/// read once for all of them.
+const ROW_GROUP: usize = 16;
+
+/// Attention of query rows `q (m, heads * head_dim)` over the cached
+/// positions `spans[i]` (row `i`'s), into `ctx (m, heads * head_dim)`.
+/// Each row gets exactly the arithmetic of attending alone: its scores
+/// are the same dots, its softmax runs over its own span, and its output
+/// sums the values in position order; only the loops interleave the rows.
+fn attend_rows(
     s: &AttentionShape,
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    span: Range<usize>,
+    (kc, vc): (&[f32], &[f32]),
+    spans: &[Range<usize>],
     ctx: &mut [f32],
 ) {
-    let (d, kd) = (s.head_dim, s.kv_heads * s.head_dim);
+    let (d, kd, qd) = (s.head_dim, s.kv_heads * s.head_dim, s.heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut scores = Scratch::zeroed(span.len());
+    let widest = spans.iter().map(|r| r.len()).max().unwrap_or(0);
+    let union = spans.iter().map(|r| r.start).min().unwrap_or(0)
+        ..spans.iter().map(|r| r.end).max().unwrap_or(0);
+    let mut scores = Scratch::zeroed(spans.len() * widest); // (m, widest)
     for h in 0..s.heads {
         let kvh = h / group;
-        let qh = &q[h * d..(h + 1) * d];
-        for (p, sc) in span.clone().zip(scores.iter_mut()) {
-            *sc = dot(qh, &kc[p * kd + kvh * d..p * kd + (kvh + 1) * d]) * scale;
+        let head = |p: usize| p * kd + kvh * d..p * kd + (kvh + 1) * d;
+        for p in union.clone() {
+            let kp = &kc[head(p)];
+            for (i, span) in spans.iter().enumerate().filter(|(_, r)| r.contains(&p)) {
+                let qh = &q[i * qd + h * d..i * qd + (h + 1) * d];
+                scores[i * widest + p - span.start] = dot(qh, kp) * scale;
+            }
         }
-        softmax(&mut scores);
-        let out = &mut ctx[h * d..(h + 1) * d];
-        out.fill(0.0);
-        for (p, w) in span.clone().zip(&scores) {
-            let vp = &vc[p * kd + kvh * d..p * kd + (kvh + 1) * d];
-            for (o, vv) in out.iter_mut().zip(vp) {
-                *o += w * vv;
+        for (i, span) in spans.iter().enumerate() {
+            softmax(&mut scores[i * widest..i * widest + span.len()]);
+            ctx[i * qd + h * d..i * qd + (h + 1) * d].fill(0.0);
+        }
+        for p in union.clone() {
+            let vp = &vc[head(p)];
+            for (i, span) in spans.iter().enumerate().filter(|(_, r)| r.contains(&p)) {
+                let w = scores[i * widest + p - span.start];
+                let out = &mut ctx[i * qd + h * d..i * qd + (h + 1) * d];
+                for (o, vv) in out.iter_mut().zip(vp) {
+                    *o += w * vv;
+                }
             }
         }
     }
@@ -192,5 +221,74 @@ pub fn softmax(x: &mut [f32]) {
     }
     for v in x.iter_mut() {
         *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::config::{RopeConfig, RopeScaling};
+
+    fn shape(heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {
+        AttentionShape {
+            hidden: heads * head_dim,
+            heads,
+            kv_heads,
+            head_dim,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            eps: 1e-6,
+            rope: Rope::new(&RopeConfig {
+                theta: 10000.0,
+                scaling: RopeScaling::Default,
+                rotary_dim: head_dim,
+                interleaved: false,
+                max_position_embeddings: 4096,
+            }),
+        }
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
+                    / 8_388_608.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// Rows attended together get each row's bits alone, with causal and
+    /// windowed spans of different lengths.
+    #[test]
+    fn rows_attended_together_equal_each_row_alone() {
+        let s = shape(4, 2, 8);
+        let (qd, kd, positions) = (32, 16, 40);
+        let (kc, vc) = (values(positions * kd, 1), values(positions * kd, 2));
+        let m = 7;
+        let q = values(m * qd, 3);
+        for window in [None, Some(5)] {
+            let spans: Vec<Range<usize>> = (0..m)
+                .map(|i| {
+                    let len = 30 + i;
+                    window.map_or(0, |w: usize| len - w)..len
+                })
+                .collect();
+            let mut together = vec![f32::NAN; m * qd];
+            attend_rows(&s, &q, (&kc, &vc), &spans, &mut together);
+            for (i, span) in spans.iter().enumerate() {
+                let mut alone = vec![f32::NAN; qd];
+                let qi = &q[i * qd..(i + 1) * qd];
+                attend_rows(&s, qi, (&kc, &vc), std::slice::from_ref(span), &mut alone);
+                let got = &together[i * qd..(i + 1) * qd];
+                assert!(
+                    got.iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "row {i}, window {window:?}"
+                );
+                assert!(alone.iter().all(|v| v.is_finite()));
+            }
+        }
     }
 }
