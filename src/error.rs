@@ -125,6 +125,10 @@ pub enum Error {
     /// an output that is one of the command's inputs.
     #[error("{path}: {reason}")]
     FileRefused { path: PathBuf, reason: String },
+    /// Long work (a prefill) stopped at a boundary because another thread
+    /// raised its [`Interrupt`](crate::model::progress::Interrupt).
+    #[error("interrupted: the work was asked to stop (the server is shutting down)")]
+    Interrupted,
 }
 
 impl Error {

@@ -425,6 +425,46 @@ fn a_pass_reports_progress_layer_by_layer_and_the_engine_counts_prefill() {
     assert!(seconds > 0.0);
 }
 
+/// A long prefill stops at the next layer once its interrupt is raised
+/// (by the server when the shutdown's grace is over): the step fails with
+/// `Interrupted` after one layer, the KV cache keeps its length, and a
+/// model whose interrupt is not raised prefills the same prompt.
+#[test]
+fn a_raised_interrupt_stops_a_long_prefill_after_the_layer_under_way() {
+    let dir = long_fixture("olmoe", 1100);
+    let mut model = load(dir.path(), LoadOptions::default());
+    let layers_done = Arc::new(Mutex::new(0));
+    let (done, interrupt) = (layers_done.clone(), model.interrupt.clone());
+    model.progress = Progress::new(move |w, _, _| {
+        if w == Work::Prefill {
+            *done.lock().unwrap() += 1;
+            interrupt.raise();
+        }
+    });
+    let ids = prompt(1000, model.cfg.vocab_size);
+    let mut session = Session::new(&model, &ids, &greedy(2)).unwrap();
+    let engine = Engine::new(&model);
+    let err = engine
+        .step(&mut [&mut session], &mut Profile::default())
+        .unwrap_err();
+    assert!(
+        matches!(err, moestream::Error::Interrupted),
+        "{err}: an interrupted prefill fails as interrupted"
+    );
+    assert_eq!(*layers_done.lock().unwrap(), 1, "stopped after one layer");
+    assert!(model.cfg.num_layers > 1);
+    assert_eq!(session.prefilled(), 0, "nothing of the pass counts as fed");
+    model.interrupt = Default::default();
+    model.progress = Progress::default();
+    let mut session = Session::new(&model, &ids, &greedy(2)).unwrap();
+    let engine = Engine::new(&model);
+    while !session.is_done() {
+        engine
+            .step(&mut [&mut session], &mut Profile::default())
+            .unwrap();
+    }
+}
+
 /// `moestream serve` with prefill passes of one chunk: a streamed
 /// completion of a 700-token prompt asking `return_progress` gets a
 /// `prompt_progress` chunk after every pass, its positions increasing to

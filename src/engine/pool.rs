@@ -303,16 +303,17 @@ impl<'m> SessionPool<'m> {
         self.running.is_empty() && self.waiting.is_empty() && self.forks.is_empty()
     }
 
-    /// One batched step of the scheduler's next batch; returns what
-    /// happened, in order. Finished sessions free their slots for the
-    /// oldest waiting requests. A failed forward fails the requests of
     /// Prompt positions prefilled so far, and the seconds of the steps
     /// that prefilled them ([`Engine::prefill_totals`]).
     pub fn prefill_totals(&self) -> (u64, f64) {
         self.engine.prefill_totals()
     }
 
-    /// its batch ([`PoolEvent::Failed`]), not the pool.
+    /// One batched step of the scheduler's next batch; returns what
+    /// happened, in order. Finished sessions free their slots for the
+    /// oldest waiting requests. A failed forward (or one interrupted by
+    /// the model's [`Interrupt`](crate::model::progress::Interrupt)) fails
+    /// the requests of its batch ([`PoolEvent::Failed`]), not the pool.
     pub fn step(&mut self, prof: &mut Profile) -> Vec<PoolEvent> {
         let mut events = std::mem::take(&mut self.pending);
         for id in self.scheduler.expire(self.now_ms()) {

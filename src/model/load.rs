@@ -118,6 +118,7 @@ impl Model {
             context_budget: None,
             history: None,
             progress: opts.progress.clone(),
+            interrupt: Default::default(),
             prefill_pass,
         };
         if let Some(plan) = plan {

@@ -99,6 +99,10 @@ pub struct Model {
     pub history: Option<String>,
     /// Where long work on this model (a long prefill) reports progress.
     pub progress: crate::model::progress::Progress,
+    /// Raised by another thread to stop a forward between layers and
+    /// attention sub-chunks ([`Error::Interrupted`]); a forward stopped so
+    /// leaves its KV caches at their length before it.
+    pub interrupt: crate::model::progress::Interrupt,
     /// Positions each layer runs over before the next layer starts, in a
     /// long prefill: the RAM plan's pass (the whole context without a
     /// budget). Each routed expert is read at most once per layer per pass.
@@ -422,6 +426,7 @@ impl Model {
                     what: format!("the residual stream after layer {l}"),
                 });
             }
+            self.interrupt.check()?;
             if let Some(p) = progress {
                 let layers = self.layers.len() as u64;
                 let part = n as u64 * (l as u64 + 1) / layers;
@@ -498,7 +503,7 @@ impl Model {
         }
         let mut at = 0;
         for s in segs.iter_mut() {
-            self.attend(layer, x, s, at, sub, prof);
+            self.attend(layer, x, s, at, sub, prof)?;
             at += s.rows.n;
         }
         if n == 1 {
@@ -561,10 +566,13 @@ impl Model {
         at: usize,
         sub: usize,
         prof: &mut Profile,
-    ) {
+    ) -> Result<()> {
         let h = self.cfg.hidden_size;
         let rows = s.rows;
         for (c, lo) in (0..rows.n).step_by(sub).enumerate() {
+            if c > 0 {
+                self.interrupt.check()?;
+            }
             let part = Rows {
                 n: sub.min(rows.n - lo),
                 start: rows.start + lo,
@@ -590,6 +598,7 @@ impl Model {
             prof.attention += t0.elapsed();
             add(&mut x[span], &y);
         }
+        Ok(())
     }
 
     /// The feed-forward half of a layer over more rows than a sub-chunk:

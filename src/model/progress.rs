@@ -6,8 +6,13 @@
 //!
 //! Reports are made between units of work (a layer loaded, a prefill chunk
 //! done), never inside a kernel or a read.
+//!
+//! An [`Interrupt`] is the other direction: another thread asks long work
+//! to stop, and the work checks it at the same boundaries (a server
+//! shutting down stops a prefill of minutes within a layer's sub-chunk).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What is progressing.
@@ -55,6 +60,31 @@ impl fmt::Debug for Progress {
     }
 }
 
+/// A request, from any thread, that long work stop at its next boundary;
+/// clones share one flag. Raised stays raised.
+#[derive(Clone, Debug, Default)]
+pub struct Interrupt(Arc<AtomicBool>);
+
+impl Interrupt {
+    /// Asks the work to stop.
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Interrupt::raise`] was called.
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// `Err(Interrupted)` once raised: the work's check at a boundary.
+    pub fn check(&self) -> crate::error::Result<()> {
+        match self.is_raised() {
+            true => Err(crate::error::Error::Interrupted),
+            false => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +106,18 @@ mod tests {
         assert!(!off.is_on());
         off.report(Work::Load, 1, 2);
         assert_eq!(format!("{off:?}"), "Progress(off)");
+    }
+
+    #[test]
+    fn an_interrupt_raised_by_a_clone_stops_the_work() {
+        let work = Interrupt::default();
+        assert!(work.check().is_ok());
+        let asker = work.clone();
+        std::thread::spawn(move || asker.raise()).join().unwrap();
+        assert!(work.is_raised());
+        assert!(matches!(
+            work.check(),
+            Err(crate::error::Error::Interrupted)
+        ));
     }
 }

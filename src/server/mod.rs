@@ -20,7 +20,9 @@
 //! union of all requests' experts once per step. A request whose client
 //! goes away is cancelled within one step (its channel closes). On SIGINT
 //! or SIGTERM the server stops admitting, lets running requests finish
-//! within the grace time, cancels the rest, saves the KV, and returns.
+//! within the grace time, cancels the rest, saves the KV, and returns; a
+//! step still running past the grace (a prefill of minutes) is stopped by
+//! the model's interrupt within a layer's sub-chunk.
 
 pub mod anthropic;
 pub mod api;
@@ -50,7 +52,7 @@ use moestream_scheduler::SchedulerConfig;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use worker::Command;
 
 pub use listen::Limits;
@@ -155,6 +157,11 @@ struct Shared {
     preparing: Arc<tokio::sync::Semaphore>,
     /// Room for request bodies in memory, in KiB.
     body_kib: Arc<tokio::sync::Semaphore>,
+    /// Stops the model's forward (a long prefill) once the shutdown's
+    /// grace is over; set when the model is loaded.
+    interrupt: OnceLock<crate::model::progress::Interrupt>,
+    /// When the shutdown began (the signal, or a failed load).
+    stopping_since: OnceLock<Instant>,
 }
 
 impl Shared {
@@ -232,6 +239,8 @@ pub fn serve_until(
         token_bytes_max: tok.token_bytes_max(),
         preparing: Arc::new(tokio::sync::Semaphore::new(preparing_max())),
         body_kib: Arc::new(tokio::sync::Semaphore::new(BODY_BYTES_IN_FLIGHT_MAX / 1024)),
+        interrupt: OnceLock::new(),
+        stopping_since: OnceLock::new(),
         tok,
         config,
     });
@@ -252,12 +261,36 @@ pub fn serve_until(
     // A model still loading is left to the process's exit: the load
     // cannot be interrupted, and nothing of it needs saving.
     if shared.context.get().is_some() || engine.is_finished() {
-        let _ = engine.join();
+        let since = *shared.stopping_since.get_or_init(Instant::now);
+        let deadline = (since.checked_add(grace)).unwrap_or_else(|| worker::deadline_after(grace));
+        join_engine(&shared, engine, deadline);
     } else {
         eprintln!("stopped while the model was loading");
     }
     served
 }
+
+/// Waits for the engine thread; past `deadline` raises the model's
+/// interrupt, so a step still running (a prefill of minutes) stops within
+/// a layer's sub-chunk and its requests fail instead of holding the
+/// process past the grace time.
+fn join_engine(shared: &Shared, engine: std::thread::JoinHandle<()>, deadline: Instant) {
+    let mut raised = false;
+    while !engine.is_finished() {
+        if !raised && Instant::now() >= deadline {
+            if let Some(interrupt) = shared.interrupt.get() {
+                eprintln!("the grace time is over: interrupting the running step");
+                interrupt.raise();
+                raised = true;
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    let _ = engine.join();
+}
+
+/// How often [`join_engine`] looks at the engine thread.
+const POLL: Duration = Duration::from_millis(20);
 
 /// The engine thread: loads the model, then runs the worker loop.
 fn spawn_engine(
@@ -278,6 +311,7 @@ fn spawn_engine(
                     return;
                 }
             };
+            let _ = shared.interrupt.set(model.interrupt.clone());
             let _ = shared.grammars.set(prepare_grammars(&shared, &model));
             let context = model.cfg.rope.max_position_embeddings;
             let _ = shared.context.set(context);
@@ -336,6 +370,7 @@ async fn run_http(
                 Ok(e) = failed => { *load_error.lock().expect("lock") = Some(e); }
             }
             eprintln!("shutting down: no new requests; finishing the running ones");
+            let _ = shared.stopping_since.set(Instant::now());
             shared.phase.store(STOPPING, Ordering::Release);
             let grace = shared.config.shutdown_grace;
             let _ = shared.commands.send(Command::Shutdown { grace });
