@@ -396,6 +396,16 @@ fn the_pass_is_the_plans_and_no_longer() {
     assert_eq!(free.prefill_pass.positions, 3000);
 }
 
+/// Steps a greedy two-token session of `ids` until it is done.
+fn run_to_end(engine: &Engine, model: &Model, ids: &[u32]) {
+    let mut session = Session::new(model, ids, &greedy(2)).unwrap();
+    while !session.is_done() {
+        engine
+            .step(&mut [&mut session], &mut Profile::default())
+            .unwrap();
+    }
+}
+
 #[test]
 fn a_pass_reports_progress_layer_by_layer_and_the_engine_counts_prefill() {
     let dir = long_fixture("olmoe", 1100);
@@ -408,13 +418,8 @@ fn a_pass_reports_progress_layer_by_layer_and_the_engine_counts_prefill() {
         }
     });
     let ids = prompt(1000, model.cfg.vocab_size);
-    let mut session = Session::new(&model, &ids, &greedy(2)).unwrap();
     let engine = Engine::new(&model);
-    while !session.is_done() {
-        engine
-            .step(&mut [&mut session], &mut Profile::default())
-            .unwrap();
-    }
+    run_to_end(&engine, &model, &ids);
     let seen = seen.lock().unwrap();
     let layers = model.cfg.num_layers;
     assert_eq!(seen.len(), layers, "one report per layer of the one pass");
@@ -456,13 +461,8 @@ fn a_raised_interrupt_stops_a_long_prefill_after_the_layer_under_way() {
     assert_eq!(session.prefilled(), 0, "nothing of the pass counts as fed");
     model.interrupt = Default::default();
     model.progress = Progress::default();
-    let mut session = Session::new(&model, &ids, &greedy(2)).unwrap();
     let engine = Engine::new(&model);
-    while !session.is_done() {
-        engine
-            .step(&mut [&mut session], &mut Profile::default())
-            .unwrap();
-    }
+    run_to_end(&engine, &model, &ids);
 }
 
 /// `moestream serve` with prefill passes of one chunk: a streamed
