@@ -236,7 +236,7 @@ struct ModelArgs {
     /// Router-lookahead prefetch: read the experts the next layers' routers
     /// pick from this layer's state, at lower priority than demand reads
     /// (on), or not (off); auto takes the tuned profile's choice (without
-    /// one: on, from attn, depth 1, under --ram-gb; off otherwise);
+    /// one: off; results/prefetch-budget.md);
     /// learned:FILE reads the next MoE layer's experts a predictor trained
     /// by `train-predictor` guesses (from this layer's choice, the next
     /// layer's choice for the previous token and the lookahead's guess).

@@ -202,19 +202,18 @@ pub fn default_read_mode(budgeted: bool) -> ReadMode {
 /// Pipelining without a profile.
 pub const DEFAULT_PIPELINE: bool = true;
 
-/// Prefetch without a profile: the router lookahead from the attention
-/// state, one MoE layer ahead, under a RAM budget (a run that streams
-/// experts from disk), and none otherwise. Measured cold at 3 GB on Qwen3
-/// shapes (results/prefetch-budget.md): +18% decode tok/s with near-uniform
-/// routing at the same bytes, +8% with realistic routing (lookahead recall
-/// 0.70) at 16% more bytes read; depth 2 lost to depth 1 there. The cache
-/// makes the same decisions either way, so tokens do not change.
-pub fn default_prefetch(budgeted: bool) -> Option<Lookahead> {
-    budgeted.then_some(Lookahead {
-        from: Variant::Attn,
-        depth: 1,
-    })
-}
+/// Prefetch without a profile: none. Measured cold at 3 GB on the 24-layer
+/// Qwen3-30B-A3B shape (results/prefetch-budget.md, "The default becomes
+/// off"): with realistic routing (lookahead recall 0.70, the real models'
+/// figure) the lookahead from attn read 19% more bytes for 0.99-1.03x
+/// decode tok/s on this disk and 0.84x on a disk throttled to 1.5 GB/s;
+/// from output it read ahead too late to overlap anything (0.94x, 1.00x);
+/// on the trained fixtures every prefetch setting was at or below off
+/// (results/policies.md). Only near-uniform routing, which the
+/// lookahead guesses 98.5% right, gained (1.24x unthrottled, 1.00x
+/// throttled). `moestream tune` measures prefetch on the user's disk
+/// and model, and its profile decides.
+pub const DEFAULT_PREFETCH: Option<Lookahead> = None;
 
 /// The three settings a profile may decide.
 struct Tunable {
@@ -262,7 +261,7 @@ fn tunable(req: &Requested, profile: Option<&TunedProfile>) -> Tunable {
     let mut r = Tunable {
         read_mode: default_read_mode(budgeted),
         pipeline: DEFAULT_PIPELINE,
-        prefetch: default_prefetch(budgeted),
+        prefetch: DEFAULT_PREFETCH,
         not_understood: Vec::new(),
     };
     if let Some(p) = profile.filter(|_| req.wants_profile()) {
@@ -360,7 +359,6 @@ mod tests {
     #[test]
     fn asked_beats_profile_beats_defaults() {
         let attn2 = parse_lookahead("attn-2");
-        let attn1 = parse_lookahead("attn-1");
         let p = profile("mmap", false, "attn-2");
         let set = asked(
             Choice::Set(ReadMode::Pread),
@@ -373,7 +371,7 @@ mod tests {
         // (asked, profile) -> (mode, pipeline, prefetch)
         let table = [
             (&auto, None, (ReadMode::Buffered, true, None)),
-            (&budgeted, None, (ReadMode::Direct, true, attn1)),
+            (&budgeted, None, (ReadMode::Direct, true, None)),
             (&auto, Some(&p), (ReadMode::Mmap, false, attn2)),
             (&budgeted, Some(&p), (ReadMode::Mmap, false, attn2)),
             (&set, Some(&p), (ReadMode::Pread, true, None)),
