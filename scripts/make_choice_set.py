@@ -33,14 +33,21 @@ def paragraphs(text, words_min):
     return out
 
 
-def tasks(paras, n, context, cont, choices, seed):
-    """`n` tasks (fewer if the text has fewer paragraphs), deterministic in `seed`."""
+def windows(paras, per, span):
+    """(paragraph, word offset) of up to `per` non-overlapping `span`-word windows of each
+    paragraph, in order (per = 1: each paragraph's start only)."""
+    return [(i, k * span) for i, w in enumerate(paras) for k in range(min(per, len(w) // span))]
+
+
+def tasks(paras, n, context, cont, choices, seed, per=1):
+    """`n` tasks (fewer if the text has fewer windows), deterministic in `seed`; with `per` > 1
+    a long paragraph gives up to `per` tasks, from its non-overlapping windows."""
     rng = random.Random(seed)
-    order = list(range(len(paras)))
+    order = windows(paras, per, context + cont)
     rng.shuffle(order)
     out = []
-    for i in order[:n]:
-        words = paras[i]
+    for i, start in order[:n]:
+        words = paras[i][start:]
         true = " " + " ".join(words[context:context + cont])
         picked = [true]
         while len(picked) < choices:
@@ -67,16 +74,20 @@ def main():
     p.add_argument("--continuation-words", type=int, default=8)
     p.add_argument("--choices", type=int, default=4)
     p.add_argument("--seed", type=int, default=29)
+    p.add_argument("--windows-per-paragraph", type=int, default=1,
+                   help="tasks a long paragraph may give, from non-overlapping windows (1: its start)")
     a = p.parse_args()
     text = open(a.heldout, encoding="utf-8").read()
     paras = paragraphs(text, a.context_words + a.continuation_words)
     if len(paras) < a.choices:
         raise SystemExit(f"{a.heldout}: {len(paras)} paragraphs of enough words, need {a.choices}")
-    rows = tasks(paras, a.tasks, a.context_words, a.continuation_words, a.choices, a.seed)
+    rows = tasks(paras, a.tasks, a.context_words, a.continuation_words, a.choices, a.seed,
+                 a.windows_per_paragraph)
     with open(a.out, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    print(f"{a.out}: {len(rows)} tasks from {len(paras)} paragraphs")
+    print(f"{a.out}: {len(rows)} tasks from {len(paras)} paragraphs "
+          f"({len(windows(paras, a.windows_per_paragraph, a.context_words + a.continuation_words))} windows)")
 
 
 if __name__ == "__main__":

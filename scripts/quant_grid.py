@@ -36,20 +36,37 @@ def run(cmd):
     return r.stdout
 
 
-def quality(a, model, extra):
-    """Perplexity (--text) and (acc, acc_norm) (--tasks) of one model, as a tuple."""
-    out = ()
+def quality(a, model, extra, ref=None):
+    """Perplexity (--text) and (acc, acc_norm) (--tasks) of one model, as a tuple of (name,
+    value) pairs, and the tasks' per-task correctness (None without --tasks). With `ref` (the
+    unconverted model's per-task correctness) also the paired change of acc against it: the
+    tasks whose answer changed, and the mean and standard error of the per-task difference
+    (a paired comparison resolves far smaller differences than two independent accuracies)."""
+    out, right = (), None
     if a.text:
         v = json.loads(run([a.bin, "eval", "--model", model, "--text", a.text, "--json"] + extra))
         out += (("ppl", v["perplexity"]),)
     if a.tasks:
         v = json.loads(run([a.bin, "score", "--model", model, "--tasks", a.tasks, "--json"] + extra))
         out += (("acc", v["acc"]), ("acc_norm", v["acc_norm"]))
-    return out
+        right = [(t["pred"], t["pred"] == t["label"]) for t in v["per_task"]]
+        if ref is not None:
+            out += paired(right, ref)
+    return out, right
+
+
+def paired(right, ref):
+    """(changed, Δacc, SE) of per-task (pred, correct) `right` against `ref`."""
+    n = len(ref)
+    changed = sum(1 for (p, _), (q, _) in zip(right, ref) if p != q)
+    d = [int(c) - int(r) for (_, c), (_, r) in zip(right, ref)]
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
+    return (("changed", changed), ("Δacc", mean), ("±", (var / n) ** 0.5))
 
 
 def fmt_quality(q):
-    return ", ".join(f"{k} {v:.4g}" for k, v in q)
+    return ", ".join(f"{k} {v:.4g}" if k != "±" else f"± {v:.3f}" for k, v in q)
 
 
 def main():
@@ -76,6 +93,7 @@ def main():
             ids = ",".join(map(str, json.load(open(os.path.join(d, "oracle.json")))["eval_ids"]))
             ref = os.path.join(tmp, name + ".ref.safetensors")
             run([a.bin, "eval", "--model", d, "--prompt-ids", ids, "--save-logits", ref])
+            base, base_right = quality(a, d, extra)
             cells = {}
             for e in BITS:
                 for dn in BITS:
@@ -85,11 +103,12 @@ def main():
                          "--io-bits", str(dn), "--mtp-bits", str(dn)])
                     v = json.loads(run([a.bin, "eval", "--model", out, "--prompt-ids", ids,
                                         "--ref-logits", ref] + extra))["ref"]
-                    cells[(e, dn)] = (v["top1_matched"], v["positions"], v["mean_kl"]) + quality(a, out, extra)
+                    q, _ = quality(a, out, extra, base_right)
+                    cells[(e, dn)] = (v["top1_matched"], v["positions"], v["mean_kl"]) + q
                     t = totals.setdefault((e, dn), [0, 0, 0.0, 0])
                     t[0] += v["top1_matched"]; t[1] += v["positions"]; t[2] += v["mean_kl"]; t[3] += 1
                     run(["rm", "-rf", out])
-            rows.append((name, cells, quality(a, d, extra)))
+            rows.append((name, cells, base))
             print(f"{name}: done", file=sys.stderr)
     lines = [
         "# Quantization sensitivity grid",
@@ -159,7 +178,7 @@ def formats_table(a):
                 v = json.loads(run([a.bin, "eval", "--model", out, "--prompt-ids", ids,
                                     "--ref-logits", ref] + extra))["ref"]
                 nbytes = expert_bytes(out)
-                q = quality(a, out, extra)
+                q, _ = quality(a, out, extra)
                 cells[f].append(f"{nbytes:,}, {v['top1_matched']}/{v['positions']}, {v['mean_kl']:.4f}"
                                 + (f"; {fmt_quality(q)}" if q else ""))
                 run(["rm", "-rf", out])

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{copy_fixture, FAMILIES};
+use common::{long_fixture, spread_ids as prompt, FAMILIES};
 use moestream::engine::generate::{evaluate, evaluate_in_chunks, generate, GenOptions};
 use moestream::engine::sampler::SamplingParams;
 use moestream::engine::{Engine, Session};
@@ -19,23 +19,6 @@ use moestream::model::{LoadOptions, Model, PREFILL_CHUNK};
 use moestream::store::EarlyReads;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-/// A copy of `family`'s fixture whose context holds `positions` (the
-/// fixtures' own hold at most one chunk).
-fn long_fixture(family: &str, positions: usize) -> tempfile::TempDir {
-    let dir = copy_fixture(family);
-    let path = dir.path().join("config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    cfg["max_position_embeddings"] = positions.into();
-    std::fs::write(&path, cfg.to_string()).unwrap();
-    dir
-}
-
-/// `n` spread-out token ids below `vocab`.
-fn prompt(n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
-}
 
 fn greedy(max_tokens: usize) -> GenOptions {
     GenOptions {

@@ -163,7 +163,7 @@ impl Attention {
 
 /// Query rows one task attends together: each cached key and value is
 /// read once for all of them.
-const ROW_GROUP: usize = 16;
+pub(crate) const ROW_GROUP: usize = 16;
 
 /// Attention of query rows `q (m, heads * head_dim)` over the cached
 /// positions `spans[i]` (row `i`'s), into `ctx (m, heads * head_dim)`.

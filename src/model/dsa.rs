@@ -150,9 +150,17 @@ impl Indexer {
                         *sc += wh * r;
                     }
                 }
+                // The ranking of every position is one scratch vector; a
+                // row keeps only its top-k (a row holding the ranking's
+                // capacity would make a pass hold rows x context).
                 let keep = slot.get_or_insert_with(spare_row);
-                keep.reserve(positions_max);
-                top_k_into(scores, sh.topk, keep);
+                keep.reserve(sh.topk.min(positions_max));
+                scratch::with_vec::<usize, _>(|order| {
+                    order.reserve(positions_max);
+                    top_k_into(scores, sh.topk, order);
+                    keep.clear();
+                    keep.extend_from_slice(order);
+                });
                 keep.sort_unstable();
             }
         });

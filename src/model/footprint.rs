@@ -45,6 +45,9 @@ pub struct Footprint {
     pub kv_bytes_per_position: u64,
     /// Activation and logit bytes per position of a forward.
     pub activation_bytes_per_position: u64,
+    /// Attention's workspace per cached position a query attends (see
+    /// [`attention_bytes_per_position`]): part of the activations item.
+    pub attention_bytes_per_position: u64,
     /// Bytes a layer-major prefill pass holds per position across a layer
     /// (no logits; see [`pass_bytes_per_position`]).
     pub pass_bytes_per_position: u64,
@@ -88,6 +91,7 @@ impl Footprint {
             top_k: cfg.top_k,
             kv_bytes_per_position: kv as u64,
             activation_bytes_per_position: activation_bytes_per_position(cfg),
+            attention_bytes_per_position: attention_bytes_per_position(cfg),
             pass_bytes_per_position: pass_bytes_per_position(cfg),
             pass_row_bytes: pass_row_bytes(cfg),
             context_max: cfg.rope.max_position_embeddings,
@@ -113,7 +117,11 @@ impl Footprint {
             experts_per_layer: self.experts_per_layer,
             top_k: self.top_k,
             kv: self.kv_bytes_per_position.saturating_mul(context as u64),
-            activations: activations_bytes(self.activation_bytes_per_position, context),
+            activations: activations_bytes(self.activation_bytes_per_position, context)
+                .saturating_add(
+                    self.attention_bytes_per_position
+                        .saturating_mul(context as u64),
+                ),
             pass_bytes_per_position: self.pass_bytes_per_position,
             pass_row_bytes: self.pass_row_bytes,
             pass_granule: PREFILL_CHUNK,
@@ -136,6 +144,23 @@ pub fn check_budget(fp: &Footprint, budget: u64, opts: &LoadOptions) -> Result<B
 /// largest chunked forward, logits of every row included.
 fn activations_bytes(per_position: u64, context: usize) -> u64 {
     per_position.saturating_mul(context.min(PREFILL_CHUNK) as u64)
+}
+
+/// Attention's workspace per cached position, which grows with the
+/// context rather than with the rows of a forward: GQA's scores of each
+/// kernel-pool thread's group of query rows (f32 each); MLA's one head of
+/// reconstructed keys and values (explicit path), and each pool thread's
+/// scores and positions of the query it attends; a DSA indexer's scores
+/// and ranking of every position.
+pub(crate) fn attention_bytes_per_position(cfg: &ModelConfig) -> u64 {
+    let (f, u) = (4, std::mem::size_of::<usize>());
+    let threads = crate::kernels::pool::threads();
+    let attention = match &cfg.mla {
+        Some(m) => f * (m.qk_nope_head_dim + m.v_head_dim) + threads * (f + u),
+        None => threads * super::attention::ROW_GROUP * f,
+    };
+    let indexer = cfg.indexer.as_ref().map_or(0, |_| f + u);
+    (attention + indexer) as u64
 }
 
 /// Activation and logit bytes per position of a forward (f32): logits,

@@ -24,6 +24,7 @@ use super::Rows;
 use crate::formats::config::MlaConfig;
 use crate::formats::tensor::Mat;
 use crate::kernels::f32::{dot, matmul};
+use crate::kernels::par_row_groups;
 use crate::layers::scratch::{self, Scratch};
 use crate::layers::tap::{self, Part};
 use crate::model::kv::LayerKv;
@@ -247,8 +248,11 @@ impl MlaAttention {
         }
     }
 
-    /// Reconstructs k_nope and v of every position with one batched kv_b
-    /// matmul, then attends per head.
+    /// Reconstructs one head's k_nope and v of every position at a time
+    /// (that head's rows of kv_b: `total x (nope + v)` floats, where all
+    /// heads at once would hold `heads` times as many: 2 GB at 16k
+    /// positions of DeepSeek-V3), then attends that head for every query.
+    /// Each value is the same dot as in one batched matmul.
     fn attend_explicit(
         &self,
         sh: &MlaShape,
@@ -259,24 +263,27 @@ impl MlaAttention {
     ) {
         let c = &sh.cfg;
         let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
-        let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
+        let (nope, vd, qk) = (c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim());
         let total = qs.start + qs.sel.len();
-        let kvw = h * (nope + vd);
-        let mut kvb = Scratch::zeroed(total * kvw); // (total, heads * (nope + v))
-        matmul(&self.wkv_b, kvw, l, &latent[..total * l], total, &mut kvb);
-        scratch::with_vec::<f32, _>(|scores| {
-            each_query_head(sh, qs, |t, hh, q, positions| {
-                let kv_at =
-                    |s: usize| &kvb[s * kvw + hh * (nope + vd)..s * kvw + (hh + 1) * (nope + vd)];
+        let hw = nope + vd;
+        let macs = qs.sel.len() * total * (qk + vd);
+        let mut kvb = Scratch::zeroed(total * hw); // (total, nope + v) of one head
+        for hh in 0..h {
+            let w_head = &self.wkv_b[hh * hw * l..(hh + 1) * hw * l];
+            matmul(w_head, hw, l, &latent[..total * l], total, &mut kvb);
+            let kvb: &[f32] = &kvb;
+            par_each_query(qs, ctx, macs, |t, positions, scores, row| {
+                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
+                let kv_at = |s: usize| &kvb[s * hw..(s + 1) * hw];
                 let score = |s: usize| {
                     (dot(&q[..nope], &kv_at(s)[..nope])
                         + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
                         * c.softmax_scale
                 };
-                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+                let o = &mut row[hh * vd..(hh + 1) * vd];
                 softmax_pool(positions, scores, score, |s| &kv_at(s)[nope..], o);
-            })
-        });
+            });
+        }
     }
 
     /// Weight absorption: scores against latents, pools latents, projects
@@ -291,11 +298,14 @@ impl MlaAttention {
     ) {
         let c = &sh.cfg;
         let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
-        let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
-        let mut q_lat = Scratch::zeroed(l); // (kv_lora,)
-        let mut pooled = Scratch::zeroed(l); // (kv_lora,)
-        scratch::with_vec::<f32, _>(|scores| {
-            each_query_head(sh, qs, |t, hh, q, positions| {
+        let (nope, vd, qk) = (c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim());
+        let total = qs.start + qs.sel.len();
+        let macs = qs.sel.len() * h * (nope * l + total * (2 * l + r) + l * vd);
+        par_each_query(qs, ctx, macs, |t, positions, scores, row| {
+            let mut q_lat = Scratch::zeroed(l); // (kv_lora,)
+            let mut pooled = Scratch::zeroed(l); // (kv_lora,)
+            for hh in 0..h {
+                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
                 let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
                 // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
                 q_lat.fill(0.0);
@@ -316,39 +326,47 @@ impl MlaAttention {
                     |s| &latent[s * l..(s + 1) * l],
                     &mut pooled,
                 );
-                let o = &mut ctx[(t * h + hh) * vd..(t * h + hh + 1) * vd];
+                let o = &mut row[hh * vd..(hh + 1) * vd];
                 for (j, ov) in o.iter_mut().enumerate() {
                     *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
                 }
-            })
+            }
         });
     }
 }
 
-/// Calls `f(t, head, q_head, positions)` for every query row and head.
-fn each_query_head(sh: &MlaShape, qs: &Queries, mut f: impl FnMut(usize, usize, &[f32], &[usize])) {
-    let (h, qk) = (sh.heads, sh.cfg.qk_head_dim());
-    scratch::with_vec::<usize, _>(|all| {
-        for (t, sel) in qs.sel.iter().enumerate() {
-            // The positions a query at cache row `start + t` attends: its
-            // selection, or all of `0..=row`.
-            let positions: &[usize] = match sel {
-                Some(v) => v,
-                None => {
-                    all.clear();
-                    all.extend(0..=qs.start + t);
-                    all
+/// Query rows one kernel-pool task attends in turn.
+const QUERY_GROUP: usize = 4;
+
+/// Calls `f(t, positions, scores, row)` for every query row `t`: the
+/// positions a query at cache row `start + t` attends (its selection, or
+/// all of `0..=start + t`), a scores buffer, and its `(heads * v)` row of
+/// `ctx`. Rows go to the kernel pool in groups of [`QUERY_GROUP`] when
+/// `macs` is worth it; each row's arithmetic is the same on any thread.
+fn par_each_query(
+    qs: &Queries,
+    ctx: &mut [f32],
+    macs: usize,
+    f: impl Fn(usize, &[usize], &mut Vec<f32>, &mut [f32]) + Sync,
+) {
+    let row_len = ctx.len() / qs.sel.len();
+    par_row_groups(ctx, (row_len, QUERY_GROUP), macs, |t0, part| {
+        scratch::with_vec::<usize, _>(|all| {
+            scratch::with_vec::<f32, _>(|scores| {
+                for (i, row) in part.chunks_exact_mut(row_len).enumerate() {
+                    let t = t0 + i;
+                    let positions: &[usize] = match &qs.sel[t] {
+                        Some(v) => v,
+                        None => {
+                            all.clear();
+                            all.extend(0..=qs.start + t);
+                            all
+                        }
+                    };
+                    f(t, positions, scores, row);
                 }
-            };
-            for hh in 0..h {
-                f(
-                    t,
-                    hh,
-                    &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk],
-                    positions,
-                );
-            }
-        }
+            })
+        })
     });
 }
 

@@ -231,6 +231,24 @@ pub fn copy_fixture(family: &str) -> tempfile::TempDir {
     tmp
 }
 
+/// A copy of `family`'s fixture whose context holds `positions` (the
+/// fixtures' own hold at most one prefill chunk).
+pub fn long_fixture(family: &str, positions: usize) -> tempfile::TempDir {
+    let dir = copy_fixture(family);
+    let path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read config"))
+            .expect("parse config");
+    cfg["max_position_embeddings"] = positions.into();
+    std::fs::write(&path, cfg.to_string()).expect("write config");
+    dir
+}
+
+/// `n` spread-out token ids below `vocab`.
+pub fn spread_ids(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
 /// A greedy decode driven step by step, for tests that count something
 /// between the prompt and the decode (allocations, cache hits, fresh read
 /// buffers).
