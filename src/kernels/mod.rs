@@ -7,6 +7,7 @@
 //! depends on the split or the thread, so threading is invisible in the
 //! numbers.
 
+pub mod attn;
 pub mod bf16;
 pub mod cpu;
 pub mod f32;

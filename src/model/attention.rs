@@ -8,8 +8,7 @@ use super::rope::Rope;
 use super::Rows;
 use crate::formats::config::{ModelConfig, QkNorm};
 use crate::formats::tensor::Mat;
-use crate::kernels::f32::dot;
-use crate::kernels::par_row_groups;
+use crate::kernels::{attn, par_row_groups};
 use crate::layers::scratch::Scratch;
 use crate::layers::tap::{self, Part};
 use crate::model::kv::LayerKv;
@@ -163,13 +162,17 @@ impl Attention {
 
 /// Query rows one task attends together: each cached key and value is
 /// read once for all of them.
-pub(crate) const ROW_GROUP: usize = 16;
+const ROW_GROUP: usize = 16;
 
 /// Attention of query rows `q (m, heads * head_dim)` over the cached
 /// positions `spans[i]` (row `i`'s), into `ctx (m, heads * head_dim)`.
 /// Each row gets exactly the arithmetic of attending alone: its scores
-/// are the same dots, its softmax runs over its own span, and its output
-/// sums the values in position order; only the loops interleave the rows.
+/// are the same chains, its softmax runs over its own span, and its
+/// output sums the values in position order; only the kernels' tiles
+/// interleave the rows (`kernels::attn`). Per KV head, the keys of every
+/// position any row attends are transposed into one panel, then the
+/// (row, head) pairs of that KV head go through in batches of
+/// `attn::ROWS_MAX`.
 fn attend_rows(
     s: &AttentionShape,
     q: &[f32],
@@ -180,33 +183,49 @@ fn attend_rows(
     let (d, kd, qd) = (s.head_dim, s.kv_heads * s.head_dim, s.heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let widest = spans.iter().map(|r| r.len()).max().unwrap_or(0);
     let union = spans.iter().map(|r| r.start).min().unwrap_or(0)
         ..spans.iter().map(|r| r.end).max().unwrap_or(0);
-    let mut scores = Scratch::zeroed(spans.len() * widest); // (m, widest)
-    for h in 0..s.heads {
-        let kvh = h / group;
-        let head = |p: usize| p * kd + kvh * d..p * kd + (kvh + 1) * d;
-        for p in union.clone() {
-            let kp = &kc[head(p)];
-            for (i, span) in spans.iter().enumerate().filter(|(_, r)| r.contains(&p)) {
-                let qh = &q[i * qd + h * d..i * qd + (h + 1) * d];
-                scores[i * widest + p - span.start] = dot(qh, kp) * scale;
+    let width = union.len().div_ceil(attn::BLOCK) * attn::BLOCK;
+    let mut panel = Scratch::zeroed(attn::panel_len(union.len(), d)); // (blocks, d, BLOCK)
+    let mut scores = Scratch::zeroed(attn::ROWS_MAX * width); // (pairs, width)
+    ctx.fill(0.0);
+    if union.is_empty() {
+        return;
+    }
+    let pairs = spans.len() * group;
+    for kvh in 0..s.kv_heads {
+        let first = union.start * kd + kvh * d;
+        attn::fill_panel(&kc[first..], (kd, d), union.len(), &mut panel);
+        for c in (0..pairs).step_by(attn::ROWS_MAX) {
+            let count = (pairs - c).min(attn::ROWS_MAX);
+            let mut offsets = [0usize; attn::ROWS_MAX];
+            let mut rel: [Range<usize>; attn::ROWS_MAX] = std::array::from_fn(|_| 0..0);
+            for j in 0..count {
+                let (i, h) = ((c + j) / group, kvh * group + (c + j) % group);
+                offsets[j] = i * qd + h * d;
+                rel[j] = spans[i].start - union.start..spans[i].end - union.start;
             }
-        }
-        for (i, span) in spans.iter().enumerate() {
-            softmax(&mut scores[i * widest..i * widest + span.len()]);
-            ctx[i * qd + h * d..i * qd + (h + 1) * d].fill(0.0);
-        }
-        for p in union.clone() {
-            let vp = &vc[head(p)];
-            for (i, span) in spans.iter().enumerate().filter(|(_, r)| r.contains(&p)) {
-                let w = scores[i * widest + p - span.start];
-                let out = &mut ctx[i * qd + h * d..i * qd + (h + 1) * d];
-                for (o, vv) in out.iter_mut().zip(vp) {
-                    *o += w * vv;
-                }
+            let (offsets, rel) = (&offsets[..count], &rel[..count]);
+            let lo = rel.iter().map(|r| r.start).min().unwrap_or(0) / attn::BLOCK;
+            let hi = rel
+                .iter()
+                .map(|r| r.end)
+                .max()
+                .unwrap_or(0)
+                .div_ceil(attn::BLOCK);
+            let rows = attn::QueryRows { q, offsets, dim: d };
+            attn::scores(rows, &panel, lo..hi, scale, (&mut scores, width));
+            for (j, r) in rel.iter().enumerate() {
+                attn::softmax(&mut scores[j * width + r.start..j * width + r.end]);
             }
+            let wv = attn::Weighted {
+                w: &scores,
+                w_stride: width,
+                v: &vc[first..],
+                v_stride: kd,
+                spans: rel,
+            };
+            attn::weighted_values(wv, (ctx, offsets), d);
         }
     }
 }

@@ -147,8 +147,9 @@ fn activations_bytes(per_position: u64, context: usize) -> u64 {
 }
 
 /// Attention's workspace per cached position, which grows with the
-/// context rather than with the rows of a forward: GQA's scores of each
-/// kernel-pool thread's group of query rows (f32 each); MLA's one head of
+/// context rather than with the rows of a forward: GQA's panel of one
+/// head's keys and scores of a batch of query rows per kernel-pool thread
+/// (f32 each); MLA's one head of
 /// reconstructed keys and values (explicit path), and each pool thread's
 /// scores and positions of the query it attends; a DSA indexer's scores
 /// and ranking of every position.
@@ -157,7 +158,7 @@ pub(crate) fn attention_bytes_per_position(cfg: &ModelConfig) -> u64 {
     let threads = crate::kernels::pool::threads();
     let attention = match &cfg.mla {
         Some(m) => f * (m.qk_nope_head_dim + m.v_head_dim) + threads * (f + u),
-        None => threads * super::attention::ROW_GROUP * f,
+        None => threads * (crate::kernels::attn::ROWS_MAX + cfg.head_dim) * f,
     };
     let indexer = cfg.indexer.as_ref().map_or(0, |_| f + u);
     (attention + indexer) as u64

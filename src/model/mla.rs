@@ -16,7 +16,7 @@
 //! tokens in flight. An optional DSA [`Indexer`] restricts each query to
 //! its selected positions.
 
-use super::attention::{add_bias, softmax};
+use super::attention::add_bias;
 use super::dsa::{self, Indexer, IndexerShape, Selection};
 use super::norm::rms_norm;
 use super::rope::Rope;
@@ -380,7 +380,7 @@ fn softmax_pool<'a>(
 ) {
     scores.clear();
     scores.extend(positions.iter().map(|&s| score(s)));
-    softmax(scores);
+    crate::kernels::attn::softmax(scores);
     out.fill(0.0);
     for (&s, p) in positions.iter().zip(scores.iter()) {
         for (o, v) in out.iter_mut().zip(value(s)) {
