@@ -195,7 +195,12 @@ fn attend_rows(
     let pairs = spans.len() * group;
     for kvh in 0..s.kv_heads {
         let first = union.start * kd + kvh * d;
-        attn::fill_panel(&kc[first..], (kd, d), union.len(), &mut panel);
+        let keys = attn::KeyPart {
+            keys: &kc[first..],
+            stride: kd,
+            width: d,
+        };
+        attn::fill_panel(&[keys], union.len(), &mut panel);
         for c in (0..pairs).step_by(attn::ROWS_MAX) {
             let count = (pairs - c).min(attn::ROWS_MAX);
             let mut offsets = [0usize; attn::ROWS_MAX];

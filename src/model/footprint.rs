@@ -149,16 +149,23 @@ fn activations_bytes(per_position: u64, context: usize) -> u64 {
 /// Attention's workspace per cached position, which grows with the
 /// context rather than with the rows of a forward: GQA's panel of one
 /// head's keys and scores of a batch of query rows per kernel-pool thread
-/// (f32 each); MLA's one head of
-/// reconstructed keys and values (explicit path), and each pool thread's
-/// scores and positions of the query it attends; a DSA indexer's scores
-/// and ranking of every position.
+/// (f32 each); MLA's one head of reconstructed keys and values (explicit
+/// path), one panel of keys (the explicit path's `[k_nope | k_rope]` of a
+/// head or the absorbed path's `[latent | k_rope]`, the wider), and each
+/// pool thread's scores of a batch of query pairs and of a selected
+/// query with its positions; a DSA indexer's scores and ranking of every
+/// position.
 pub(crate) fn attention_bytes_per_position(cfg: &ModelConfig) -> u64 {
     let (f, u) = (4, std::mem::size_of::<usize>());
     let threads = crate::kernels::pool::threads();
+    let batch = crate::kernels::attn::ROWS_MAX;
     let attention = match &cfg.mla {
-        Some(m) => f * (m.qk_nope_head_dim + m.v_head_dim) + threads * (f + u),
-        None => threads * (crate::kernels::attn::ROWS_MAX + cfg.head_dim) * f,
+        Some(m) => {
+            let (nope, rope) = (m.qk_nope_head_dim, m.qk_rope_head_dim);
+            let panel = (nope + rope).max(m.kv_lora_rank + rope);
+            f * (nope + m.v_head_dim + panel) + threads * (batch * f + f + u)
+        }
+        None => threads * (batch + cfg.head_dim) * f,
     };
     let indexer = cfg.indexer.as_ref().map_or(0, |_| f + u);
     (attention + indexer) as u64

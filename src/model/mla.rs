@@ -24,10 +24,11 @@ use super::Rows;
 use crate::formats::config::MlaConfig;
 use crate::formats::tensor::Mat;
 use crate::kernels::f32::{dot, matmul};
-use crate::kernels::par_row_groups;
+use crate::kernels::{attn, par_row_groups};
 use crate::layers::scratch::{self, Scratch};
 use crate::layers::tap::{self, Part};
 use crate::model::kv::LayerKv;
+use std::ops::Range;
 
 /// Eps of q_a_layernorm and kv_a_layernorm (the module default, not rms_norm_eps).
 const LORA_NORM_EPS: f64 = 1e-6;
@@ -251,8 +252,10 @@ impl MlaAttention {
     /// Reconstructs one head's k_nope and v of every position at a time
     /// (that head's rows of kv_b: `total x (nope + v)` floats, where all
     /// heads at once would hold `heads` times as many: 2 GB at 16k
-    /// positions of DeepSeek-V3), then attends that head for every query.
-    /// Each value is the same dot as in one batched matmul.
+    /// positions of DeepSeek-V3), then attends that head for every query:
+    /// rows without a DSA selection through the panel kernels
+    /// (`kernels::attn`, keys `[k_nope | k_rope]`), selected rows position
+    /// by position.
     fn attend_explicit(
         &self,
         sh: &MlaShape,
@@ -268,26 +271,67 @@ impl MlaAttention {
         let hw = nope + vd;
         let macs = qs.sel.len() * total * (qk + vd);
         let mut kvb = Scratch::zeroed(total * hw); // (total, nope + v) of one head
+        let mut panel = Scratch::zeroed(attn::panel_len(total, qk)); // (blocks, qk, BLOCK)
         for hh in 0..h {
             let w_head = &self.wkv_b[hh * hw * l..(hh + 1) * hw * l];
             matmul(w_head, hw, l, &latent[..total * l], total, &mut kvb);
             let kvb: &[f32] = &kvb;
-            par_each_query(qs, ctx, macs, |t, positions, scores, row| {
-                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
-                let kv_at = |s: usize| &kvb[s * hw..(s + 1) * hw];
-                let score = |s: usize| {
-                    (dot(&q[..nope], &kv_at(s)[..nope])
-                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
-                        * c.softmax_scale
-                };
-                let o = &mut row[hh * vd..(hh + 1) * vd];
-                softmax_pool(positions, scores, score, |s| &kv_at(s)[nope..], o);
+            let keys = [
+                attn::KeyPart {
+                    keys: kvb,
+                    stride: hw,
+                    width: nope,
+                },
+                attn::KeyPart {
+                    keys: k_rope,
+                    stride: r,
+                    width: r,
+                },
+            ];
+            attn::fill_panel(&keys, total, &mut panel);
+            let dense = DensePairs {
+                q: qs.q,
+                panel: &panel,
+                dim: qk,
+                scale: c.softmax_scale,
+                values: (&kvb[nope..], hw),
+            };
+            par_row_groups(ctx, (h * vd, attn::ROWS_MAX), macs, |t0, part| {
+                let rows = (t0..t0 + part.len() / (h * vd)).filter(|&t| qs.sel[t].is_none());
+                let pairs = rows.map(|t| {
+                    let span_end = qs.start + t + 1;
+                    ((t * h + hh) * qk, span_end, (t - t0) * h * vd + hh * vd)
+                });
+                dense.attend(pairs, vd, part);
+                for t in (t0..t0 + part.len() / (h * vd)).filter(|&t| qs.sel[t].is_some()) {
+                    let positions = qs.sel[t].as_deref().unwrap_or_default();
+                    let mut sel_panel = Scratch::zeroed(attn::panel_len(positions.len(), qk));
+                    attn::fill_panel_at(&keys, positions, &mut sel_panel);
+                    let mut values = Scratch::zeroed(positions.len() * vd); // (selected, v)
+                    for (row, &p) in values.chunks_exact_mut(vd).zip(positions) {
+                        row.copy_from_slice(&kvb[p * hw + nope..(p + 1) * hw]);
+                    }
+                    let selected = DensePairs {
+                        panel: &sel_panel,
+                        values: (&values, vd),
+                        ..dense
+                    };
+                    let pair = (
+                        (t * h + hh) * qk,
+                        positions.len(),
+                        (t - t0) * h * vd + hh * vd,
+                    );
+                    selected.attend(std::iter::once(pair), vd, part);
+                }
             });
         }
     }
 
     /// Weight absorption: scores against latents, pools latents, projects
-    /// the pooled latent once through kv_b's value rows.
+    /// the pooled latent once through kv_b's value rows. Rows without a
+    /// DSA selection score and pool through the panel kernels (keys
+    /// `[latent | k_rope]`, shared by every head: one panel for all);
+    /// selected rows position by position.
     fn attend_absorbed(
         &self,
         sh: &MlaShape,
@@ -298,93 +342,192 @@ impl MlaAttention {
     ) {
         let c = &sh.cfg;
         let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
-        let (nope, vd, qk) = (c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim());
+        let (nope, vd) = (c.qk_nope_head_dim, c.v_head_dim);
         let total = qs.start + qs.sel.len();
         let macs = qs.sel.len() * h * (nope * l + total * (2 * l + r) + l * vd);
-        par_each_query(qs, ctx, macs, |t, positions, scores, row| {
-            let mut q_lat = Scratch::zeroed(l); // (kv_lora,)
-            let mut pooled = Scratch::zeroed(l); // (kv_lora,)
-            for hh in 0..h {
-                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
-                let w_head = &self.wkv_b[hh * (nope + vd) * l..(hh + 1) * (nope + vd) * l];
-                // q_lat = W_kbᵀ q_nope, W_kb = the head's first `nope` rows of kv_b.
-                q_lat.fill(0.0);
-                for (i, qi) in q[..nope].iter().enumerate() {
-                    for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
-                        *a += qi * w;
-                    }
-                }
-                let score = |s: usize| {
-                    (dot(&q_lat, &latent[s * l..(s + 1) * l])
-                        + dot(&q[nope..], &k_rope[s * r..(s + 1) * r]))
-                        * c.softmax_scale
+        let any_dense = qs.sel.iter().any(|s| s.is_none());
+        let positions = if any_dense { total } else { 0 };
+        let mut panel = Scratch::zeroed(attn::panel_len(positions, l + r)); // (blocks, l + r, BLOCK)
+        let keys = [
+            attn::KeyPart {
+                keys: latent,
+                stride: l,
+                width: l,
+            },
+            attn::KeyPart {
+                keys: k_rope,
+                stride: r,
+                width: r,
+            },
+        ];
+        attn::fill_panel(&keys, positions, &mut panel);
+        let panel: &[f32] = &panel;
+        par_row_groups(ctx, (h * vd, QUERY_GROUP), macs, |t0, part| {
+            for (i, row) in part.chunks_exact_mut(h * vd).enumerate() {
+                let t = t0 + i;
+                let Some(positions) = qs.sel[t].as_deref() else {
+                    let keys = (latent, panel, qs.start + t + 1);
+                    self.absorbed_row(sh, qs, t, keys, row);
+                    continue;
                 };
-                softmax_pool(
-                    positions,
-                    scores,
-                    score,
-                    |s| &latent[s * l..(s + 1) * l],
-                    &mut pooled,
-                );
-                let o = &mut row[hh * vd..(hh + 1) * vd];
-                for (j, ov) in o.iter_mut().enumerate() {
-                    *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], &pooled);
+                let mut sel_panel = Scratch::zeroed(attn::panel_len(positions.len(), l + r));
+                attn::fill_panel_at(&keys, positions, &mut sel_panel);
+                let mut values = Scratch::zeroed(positions.len() * l); // (selected, kv_lora)
+                for (v, &p) in values.chunks_exact_mut(l).zip(positions) {
+                    v.copy_from_slice(&latent[p * l..(p + 1) * l]);
                 }
+                self.absorbed_row(sh, qs, t, (&values, &sel_panel, positions.len()), row);
             }
         });
     }
-}
 
-/// Query rows one kernel-pool task attends in turn.
-const QUERY_GROUP: usize = 4;
+    /// Query row `t` over `n` keys (its positions, or its DSA selection's
+    /// gathered): every head's `[q_lat | q_rope]` against the panel of
+    /// `[latent | k_rope]`, shared by every head, latents pooled and
+    /// projected per head.
+    fn absorbed_row(
+        &self,
+        sh: &MlaShape,
+        qs: &Queries,
+        t: usize,
+        (latent, panel, n): (&[f32], &[f32], usize),
+        row: &mut [f32],
+    ) {
+        let c = &sh.cfg;
+        let (h, l, r) = (sh.heads, c.kv_lora_rank, c.qk_rope_head_dim);
+        let (nope, vd, qk) = (c.qk_nope_head_dim, c.v_head_dim, c.qk_head_dim());
+        let dim = l + r;
+        let mut q_cat = Scratch::zeroed(attn::ROWS_MAX * dim); // (pairs, kv_lora + rope)
+        let mut pooled = Scratch::zeroed(attn::ROWS_MAX * l); // (pairs, kv_lora)
+        for h0 in (0..h).step_by(attn::ROWS_MAX) {
+            let heads = h0..(h0 + attn::ROWS_MAX).min(h);
+            for (j, hh) in heads.clone().enumerate() {
+                let q = &qs.q[(t * h + hh) * qk..(t * h + hh + 1) * qk];
+                let (q_lat, q_rot) = q_cat[j * dim..(j + 1) * dim].split_at_mut(l);
+                self.absorb_query(c, hh, &q[..nope], q_lat);
+                q_rot.copy_from_slice(&q[nope..]);
+            }
+            pooled.fill(0.0);
+            let dense = DensePairs {
+                q: &q_cat,
+                panel,
+                dim,
+                scale: c.softmax_scale,
+                values: (latent, l),
+            };
+            dense.attend(
+                (0..heads.len()).map(|j| (j * dim, n, j * l)),
+                l,
+                &mut pooled,
+            );
+            for (j, hh) in heads.enumerate() {
+                let o = &mut row[hh * vd..(hh + 1) * vd];
+                self.project_pooled(c, hh, &pooled[j * l..(j + 1) * l], o);
+            }
+        }
+    }
 
-/// Calls `f(t, positions, scores, row)` for every query row `t`: the
-/// positions a query at cache row `start + t` attends (its selection, or
-/// all of `0..=start + t`), a scores buffer, and its `(heads * v)` row of
-/// `ctx`. Rows go to the kernel pool in groups of [`QUERY_GROUP`] when
-/// `macs` is worth it; each row's arithmetic is the same on any thread.
-fn par_each_query(
-    qs: &Queries,
-    ctx: &mut [f32],
-    macs: usize,
-    f: impl Fn(usize, &[usize], &mut Vec<f32>, &mut [f32]) + Sync,
-) {
-    let row_len = ctx.len() / qs.sel.len();
-    par_row_groups(ctx, (row_len, QUERY_GROUP), macs, |t0, part| {
-        scratch::with_vec::<usize, _>(|all| {
-            scratch::with_vec::<f32, _>(|scores| {
-                for (i, row) in part.chunks_exact_mut(row_len).enumerate() {
-                    let t = t0 + i;
-                    let positions: &[usize] = match &qs.sel[t] {
-                        Some(v) => v,
-                        None => {
-                            all.clear();
-                            all.extend(0..=qs.start + t);
-                            all
-                        }
-                    };
-                    f(t, positions, scores, row);
-                }
-            })
-        })
-    });
-}
+    /// `q_lat = W_kbᵀ q_nope`, W_kb = head `hh`'s first `nope` rows of kv_b.
+    fn absorb_query(&self, c: &MlaConfig, hh: usize, q_nope: &[f32], q_lat: &mut [f32]) {
+        let (l, hw) = (c.kv_lora_rank, c.qk_nope_head_dim + c.v_head_dim);
+        let w_head = &self.wkv_b[hh * hw * l..(hh + 1) * hw * l];
+        q_lat.fill(0.0);
+        for (i, qi) in q_nope.iter().enumerate() {
+            for (a, w) in q_lat.iter_mut().zip(&w_head[i * l..(i + 1) * l]) {
+                *a += qi * w;
+            }
+        }
+    }
 
-/// `out = Σ_s softmax(score)(s) · value(s)` over `positions`, in f32.
-fn softmax_pool<'a>(
-    positions: &[usize],
-    scores: &mut Vec<f32>,
-    score: impl Fn(usize) -> f32,
-    value: impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-) {
-    scores.clear();
-    scores.extend(positions.iter().map(|&s| score(s)));
-    crate::kernels::attn::softmax(scores);
-    out.fill(0.0);
-    for (&s, p) in positions.iter().zip(scores.iter()) {
-        for (o, v) in out.iter_mut().zip(value(s)) {
-            *o += p * v;
+    /// Head `hh`'s output: its value rows of kv_b times the pooled latent.
+    fn project_pooled(&self, c: &MlaConfig, hh: usize, pooled: &[f32], o: &mut [f32]) {
+        let (l, nope, hw) = (
+            c.kv_lora_rank,
+            c.qk_nope_head_dim,
+            c.qk_nope_head_dim + c.v_head_dim,
+        );
+        let w_head = &self.wkv_b[hh * hw * l..(hh + 1) * hw * l];
+        for (j, ov) in o.iter_mut().enumerate() {
+            *ov = dot(&w_head[(nope + j) * l..(nope + j + 1) * l], pooled);
         }
     }
 }
+
+/// Query pairs that attend every position before their span's end,
+/// through the panel kernels: up to `attn::ROWS_MAX` at a time, scored,
+/// softmaxed and summed over the values. Each pair's arithmetic is the
+/// same in any batch (`kernels::attn`).
+struct DensePairs<'a> {
+    /// Holds every pair's query (`dim` floats at its offset).
+    q: &'a [f32],
+    /// The keys' panel.
+    panel: &'a [f32],
+    dim: usize,
+    scale: f32,
+    /// Position `p`'s value at `values.0[p * values.1..]`.
+    values: (&'a [f32], usize),
+}
+
+impl DensePairs<'_> {
+    /// Attends each `(query offset, span end, out offset)` pair over
+    /// positions `0..span end`, adding `out_dim` floats at its out offset.
+    fn attend(
+        &self,
+        pairs: impl Iterator<Item = (usize, usize, usize)>,
+        out_dim: usize,
+        out: &mut [f32],
+    ) {
+        let mut batch = [(0usize, 0usize, 0usize); attn::ROWS_MAX];
+        let mut k = 0;
+        for pair in pairs {
+            batch[k] = pair;
+            k += 1;
+            if k == attn::ROWS_MAX {
+                self.attend_batch(&batch, out_dim, out);
+                k = 0;
+            }
+        }
+        if k > 0 {
+            self.attend_batch(&batch[..k], out_dim, out);
+        }
+    }
+
+    fn attend_batch(&self, batch: &[(usize, usize, usize)], out_dim: usize, out: &mut [f32]) {
+        let mut offsets = [0usize; attn::ROWS_MAX];
+        let mut outs = [0usize; attn::ROWS_MAX];
+        let mut spans: [Range<usize>; attn::ROWS_MAX] = std::array::from_fn(|_| 0..0);
+        for (j, &(q, end, o)) in batch.iter().enumerate() {
+            (offsets[j], spans[j], outs[j]) = (q, 0..end, o);
+        }
+        let k = batch.len();
+        let end = spans[..k].iter().map(|s| s.end).max().unwrap_or(0);
+        let width = end.div_ceil(attn::BLOCK) * attn::BLOCK;
+        let mut scores = Scratch::zeroed(k * width); // (pairs, width)
+        let rows = attn::QueryRows {
+            q: self.q,
+            offsets: &offsets[..k],
+            dim: self.dim,
+        };
+        attn::scores(
+            rows,
+            self.panel,
+            0..width / attn::BLOCK,
+            self.scale,
+            (&mut scores, width),
+        );
+        for (j, span) in spans[..k].iter().enumerate() {
+            attn::softmax(&mut scores[j * width..j * width + span.end]);
+        }
+        let wv = attn::Weighted {
+            w: &scores,
+            w_stride: width,
+            v: self.values.0,
+            v_stride: self.values.1,
+            spans: &spans[..k],
+        };
+        attn::weighted_values(wv, (out, &outs[..k]), out_dim);
+    }
+}
+
+/// Query rows one kernel-pool task attends in turn on the absorbed path.
+const QUERY_GROUP: usize = 4;

@@ -30,27 +30,41 @@ pub fn panel_len(positions: usize, dim: usize) -> usize {
     positions.div_ceil(BLOCK) * BLOCK * dim
 }
 
-/// Writes the panel of `n` keys, key `j` at `keys[j * stride..][..dim]`,
-/// into `panel` (`panel_len(n, dim)` floats; the last block's missing
-/// positions are zeros).
-pub fn fill_panel(keys: &[f32], (stride, dim): (usize, usize), n: usize, panel: &mut [f32]) {
-    assert!(
-        n == 0 || keys.len() >= (n - 1) * stride + dim,
-        "keys in bounds"
-    );
+/// One part of every key: key `j`'s floats `keys[j * stride..][..width]`.
+#[derive(Clone, Copy)]
+pub struct KeyPart<'a> {
+    pub keys: &'a [f32],
+    pub stride: usize,
+    pub width: usize,
+}
+
+/// Writes the panel of `n` keys, each the concatenation of `parts` (MLA's
+/// keys are a head's reconstructed part and the shared rotary part), into
+/// `panel` (`panel_len(n, dim)` floats, `dim` the parts' widths summed;
+/// the last block's missing positions are zeros).
+pub fn fill_panel(parts: &[KeyPart], n: usize, panel: &mut [f32]) {
+    fill_panel_by(parts, n, |j| j, panel)
+}
+
+/// [`fill_panel`] of the keys at `positions` (key `j` of the panel is
+/// position `positions[j]`): a DSA selection's keys.
+pub fn fill_panel_at(parts: &[KeyPart], positions: &[usize], panel: &mut [f32]) {
+    fill_panel_by(parts, positions.len(), |j| positions[j], panel)
+}
+
+fn fill_panel_by(parts: &[KeyPart], n: usize, at: impl Fn(usize) -> usize, panel: &mut [f32]) {
+    let dim: usize = parts.iter().map(|p| p.width).sum();
     let panel = &mut panel[..panel_len(n, dim)];
     for (b, block) in panel.chunks_exact_mut(BLOCK * dim).enumerate() {
         for lane in 0..BLOCK {
             let j = b * BLOCK + lane;
-            if j < n {
-                let key = &keys[j * stride..j * stride + dim];
-                for (d, &x) in key.iter().enumerate() {
-                    block[d * BLOCK + lane] = x;
+            let mut d = 0;
+            for p in parts {
+                let key = (j < n).then(|| &p.keys[at(j) * p.stride..at(j) * p.stride + p.width]);
+                for i in 0..p.width {
+                    block[(d + i) * BLOCK + lane] = key.map_or(0.0, |k| k[i]);
                 }
-            } else {
-                for d in 0..dim {
-                    block[d * BLOCK + lane] = 0.0;
-                }
+                d += p.width;
             }
         }
     }

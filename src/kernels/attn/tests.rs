@@ -42,7 +42,12 @@ fn check_scores(dim: usize, n: usize, rows: usize, blocks: Range<usize>) {
     let stride = dim + 3;
     let keys = values(n * stride, 1);
     let mut panel = vec![f32::NAN; panel_len(n, dim)];
-    fill_panel(&keys, (stride, dim), n, &mut panel);
+    let part = KeyPart {
+        keys: &keys,
+        stride,
+        width: dim,
+    };
+    fill_panel(&[part], n, &mut panel);
     let q = values(rows * dim * 2 + 2, 2);
     let offsets: Vec<usize> = (0..rows).map(|r| r * 2 * dim + r % 3).collect();
     let rows = QueryRows {
@@ -168,14 +173,33 @@ fn value_sums_with_causal_and_windowed_spans_equal_the_twin() {
 }
 
 #[test]
-fn a_panel_holds_each_key_in_its_block_lane_and_zeros_past_the_end() {
-    let keys = values(3 * 5, 9);
-    let mut panel = vec![f32::NAN; panel_len(3, 4)];
-    fill_panel(&keys, (5, 4), 3, &mut panel);
-    assert_eq!(panel.len(), BLOCK * 4);
-    for d in 0..4 {
+fn a_panel_holds_each_keys_parts_in_its_block_lane_and_zeros_past_the_end() {
+    let (keys, rope) = (values(3 * 5, 9), values(3 * 2, 10));
+    let mut panel = vec![f32::NAN; panel_len(3, 5)];
+    let parts = [
+        KeyPart {
+            keys: &keys,
+            stride: 5,
+            width: 3,
+        },
+        KeyPart {
+            keys: &rope,
+            stride: 2,
+            width: 2,
+        },
+    ];
+    fill_panel(&parts, 3, &mut panel);
+    assert_eq!(panel.len(), BLOCK * 5);
+    for d in 0..5 {
         for lane in 0..BLOCK {
-            let want = if lane < 3 { keys[lane * 5 + d] } else { 0.0 };
+            let key = |j: usize| {
+                if d < 3 {
+                    keys[j * 5 + d]
+                } else {
+                    rope[j * 2 + d - 3]
+                }
+            };
+            let want = if lane < 3 { key(lane) } else { 0.0 };
             assert_eq!(panel[d * BLOCK + lane].to_bits(), want.to_bits());
         }
     }
