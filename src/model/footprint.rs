@@ -151,10 +151,10 @@ fn activations_bytes(per_position: u64, context: usize) -> u64 {
 /// head's keys and scores of a batch of query rows per kernel-pool thread
 /// (f32 each); MLA's one head of reconstructed keys and values (explicit
 /// path), one panel of keys (the explicit path's `[k_nope | k_rope]` of a
-/// head or the absorbed path's `[latent | k_rope]`, the wider), and each
-/// pool thread's scores of a batch of query pairs and of a selected
-/// query with its positions; a DSA indexer's scores and ranking of every
-/// position.
+/// head or the absorbed path's `[latent | k_rope]`, the wider), each pool
+/// thread's scores of a batch of query pairs and, with a DSA indexer, its
+/// gathered panel and values of a selected query; a DSA indexer's scores
+/// and ranking of every position.
 pub(crate) fn attention_bytes_per_position(cfg: &ModelConfig) -> u64 {
     let (f, u) = (4, std::mem::size_of::<usize>());
     let threads = crate::kernels::pool::threads();
@@ -163,7 +163,11 @@ pub(crate) fn attention_bytes_per_position(cfg: &ModelConfig) -> u64 {
         Some(m) => {
             let (nope, rope) = (m.qk_nope_head_dim, m.qk_rope_head_dim);
             let panel = (nope + rope).max(m.kv_lora_rank + rope);
-            f * (nope + m.v_head_dim + panel) + threads * (batch * f + f + u)
+            let gathered = cfg
+                .indexer
+                .as_ref()
+                .map_or(0, |_| panel + m.kv_lora_rank.max(m.v_head_dim));
+            f * (nope + m.v_head_dim + panel) + threads * f * (batch + gathered)
         }
         None => threads * (batch + cfg.head_dim) * f,
     };
