@@ -253,9 +253,9 @@ impl MlaAttention {
     /// (that head's rows of kv_b: `total x (nope + v)` floats, where all
     /// heads at once would hold `heads` times as many: 2 GB at 16k
     /// positions of DeepSeek-V3), then attends that head for every query:
-    /// rows without a DSA selection through the panel kernels
-    /// (`kernels::attn`, keys `[k_nope | k_rope]`), selected rows position
-    /// by position.
+    /// through the panel kernels (`kernels::attn`, keys `[k_nope |
+    /// k_rope]`); a DSA-selected row's keys and values gathered into a
+    /// panel of their own (the same arithmetic as dense).
     fn attend_explicit(
         &self,
         sh: &MlaShape,
@@ -331,7 +331,7 @@ impl MlaAttention {
     /// the pooled latent once through kv_b's value rows. Rows without a
     /// DSA selection score and pool through the panel kernels (keys
     /// `[latent | k_rope]`, shared by every head: one panel for all);
-    /// selected rows position by position.
+    /// a DSA-selected row through a panel of its gathered keys.
     fn attend_absorbed(
         &self,
         sh: &MlaShape,
