@@ -247,6 +247,20 @@ impl Mat {
             MatData::Ggml { ty, data } => ggml::matmul(*ty, data, self.rows, c, x, n, y),
         }
     }
+
+    /// [`Mat::matmul`] of `self` and `other` against the same `x` (an
+    /// MLP's gate and up), sharing the activations' quantization where
+    /// both are packed integer matrices ([`QMatrix::matmul_pair`]); the
+    /// same bits as two [`Mat::matmul`] calls.
+    pub fn matmul_pair(&self, other: &Mat, x: &[f32], n: usize, y: &mut [f32], yo: &mut [f32]) {
+        match (&self.data, &other.data) {
+            (MatData::Q(a), MatData::Q(b)) => a.matmul_pair(b, x, n, y, yo),
+            _ => {
+                self.matmul(x, n, y);
+                other.matmul(x, n, yo);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,8 +17,9 @@ pub enum Isa {
     Avx512Vnni,
 }
 
-/// The best ISA this CPU supports; `MOESTREAM_ISA=scalar|avx2|avx512` caps it
-/// (`avx512` drops VNNI, so the integer dots fall back to AVX2).
+/// The best ISA this CPU supports; `MOESTREAM_ISA=scalar|avx2|avx512|avx512vnni`
+/// caps it (`avx512` drops VNNI, so the integer dots fall back to AVX2;
+/// `avx512vnni` drops only AMX, see [`amx`]).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
@@ -49,6 +50,42 @@ fn detect() -> Isa {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Isa {
     Isa::Scalar
+}
+
+/// Whether the int8/int4 prefill dots run on the AMX-INT8 tiles
+/// (`kernels::amx`): the dispatch is at AVX-512 VNNI ([`isa`]), the CPU has
+/// AMX-TILE and AMX-INT8, Linux granted this process the tile state, and
+/// `MOESTREAM_ISA=avx512vnni` does not hold the kernels at VNNI.
+pub fn amx() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| {
+        isa() == Isa::Avx512Vnni
+            && std::env::var("MOESTREAM_ISA").as_deref() != Ok("avx512vnni")
+            && has_amx_int8()
+    })
+}
+
+/// Whether this CPU has AMX-TILE and AMX-INT8 and this process may use
+/// the tiles (asked of Linux once), whatever the dispatch cap says (for
+/// twin tests and benches).
+#[cfg(target_arch = "x86_64")]
+pub fn has_amx_int8() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if !has_avx512_vnni() {
+            return false;
+        }
+        // CPUID leaf 7 exists on every x86-64 CPU with AVX-512 (checked
+        // just above).
+        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+        let (tile, int8) = (1 << 24, 1 << 25);
+        edx & (tile | int8) == tile | int8 && super::amx::request_tiles()
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn has_amx_int8() -> bool {
+    false
 }
 
 /// Whether this CPU has what the VNNI integer kernels need (for twin tests

@@ -30,6 +30,8 @@ pub(crate) fn xsums_hold(x: &[i8], stride: usize, xsum: &[i32]) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod panel512;
 #[cfg(target_arch = "x86_64")]
 mod tile256;
@@ -38,7 +40,7 @@ mod tile512;
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MACS_MIN: usize = 1 << 18;
@@ -69,23 +71,43 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// Fewest activation rows the int8/int4 batched dots repack their weight
-/// block into panels for (AVX-512 VNNI; `kernels::panel512`): below it the
-/// repack is not paid back and the 4×4 register tiles (`tile512`) run.
+/// block into panels for (AVX-512 VNNI; `kernels::panel512`, and the AMX
+/// tiles that read the same panels): below it the repack is not paid back
+/// and the 4×4 register tiles (`tile512`) run.
 pub(crate) const PANEL_ACTS_MIN: usize = 24;
 
-static PANELS: AtomicBool = AtomicBool::new(true);
-
-/// Whether the int8/int4 batched dots of `PANEL_ACTS_MIN` (24) or more rows
-/// take the panel kernel (`true`, the default) or the 4×4 register tiles:
-/// a process-wide switch for side-by-side measurements
-/// (`moestream bench kernels --compare-tiles`). Both give the same bits.
-pub fn set_panels(on: bool) {
-    PANELS.store(on, Ordering::Relaxed);
+/// The kernel of the int8/int4 batched dots of [`PANEL_ACTS_MIN`] or more
+/// rows on an AVX-512 VNNI CPU. All give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchKernel {
+    /// The AMX-INT8 tiles (`kernels::amx`) where [`cpu::amx`] allows them,
+    /// else the panels: the default.
+    Amx,
+    /// The VNNI panels (`kernels::panel512`).
+    Panels,
+    /// The 4×4 VNNI register tiles (`kernels::tile512`), the kernel before
+    /// the panels.
+    Tiles,
 }
 
-/// The current [`set_panels`] choice.
-pub fn panels() -> bool {
-    PANELS.load(Ordering::Relaxed)
+static BATCH_KERNEL: AtomicU8 = AtomicU8::new(BatchKernel::Amx as u8);
+
+/// Selects the [`BatchKernel`] of every later batched dot (process-wide):
+/// a switch for side-by-side measurements (`moestream bench kernels
+/// --compare-tiles`) and the twin tests.
+pub fn set_batch_kernel(k: BatchKernel) {
+    BATCH_KERNEL.store(k as u8, Ordering::Relaxed);
+}
+
+/// The kernel the batched dots run now: the [`set_batch_kernel`] choice,
+/// with [`BatchKernel::Amx`] read as [`BatchKernel::Panels`] where the
+/// CPU (or the `MOESTREAM_ISA` cap) has no AMX.
+pub fn batch_kernel() -> BatchKernel {
+    match BATCH_KERNEL.load(Ordering::Relaxed) {
+        0 if cpu::amx() => BatchKernel::Amx,
+        0 | 1 => BatchKernel::Panels,
+        _ => BatchKernel::Tiles,
+    }
 }
 
 /// Selects who runs the row blocks of every later product (process-wide).

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 /// Weight rows of a panel (the 32-bit lanes of a zmm register).
-const PANEL_ROWS: usize = 16;
+pub(crate) const PANEL_ROWS: usize = 16;
 /// Panels of the main tile: blocks of rows are whole multiples of
 /// `PANEL_ROWS · TILE_PANELS` where they can be.
 pub(crate) const TILE_PANELS: usize = 2;
@@ -85,10 +85,7 @@ pub(crate) unsafe fn dot_panels<F: PanelFormat>(
     // Quads (4 activation bytes) a row: every panel vector meets one.
     let quads = stride / 4;
     let panels = rows.div_ceil(PANEL_ROWS);
-    PANELS.with_borrow_mut(|buf| {
-        buf.resize(panels * quads, _mm512_setzero_si512());
-        // SAFETY: `buf` holds `panels · quads` vectors; the caller's layout.
-        unsafe { pack::<F>(w, row_bytes, rows, stride, buf) };
+    let run = |buf: &[__m512i]| {
         let op = Operands {
             panels: buf,
             quads,
@@ -110,7 +107,38 @@ pub(crate) unsafe fn dot_panels<F: PanelFormat>(
             }
             p += g;
         }
-    });
+    };
+    // SAFETY: the caller's layout is `with_panels`'s.
+    unsafe { with_panels::<F, _>(w, row_bytes, rows, stride, run) }
+}
+
+/// Repacks the `rows` rows of `w` (`row_bytes` each) for activation rows
+/// of `stride` bytes into this thread's panel buffer and hands it to `f`:
+/// `rows.div_ceil(16)` panels of `stride / 4` vectors, vector `q` of a
+/// panel pairing with activation bytes `4q..4q + 4`.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW; `stride` is a multiple of
+/// `F::X_PER_STEP` holding `row_bytes.div_ceil(64)` steps of it;
+/// `w.len() == rows · row_bytes`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn with_panels<F: PanelFormat, R>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    stride: usize,
+    f: impl FnOnce(&[__m512i]) -> R,
+) -> R {
+    debug_assert!(stride.is_multiple_of(F::X_PER_STEP) && w.len() == rows * row_bytes);
+    PANELS.with_borrow_mut(|buf| {
+        buf.resize(
+            rows.div_ceil(PANEL_ROWS) * (stride / 4),
+            _mm512_setzero_si512(),
+        );
+        // SAFETY: `buf` holds `panels · quads` vectors; the caller's layout.
+        unsafe { pack::<F>(w, row_bytes, rows, stride, buf) };
+        f(buf)
+    })
 }
 
 /// Repacks all `rows` rows of `w` into `buf` (`rows.div_ceil(16)` panels of

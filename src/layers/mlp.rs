@@ -36,8 +36,7 @@ impl Mlp {
         let mut g = Scratch::zeroed(n * i); // (n, inter)
         let mut u = Scratch::zeroed(n * i); // (n, inter)
         tap::record(Part::MlpIn(block), x, self.hidden);
-        self.gate.matmul(x, n, &mut g);
-        self.up.matmul(x, n, &mut u);
+        self.gate.matmul_pair(&self.up, x, n, &mut g, &mut u);
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = silu(*gv) * uv;
         }

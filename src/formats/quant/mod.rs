@@ -243,6 +243,28 @@ impl QMatrix {
         )
     }
 
+    /// [`QMatrix::matmul`] of `self` and `other` against the same `x`
+    /// (an MLP's gate and up): on the integer path `x` is quantized once
+    /// for both where their packing and columns agree. The same bits as
+    /// two [`QMatrix::matmul`] calls.
+    pub fn matmul_pair(&self, other: &QMatrix, x: &[f32], n: usize, y: &mut [f32], yo: &mut [f32]) {
+        if !crate::kernels::quant::int_dot() || self.bits != other.bits || self.cols != other.cols {
+            self.matmul(x, n, y);
+            other.matmul(x, n, yo);
+            return;
+        }
+        crate::kernels::quant::matmul_int_pair(
+            self.bits,
+            (&self.data, &self.scales, self.rows),
+            (&other.data, &other.scales, other.rows),
+            self.cols,
+            x,
+            n,
+            y,
+            yo,
+        )
+    }
+
     /// The packed bytes of row `r`.
     pub fn row(&self, r: usize) -> &[u8] {
         let rb = self.bits.row_bytes(self.cols);

@@ -187,33 +187,49 @@ type SumRows = fn(Weighted, Range<usize>, Range<usize>, (&mut [f32], &[usize]), 
 
 /// Splits the rows into tiles of [`VALUE_TILE`]: each row alone over the
 /// part of its span the tile's other rows lack, the tile together over the
-/// part all attend, every row in position order.
+/// part all attend, every row in position order. Positions go by in
+/// chunks of about [`VALUE_CHUNK_BYTES`] of values, outermost, so every
+/// tile of the call meets a chunk's values while they are in cache (the
+/// values of a long span are far larger than the caches, and each tile
+/// and dimension slice would otherwise stream all of them); a row's chain
+/// still runs in position order, chunk after chunk.
 fn value_tiles(wv: Weighted, (out, offsets): (&mut [f32], &[usize]), dim: usize, sum: SumRows) {
     let rows = offsets.len();
-    let run = |rows: Range<usize>, positions: Range<usize>, out: &mut [f32]| {
-        if !positions.is_empty() {
-            sum(wv, rows, positions, (out, offsets), dim);
+    let lo = wv.spans.iter().map(|r| r.start).min().unwrap_or(0);
+    let hi = wv.spans.iter().map(|r| r.end).max().unwrap_or(0);
+    let chunk = (VALUE_CHUNK_BYTES / (4 * dim.max(1))).max(BLOCK);
+    let mut run = |rows: Range<usize>, positions: Range<usize>, c: &Range<usize>| {
+        let p = positions.start.max(c.start)..positions.end.min(c.end);
+        if !p.is_empty() {
+            sum(wv, rows, p, (&mut *out, offsets), dim);
         }
     };
-    for tile in (0..rows).step_by(VALUE_TILE) {
-        let tile = tile..(tile + VALUE_TILE).min(rows);
-        let common = tile.clone().map(|r| wv.spans[r].start).max().unwrap_or(0)
-            ..tile.clone().map(|r| wv.spans[r].end).min().unwrap_or(0);
-        if common.is_empty() {
-            for r in tile {
-                run(r..r + 1, wv.spans[r].clone(), out);
+    for c0 in (lo..hi).step_by(chunk) {
+        let c = c0..(c0 + chunk).min(hi);
+        for tile in (0..rows).step_by(VALUE_TILE) {
+            let tile = tile..(tile + VALUE_TILE).min(rows);
+            let common = tile.clone().map(|r| wv.spans[r].start).max().unwrap_or(0)
+                ..tile.clone().map(|r| wv.spans[r].end).min().unwrap_or(0);
+            if common.is_empty() {
+                for r in tile {
+                    run(r..r + 1, wv.spans[r].clone(), &c);
+                }
+                continue;
             }
-            continue;
-        }
-        for r in tile.clone() {
-            run(r..r + 1, wv.spans[r].start..common.start, out);
-        }
-        run(tile.clone(), common.clone(), out);
-        for r in tile {
-            run(r..r + 1, common.end..wv.spans[r].end, out);
+            for r in tile.clone() {
+                run(r..r + 1, wv.spans[r].start..common.start, &c);
+            }
+            run(tile.clone(), common.clone(), &c);
+            for r in tile {
+                run(r..r + 1, common.end..wv.spans[r].end, &c);
+            }
         }
     }
 }
+
+/// Bytes of values one chunk of [`value_tiles`] covers: a third of L1d
+/// (at least [`BLOCK`] positions however wide the values).
+const VALUE_CHUNK_BYTES: usize = 16 << 10;
 
 /// Rows one value tile sums together.
 const VALUE_TILE: usize = 4;

@@ -170,6 +170,13 @@ fn value_sums_with_causal_and_windowed_spans_equal_the_twin() {
         check_values(dim, 46, &windowed[..7]);
         check_values(dim, 46, &disjoint);
     }
+    // Spans across several position chunks of `value_tiles` (64 positions
+    // at 128 dimensions, 16 at 512), starting and ending inside chunks.
+    let long: Vec<Range<usize>> = (0..ROWS_MAX).map(|r| 3 * r..200 + 7 * r).collect();
+    for dim in [128, 512] {
+        check_values(dim, 320, &long);
+        check_values(dim, 320, &[0..320, 17..18, 63..65, 100..300]);
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! saturation); `8·Σx` is subtracted once. The tail is a masked load:
 //! masked-off weight bytes read 0 and add nothing.
 
+use super::super::amx;
 use super::super::panel512::{self, PanelFormat};
 use super::super::tile512::{self, TileStep};
 use std::arch::x86_64::*;
@@ -224,6 +225,25 @@ pub unsafe fn dot_panels(
 ) {
     // SAFETY: the caller's contract is `panel512::dot_panels`'s for this format.
     unsafe { panel512::dot_panels::<Nibbles>(w, row_bytes, x, stride, xsum, out) }
+}
+
+/// [`dot_panels`] on the AMX-INT8 tiles (`kernels::amx`), which read the
+/// same panels.
+///
+/// # Safety
+/// As [`dot_block`], and the CPU must support AMX-TILE/INT8 with this
+/// process holding the tile permission (`cpu::has_amx_int8`).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn dot_amx(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `amx::dot_tiles`'s for this format.
+    unsafe { amx::dot_tiles::<Nibbles>(w, row_bytes, x, stride, xsum, out) }
 }
 
 impl PanelFormat for Nibbles {

@@ -25,6 +25,7 @@ mod avx2;
 mod avx512;
 
 use super::cpu::{isa, Isa};
+use super::BatchKernel;
 
 /// Splits an activation row into its even and odd columns, each
 /// `cols.div_ceil(2)` long; an odd row's last `odd` entry is 0. Dispatched:
@@ -158,9 +159,19 @@ pub fn dot_block(
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
         debug_assert!(super::xsums_hold(x, stride, xsum));
-        if n >= super::PANEL_ACTS_MIN && super::panels() {
-            // SAFETY: as for `dot_block` below; `dot_panels` has its contract.
-            return unsafe { avx512::dot_panels(w, row_bytes, x, stride, xsum, out) };
+        if n >= super::PANEL_ACTS_MIN {
+            match super::batch_kernel() {
+                BatchKernel::Amx => {
+                    // SAFETY: as for `dot_block` below; `batch_kernel` reports AMX
+                    // only where `cpu::amx` found it and the tile permission.
+                    return unsafe { avx512::dot_amx(w, row_bytes, x, stride, xsum, out) };
+                }
+                BatchKernel::Panels => {
+                    // SAFETY: as for `dot_block` below; `dot_panels` has its contract.
+                    return unsafe { avx512::dot_panels(w, row_bytes, x, stride, xsum, out) };
+                }
+                BatchKernel::Tiles => {}
+            }
         }
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
@@ -400,6 +411,13 @@ mod tests {
                 // SAFETY: as just above (`dot_panels` has `dot_block`'s contract).
                 unsafe { avx512::dot_panels(&w, rb, &x, stride, &xsum, &mut got) };
                 assert_eq!(got, want, "vnni panels, {what}");
+            }
+            if cpu::has_amx_int8() {
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: AMX-INT8 and the tile permission detected just above
+                // (with AVX-512F/BW); `dot_amx` has `dot_block`'s contract.
+                unsafe { avx512::dot_amx(&w, rb, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "amx, {what}");
             }
         }
     }

@@ -5,6 +5,7 @@
 //! 2^32 and the true sum fits an i32, so the result is exact. The tail is
 //! a masked load: masked-off lanes read `w = 0, x = 0` and add nothing.
 
+use super::super::amx;
 use super::super::panel512::{self, PanelFormat};
 use super::super::tile512::{self, TileStep};
 use super::PEAK_CHAINS;
@@ -168,6 +169,25 @@ pub unsafe fn dot_panels(
 ) {
     // SAFETY: the caller's contract is `panel512::dot_panels`'s for this format.
     unsafe { panel512::dot_panels::<Flipped>(w, cols, x, stride, xsum, out) }
+}
+
+/// [`dot_panels`] on the AMX-INT8 tiles (`kernels::amx`), which read the
+/// same panels.
+///
+/// # Safety
+/// As [`dot_block`], and the CPU must support AMX-TILE/INT8 with this
+/// process holding the tile permission (`cpu::has_amx_int8`).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn dot_amx(
+    w: &[u8],
+    cols: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `amx::dot_tiles`'s for this format.
+    unsafe { amx::dot_tiles::<Flipped>(w, cols, x, stride, xsum, out) }
 }
 
 impl PanelFormat for Flipped {

@@ -24,6 +24,7 @@ pub(super) use avx2::hsum as avx2_hsum;
 mod avx512;
 
 use super::cpu::{isa, Isa};
+use super::BatchKernel;
 
 /// Longest row whose exact integer dot product fits an `i32`.
 pub const COLS_MAX: usize = 1 << 17;
@@ -100,9 +101,19 @@ pub fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, xsum: &[i32], o
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512Vnni {
         debug_assert!(super::xsums_hold(x, stride, xsum));
-        if n >= super::PANEL_ACTS_MIN && super::panels() {
-            // SAFETY: as for `dot_block` below; `dot_panels` has its contract.
-            return unsafe { avx512::dot_panels(w, cols, x, stride, xsum, out) };
+        if n >= super::PANEL_ACTS_MIN {
+            match super::batch_kernel() {
+                BatchKernel::Amx => {
+                    // SAFETY: as for `dot_block` below; `batch_kernel` reports AMX
+                    // only where `cpu::amx` found it and the tile permission.
+                    return unsafe { avx512::dot_amx(w, cols, x, stride, xsum, out) };
+                }
+                BatchKernel::Panels => {
+                    // SAFETY: as for `dot_block` below; `dot_panels` has its contract.
+                    return unsafe { avx512::dot_panels(w, cols, x, stride, xsum, out) };
+                }
+                BatchKernel::Tiles => {}
+            }
         }
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
@@ -183,6 +194,11 @@ pub enum PeakOp {
     /// AVX2 `vpmaddubsw` + `vpmaddwd` + `vpaddd` on ymm registers (32
     /// multiply-adds a chain step), the AVX2 dots' sequence.
     Avx2,
+    /// AMX-INT8 `tdpbssd` on four independent accumulator tiles (16 × 16 ×
+    /// 64 multiply-adds each), where [`super::cpu::amx`] allows the tiles;
+    /// never [`PeakOp::detect`]'s answer: the prefill figures are stated
+    /// against the VNNI peak, with this one beside it.
+    Amx,
 }
 
 impl PeakOp {
@@ -201,6 +217,7 @@ impl PeakOp {
         match self {
             PeakOp::Vnni => PEAK_MACS_PER_STEP,
             PeakOp::Avx2 => AVX2_PEAK_CHAINS * 32,
+            PeakOp::Amx => AMX_PEAK_MACS_PER_STEP,
         }
     }
 
@@ -209,9 +226,13 @@ impl PeakOp {
         match self {
             PeakOp::Vnni => "avx512-vnni vpdpbusd",
             PeakOp::Avx2 => "avx2 vpmaddubsw+vpmaddwd",
+            PeakOp::Amx => "amx-int8 tdpbssd",
         }
     }
 }
+
+/// Multiply-adds of one AMX probe round: four 16 × 16 × 64 tile multiplies.
+const AMX_PEAK_MACS_PER_STEP: usize = 4 * 16 * 16 * 64;
 
 /// Independent chains of the AVX2 probe (six products and six sums fill 15
 /// of the 16 ymm registers).
@@ -229,6 +250,15 @@ pub fn int_peak_probe(op: PeakOp, steps: usize, a: i32, b: i32) -> Option<i32> {
             if super::cpu::has_avx2() {
                 // SAFETY: AVX2 detected just above.
                 return Some(unsafe { avx2::maddubs_peak(steps, a, b) });
+            }
+            let _ = (steps, a, b);
+            None
+        }
+        PeakOp::Amx => {
+            #[cfg(target_arch = "x86_64")]
+            if super::cpu::amx() {
+                // SAFETY: AMX-TILE/INT8 and the tile permission (`cpu::amx`).
+                return Some(unsafe { super::amx::peak(steps, a as i8, b as i8) });
             }
             let _ = (steps, a, b);
             None
@@ -384,6 +414,13 @@ mod tests {
                 // SAFETY: as just above (`dot_panels` has `dot_block`'s contract).
                 unsafe { avx512::dot_panels(&w, cols, &x, stride, &xsum, &mut got) };
                 assert_eq!(got, want, "vnni panels, {what}");
+            }
+            if cpu::has_amx_int8() {
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: AMX-INT8 and the tile permission detected just above
+                // (with AVX-512F/BW); `dot_amx` has `dot_block`'s contract.
+                unsafe { avx512::dot_amx(&w, cols, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "amx, {what}");
             }
         }
     }

@@ -236,6 +236,42 @@ pub fn matmul_int(
     });
 }
 
+/// One packed matrix of [`matmul_int_pair`]: `(w, scales, rows)`.
+pub type Packed<'a> = (&'a [u8], &'a [f32], usize);
+
+/// [`matmul_int`] of two matrices of the same packing and columns (an
+/// MLP's gate and up) against the same `x`, which is quantized once for
+/// both: `ya = x · aᵀ`, `yb = x · bᵀ`, each the bits [`matmul_int`] gives.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_int_pair(
+    bits: QBits,
+    a: Packed<'_>,
+    b: Packed<'_>,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    ya: &mut [f32],
+    yb: &mut [f32],
+) {
+    check_shapes(bits, a.0, a.1, a.2, cols, x, n, ya);
+    check_shapes(bits, b.0, b.1, b.2, cols, x, n, yb);
+    assert!(
+        cols <= COLS_MAX,
+        "{cols} columns: the integer dot allows {COLS_MAX}"
+    );
+    ACTS.with_borrow_mut(|acts| {
+        let batched = n >= BATCH_ROWS_MIN && bits != QBits::Int2;
+        acts.prepare(bits, cols, x, n, batched);
+        for ((w, scales, rows), y) in [(a, ya), (b, yb)] {
+            if batched {
+                matmul_batched(bits, w, scales, rows, acts, y)
+            } else {
+                matmul_by_act_row(bits, w, scales, rows, acts, y)
+            }
+        }
+    });
+}
+
 /// One activation row at a time against many weight rows a call: decode
 /// and batches under [`BATCH_ROWS_MIN`] (memory-bound: the rows go strictly
 /// one after another), and int2.

@@ -205,11 +205,12 @@ fn batched_int_path_matches_the_scalar_twins_for_every_n_to_17() {
 }
 
 #[test]
-fn prefill_batches_match_the_scalar_twins_on_panels_and_tiles() {
+fn prefill_batches_match_the_scalar_twins_on_amx_panels_and_tiles() {
     // Batches past the panel threshold (one `dot_block` call per block of
     // rows for every activation row), row counts off the 32-row panel
     // pairs, and batches longer than one panel call (256 + a tile-path
-    // tail of 14); the panel kernel and the 4×4 tiles give the same bits.
+    // tail of 14); the AMX tiles (the default where the CPU has them), the
+    // panel kernel and the 4×4 tiles give the same bits.
     for (rows, cols) in [(17, 130), (50, 257), (130, 2050)] {
         for bits in [QBits::Int8, QBits::Int4] {
             let m = QMatrix::quantize(&values(rows * cols, rows + cols), rows, cols, bits);
@@ -218,10 +219,13 @@ fn prefill_batches_match_the_scalar_twins_on_panels_and_tiles() {
                 let want = bits_of(&int_reference(&m, &x, n));
                 let got = bits_of(&run_int(&m, &x, n));
                 assert_eq!(got, want, "{bits:?} {rows}x{cols} n={n}");
-                crate::kernels::set_panels(false);
-                let tiles = bits_of(&run_int(&m, &x, n));
-                crate::kernels::set_panels(true);
-                assert_eq!(tiles, want, "tiles, {bits:?} {rows}x{cols} n={n}");
+                use crate::kernels::{set_batch_kernel, BatchKernel};
+                for k in [BatchKernel::Panels, BatchKernel::Tiles] {
+                    set_batch_kernel(k);
+                    let other = bits_of(&run_int(&m, &x, n));
+                    set_batch_kernel(BatchKernel::Amx);
+                    assert_eq!(other, want, "{k:?}, {bits:?} {rows}x{cols} n={n}");
+                }
             }
         }
     }
@@ -464,6 +468,34 @@ fn scale_sums_twins_agree_bit_for_bit() {
             scale_sums_scalar(&a, &s, xs, &mut want);
             scale_sums(&a, &s, xs, &mut got);
             assert_eq!(bits_of(&got), bits_of(&want), "len {len} xs {xs}");
+        }
+    }
+}
+
+#[test]
+fn a_gate_up_pair_equals_two_products_bit_for_bit() {
+    // One quantization of x for both matrices (different row counts), on
+    // the per-row path (n < 4), the tiles and the prefill kernels.
+    let (cols, rows_a, rows_b) = (200, 37, 20);
+    for bits in [QBits::Int8, QBits::Int4, QBits::Int2] {
+        let a = QMatrix::quantize(&values(rows_a * cols, 3), rows_a, cols, bits);
+        let b = QMatrix::quantize(&values(rows_b * cols, 4), rows_b, cols, bits);
+        for n in [1, 3, 5, 30] {
+            let x = values(n * cols, n);
+            let (mut ya, mut yb) = (vec![f32::NAN; n * rows_a], vec![f32::NAN; n * rows_b]);
+            let pa = (&a.data[..], &a.scales[..], rows_a);
+            let pb = (&b.data[..], &b.scales[..], rows_b);
+            matmul_int_pair(bits, pa, pb, cols, &x, n, &mut ya, &mut yb);
+            assert_eq!(
+                bits_of(&ya),
+                bits_of(&run_int(&a, &x, n)),
+                "{bits:?} n={n} a"
+            );
+            assert_eq!(
+                bits_of(&yb),
+                bits_of(&run_int(&b, &x, n)),
+                "{bits:?} n={n} b"
+            );
         }
     }
 }

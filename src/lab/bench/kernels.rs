@@ -73,9 +73,10 @@ pub struct KernelBenchConfig {
     pub reps: usize,
     /// Bytes of distinct matrices each row cycles through.
     pub working_set_bytes: usize,
-    /// Also run the int8/int4 rows on the 4×4 register tiles (panels off)
-    /// and the Q4_0/Q4_K rows on the per-row dots (tiles off), alternating
-    /// with the default kernel: rows named `int4 (tiles)`, `q4_k (per-row)`.
+    /// Also run the int8/int4 rows on the VNNI panels (where AMX is the
+    /// default) and the 4×4 register tiles, and the Q4_0/Q4_K rows on the
+    /// per-row dots, alternating with the default kernel: rows named
+    /// `int4 (panels)`, `int4 (tiles)`, `q4_k (per-row)`.
     pub compare_tiles: bool,
     /// Run the kernels and the peak on the calling thread alone, timed by
     /// its CPU time (what a shared machine's preemption does not inflate),
@@ -209,20 +210,14 @@ pub fn run(cfg: &KernelBenchConfig, op: PeakOp) -> Vec<KernelRow> {
                 continue;
             };
             let mats = matrices(f, rows, cols, cfg.working_set_bytes.div_ceil(bytes).max(2));
-            let variants: &[bool] = match f {
-                KernelFormat::Int(_) if cfg.compare_tiles => &[true, false],
-                KernelFormat::Ggml(BlockType::Q4_0 | BlockType::Q4K) if cfg.compare_tiles => {
-                    &[true, false]
-                }
-                _ => &[true],
-            };
+            let variants = variants(f, cfg.compare_tiles);
             for &n in &cfg.batches {
                 let shape = Shape { rows, cols, n };
-                out.extend(measure(f, &mats, shape, variants, cfg, op));
+                out.extend(measure(f, &mats, shape, &variants, cfg, op));
             }
         }
     }
-    set_variant(true);
+    set_variant(Variant::Default);
     kernels::set_threading(before);
     out
 }
@@ -242,7 +237,7 @@ fn measure(
     f: KernelFormat,
     mats: &[Matrix],
     s: Shape,
-    variants: &[bool],
+    variants: &[Variant],
     cfg: &KernelBenchConfig,
     op: PeakOp,
 ) -> Vec<KernelRow> {
@@ -280,10 +275,11 @@ fn measure(
         .iter()
         .zip(rows)
         .map(|(&v, (gmacs, peaks, of_peak))| KernelRow {
-            format: match (v, f) {
-                (true, _) => f.name(),
-                (false, KernelFormat::Int(_)) => format!("{} (tiles)", f.name()),
-                (false, KernelFormat::Ggml(_)) => format!("{} (per-row)", f.name()),
+            format: match v {
+                Variant::Default => f.name(),
+                Variant::Panels => format!("{} (panels)", f.name()),
+                Variant::Tiles => format!("{} (tiles)", f.name()),
+                Variant::PerRow => format!("{} (per-row)", f.name()),
             },
             rows: s.rows,
             cols: s.cols,
@@ -295,12 +291,44 @@ fn measure(
         .collect()
 }
 
-/// The default kernels (`true`), or the ones before them: int8/int4 on the
-/// 4×4 register tiles instead of panels, GGUF Q4_0/Q4_K on the per-row dots
-/// instead of the repacked tiles.
-fn set_variant(v: bool) {
-    kernels::set_panels(v);
-    ggml::set_tiled(v);
+/// A kernel a bench row runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    /// The default kernels (int8/int4 on the AMX tiles where the CPU has
+    /// them, else the panels; GGUF Q4_0/Q4_K on the repacked tiles).
+    Default,
+    /// int8/int4 on the VNNI panels (listed where AMX is the default).
+    Panels,
+    /// int8/int4 on the 4×4 register tiles, the kernel before the panels.
+    Tiles,
+    /// GGUF Q4_0/Q4_K on the per-row dots, before the repacked tiles.
+    PerRow,
+}
+
+/// The kernels a row of format `f` compares (`compare`: the ones before
+/// the default too).
+fn variants(f: KernelFormat, compare: bool) -> Vec<Variant> {
+    match f {
+        _ if !compare => vec![Variant::Default],
+        KernelFormat::Int(_) if kernels::cpu::amx() => {
+            vec![Variant::Default, Variant::Panels, Variant::Tiles]
+        }
+        KernelFormat::Int(_) => vec![Variant::Default, Variant::Tiles],
+        KernelFormat::Ggml(BlockType::Q4_0 | BlockType::Q4K) => {
+            vec![Variant::Default, Variant::PerRow]
+        }
+        KernelFormat::Ggml(_) => vec![Variant::Default],
+    }
+}
+
+/// Switches the process-wide kernel choices to `v`.
+fn set_variant(v: Variant) {
+    kernels::set_batch_kernel(match v {
+        Variant::Panels => kernels::BatchKernel::Panels,
+        Variant::Tiles => kernels::BatchKernel::Tiles,
+        Variant::Default | Variant::PerRow => kernels::BatchKernel::Amx,
+    });
+    ggml::set_tiled(v != Variant::PerRow);
 }
 
 /// One weight matrix of the bench.
@@ -424,14 +452,17 @@ mod tests {
         // Two variants of each row; Q4_K blocks are 256 columns, so its
         // 64-column shape is skipped.
         let names: Vec<_> = rows.iter().map(|r| (r.format.as_str(), r.cols)).collect();
-        let want = [
-            ("int4", 64),
-            ("int4 (tiles)", 64),
-            ("int4", 256),
-            ("int4 (tiles)", 256),
-        ];
-        let q4k = [("q4_k", 256), ("q4_k (per-row)", 256)];
-        assert_eq!(names, [&want[..], &q4k[..]].concat());
+        let int4: &[&str] = if kernels::cpu::amx() {
+            &["int4", "int4 (panels)", "int4 (tiles)"]
+        } else {
+            &["int4", "int4 (tiles)"]
+        };
+        let mut want: Vec<_> = [64, 256]
+            .iter()
+            .flat_map(|&c| int4.iter().map(move |&f| (f, c)))
+            .collect();
+        want.extend([("q4_k", 256), ("q4_k (per-row)", 256)]);
+        assert_eq!(names, want);
         assert!(rows.iter().all(|r| r.gmacs > 0.0 && r.of_peak.len() == 1));
         assert!(peak_gmacs(op, 1) > 0.0);
     }
