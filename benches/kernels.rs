@@ -32,12 +32,19 @@
 //!   multiply-adds (64 per zmm `vpdpbusd`): what the batched integer
 //!   matmuls are compared against.
 //!
+//! - `attention`: one batch of `attn::ROWS_MAX` (16) query rows of a
+//!   128-dimension head over 2,048 cached positions on one thread: the
+//!   scores against a key panel and the weighted sum of values (contiguous,
+//!   as `attend_rows` copies them), in elements = multiply-adds; compare
+//!   with the f32 FMA peak (`f32_fma_peak`, 16 independent zmm chains).
+//!
 //! `MOESTREAM_BENCH_THREADING=single` runs the matmul groups on that
 //! threading instead of the hot pool; `MOESTREAM_SPIN_US` sets the pool's
 //! idle spin.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use moestream::formats::quant::QBits;
+use moestream::kernels::attn;
 use moestream::kernels::f32::{dot, dot_scalar, matvec};
 use moestream::kernels::ggml::{self, BlockType};
 use moestream::kernels::grouped::{self, GFormat};
@@ -374,8 +381,59 @@ fn bench_vnni_peak(c: &mut Criterion) {
     g.finish();
 }
 
+fn bench_attention(c: &mut Criterion) {
+    let (rows, n, dim) = (attn::ROWS_MAX, 2048, 128);
+    let mut g = c.benchmark_group("attention");
+    g.throughput(Throughput::Elements((rows * n * dim) as u64));
+    let q = weights(rows * dim);
+    let offsets: Vec<usize> = (0..rows).map(|r| r * dim).collect();
+    let keys = weights(n * dim);
+    let mut panel = vec![0f32; attn::panel_len(n, dim)];
+    let part = attn::KeyPart {
+        keys: &keys,
+        stride: dim,
+        width: dim,
+    };
+    attn::fill_panel(&[part], n, &mut panel);
+    let mut scores = vec![0f32; rows * n];
+    g.bench_function("scores", |b| {
+        b.iter(|| {
+            let qr = attn::QueryRows {
+                q: &q,
+                offsets: &offsets,
+                dim,
+            };
+            attn::scores(qr, &panel, 0..n / attn::BLOCK, 0.1, (&mut scores, n));
+            black_box(&scores);
+        })
+    });
+    let w: Vec<f32> = weights(rows * n)
+        .iter()
+        .map(|v| v.abs() / n as f32)
+        .collect();
+    let v = weights(n * dim);
+    let spans: Vec<_> = (0..rows).map(|r| 0..n - rows + r + 1).collect();
+    let mut out = vec![0f32; rows * dim];
+    g.bench_function("values", |b| {
+        b.iter(|| {
+            let wv = attn::Weighted {
+                w: &w,
+                w_stride: n,
+                v: &v,
+                v_stride: dim,
+                spans: &spans,
+            };
+            out.fill(0.0);
+            attn::weighted_values(wv, (&mut out, &offsets), dim);
+            black_box(&out);
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    bench_attention,
     bench_vnni_peak,
     bench_matvec,
     bench_f32_matmul,

@@ -144,15 +144,17 @@ impl Attention {
         // a prefill's rows spread over the kernel pool in groups that share
         // each cached key and value they read (at 16k positions attention
         // is most of a prefill, and it streams the cache).
+        let span = |t: usize| {
+            let len = start + t + 1;
+            self.window.map_or(0, |w| len.saturating_sub(w))..len
+        };
+        let panels = HeadPanels::build(s, (kc, vc), span(0).start..start + n);
         let macs = 2 * n * (start + n) * qd;
         par_row_groups(&mut ctx, (qd, ROW_GROUP), macs, |t0, ctx_rows| {
             let m = ctx_rows.len() / qd;
-            let spans: [Range<usize>; ROW_GROUP] = std::array::from_fn(|i| {
-                let len = start + t0 + i.min(m - 1) + 1;
-                self.window.map_or(0, |w| len.saturating_sub(w))..len
-            });
+            let spans: [Range<usize>; ROW_GROUP] = std::array::from_fn(|i| span(t0 + i.min(m - 1)));
             let q_rows = &q[t0 * qd..(t0 + m) * qd];
-            attend_rows(s, q_rows, (kc, vc), &spans[..m], ctx_rows);
+            attend_rows(s, q_rows, &panels, &spans[..m], ctx_rows);
         });
         tap::record(Part::AttnOut, &ctx, qd);
         self.wo.matmul(&ctx, n, out);
@@ -164,43 +166,101 @@ impl Attention {
 /// read once for all of them.
 const ROW_GROUP: usize = 16;
 
+/// Every KV head's cached keys and values over the positions a forward's
+/// rows attend, laid out once for all of its rows: the keys transposed
+/// into a panel of [`attn::BLOCK`]-position blocks, the values copied out
+/// of the cache's interleaved heads into one contiguous run (its stride of
+/// all heads defeats the prefetchers). The positions start at a block
+/// boundary, so a row group's span begins at a whole block of the panel.
+struct HeadPanels {
+    /// `kv_heads` panels of `(blocks, head_dim, BLOCK)` keys.
+    keys: Scratch,
+    /// `kv_heads` runs of `(positions, head_dim)` values.
+    values: Scratch,
+    /// The cached positions held, from a block boundary.
+    positions: Range<usize>,
+    head_dim: usize,
+}
+
+impl HeadPanels {
+    /// The panels of cached positions `positions` (the start rounded down
+    /// to a block), one KV head a task on the kernel pool.
+    fn build(
+        s: &AttentionShape,
+        (kc, vc): (&[f32], &[f32]),
+        positions: Range<usize>,
+    ) -> HeadPanels {
+        let (d, kd) = (s.head_dim, s.kv_heads * s.head_dim);
+        let positions = positions.start / attn::BLOCK * attn::BLOCK..positions.end;
+        let n = positions.len();
+        let (plen, vlen) = (attn::panel_len(n, d), n * d);
+        let mut keys = Scratch::zeroed(s.kv_heads * plen);
+        let mut values = Scratch::zeroed(s.kv_heads * vlen);
+        let first = positions.start * kd;
+        if n > 0 {
+            par_row_groups(&mut keys, (plen, 1), n * kd, |h, panel| {
+                let part = attn::KeyPart {
+                    keys: &kc[first + h * d..],
+                    stride: kd,
+                    width: d,
+                };
+                attn::fill_panel(&[part], n, panel);
+            });
+            par_row_groups(&mut values, (vlen, 1), n * kd, |h, run| {
+                for (j, row) in run.chunks_exact_mut(d).enumerate() {
+                    row.copy_from_slice(&vc[first + j * kd + h * d..][..d]);
+                }
+            });
+        }
+        HeadPanels {
+            keys,
+            values,
+            positions,
+            head_dim: d,
+        }
+    }
+
+    /// KV head `h`'s key panel and values from cached position `from` (a
+    /// block boundary inside the positions held).
+    fn head(&self, h: usize, from: usize) -> (&[f32], &[f32]) {
+        let (d, n) = (self.head_dim, self.positions.len());
+        let skip = from - self.positions.start;
+        let (plen, vlen) = (attn::panel_len(n, d), n * d);
+        let keys = &self.keys[h * plen..(h + 1) * plen][skip * d..];
+        let values = &self.values[h * vlen..(h + 1) * vlen][skip * d..];
+        (keys, values)
+    }
+}
+
 /// Attention of query rows `q (m, heads * head_dim)` over the cached
-/// positions `spans[i]` (row `i`'s), into `ctx (m, heads * head_dim)`.
-/// Each row gets exactly the arithmetic of attending alone: its scores
-/// are the same chains, its softmax runs over its own span, and its
-/// output sums the values in position order; only the kernels' tiles
-/// interleave the rows (`kernels::attn`). Per KV head, the keys of every
-/// position any row attends are transposed into one panel, then the
-/// (row, head) pairs of that KV head go through in batches of
-/// `attn::ROWS_MAX`.
+/// positions `spans[i]` (row `i`'s, inside the positions `panels` hold),
+/// into `ctx (m, heads * head_dim)`. Each row gets exactly the arithmetic
+/// of attending alone: its scores are the same chains, its softmax runs
+/// over its own span, and its output sums the values in position order;
+/// only the kernels' tiles interleave the rows (`kernels::attn`). Per KV
+/// head, the (row, head) pairs go through in batches of `attn::ROWS_MAX`
+/// against the head's panel from the block where the rows' spans begin.
 fn attend_rows(
     s: &AttentionShape,
     q: &[f32],
-    (kc, vc): (&[f32], &[f32]),
+    panels: &HeadPanels,
     spans: &[Range<usize>],
     ctx: &mut [f32],
 ) {
-    let (d, kd, qd) = (s.head_dim, s.kv_heads * s.head_dim, s.heads * s.head_dim);
+    let (d, qd) = (s.head_dim, s.heads * s.head_dim);
     let group = s.heads / s.kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let union = spans.iter().map(|r| r.start).min().unwrap_or(0)
-        ..spans.iter().map(|r| r.end).max().unwrap_or(0);
-    let width = union.len().div_ceil(attn::BLOCK) * attn::BLOCK;
-    let mut panel = Scratch::zeroed(attn::panel_len(union.len(), d)); // (blocks, d, BLOCK)
-    let mut scores = Scratch::zeroed(attn::ROWS_MAX * width); // (pairs, width)
+    let end = spans.iter().map(|r| r.end).max().unwrap_or(0);
+    let base = spans.iter().map(|r| r.start).min().unwrap_or(0) / attn::BLOCK * attn::BLOCK;
     ctx.fill(0.0);
-    if union.is_empty() {
+    if spans.iter().all(|r| r.is_empty()) {
         return;
     }
+    let width = (end - base).div_ceil(attn::BLOCK) * attn::BLOCK;
+    let mut scores = Scratch::zeroed(attn::ROWS_MAX * width); // (pairs, width)
     let pairs = spans.len() * group;
     for kvh in 0..s.kv_heads {
-        let first = union.start * kd + kvh * d;
-        let keys = attn::KeyPart {
-            keys: &kc[first..],
-            stride: kd,
-            width: d,
-        };
-        attn::fill_panel(&[keys], union.len(), &mut panel);
+        let (panel, values) = panels.head(kvh, base);
         for c in (0..pairs).step_by(attn::ROWS_MAX) {
             let count = (pairs - c).min(attn::ROWS_MAX);
             let mut offsets = [0usize; attn::ROWS_MAX];
@@ -208,7 +268,7 @@ fn attend_rows(
             for j in 0..count {
                 let (i, h) = ((c + j) / group, kvh * group + (c + j) % group);
                 offsets[j] = i * qd + h * d;
-                rel[j] = spans[i].start - union.start..spans[i].end - union.start;
+                rel[j] = spans[i].start - base..spans[i].end - base;
             }
             let (offsets, rel) = (&offsets[..count], &rel[..count]);
             let lo = rel.iter().map(|r| r.start).min().unwrap_or(0) / attn::BLOCK;
@@ -219,15 +279,15 @@ fn attend_rows(
                 .unwrap_or(0)
                 .div_ceil(attn::BLOCK);
             let rows = attn::QueryRows { q, offsets, dim: d };
-            attn::scores(rows, &panel, lo..hi, scale, (&mut scores, width));
+            attn::scores(rows, panel, lo..hi, scale, (&mut scores, width));
             for (j, r) in rel.iter().enumerate() {
                 attn::softmax(&mut scores[j * width + r.start..j * width + r.end]);
             }
             let wv = attn::Weighted {
                 w: &scores,
                 w_stride: width,
-                v: &vc[first..],
-                v_stride: kd,
+                v: values,
+                v_stride: d,
                 spans: rel,
             };
             attn::weighted_values(wv, (ctx, offsets), d);
@@ -299,11 +359,13 @@ mod tests {
                 })
                 .collect();
             let mut together = vec![f32::NAN; m * qd];
-            attend_rows(&s, &q, (&kc, &vc), &spans, &mut together);
+            let all = HeadPanels::build(&s, (&kc, &vc), spans[0].start..positions);
+            attend_rows(&s, &q, &all, &spans, &mut together);
             for (i, span) in spans.iter().enumerate() {
                 let mut alone = vec![f32::NAN; qd];
                 let qi = &q[i * qd..(i + 1) * qd];
-                attend_rows(&s, qi, (&kc, &vc), std::slice::from_ref(span), &mut alone);
+                let own = HeadPanels::build(&s, (&kc, &vc), span.clone());
+                attend_rows(&s, qi, &own, std::slice::from_ref(span), &mut alone);
                 let got = &together[i * qd..(i + 1) * qd];
                 assert!(
                     got.iter()

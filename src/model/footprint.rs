@@ -147,9 +147,9 @@ fn activations_bytes(per_position: u64, context: usize) -> u64 {
 }
 
 /// Attention's workspace per cached position, which grows with the
-/// context rather than with the rows of a forward: GQA's panel of one
-/// head's keys and scores of a batch of query rows per kernel-pool thread
-/// (f32 each); MLA's one head of reconstructed keys and values (explicit
+/// context rather than with the rows of a forward: GQA's key panels and
+/// contiguous values of every KV head (built once per layer forward) and
+/// each kernel-pool thread's scores of a batch of query rows (f32 each); MLA's one head of reconstructed keys and values (explicit
 /// path), one panel of keys (the explicit path's `[k_nope | k_rope]` of a
 /// head or the absorbed path's `[latent | k_rope]`, the wider), each pool
 /// thread's scores of a batch of query pairs and, with a DSA indexer, its
@@ -169,7 +169,7 @@ pub(crate) fn attention_bytes_per_position(cfg: &ModelConfig) -> u64 {
                 .map_or(0, |_| panel + m.kv_lora_rank.max(m.v_head_dim));
             f * (nope + m.v_head_dim + panel) + threads * f * (batch + gathered)
         }
-        None => threads * (batch + cfg.head_dim) * f,
+        None => cfg.num_kv_heads * 2 * cfg.head_dim * f + threads * batch * f,
     };
     let indexer = cfg.indexer.as_ref().map_or(0, |_| f + u);
     (attention + indexer) as u64
