@@ -407,7 +407,10 @@ fn bench_attention(c: &mut Criterion) {
             black_box(&scores);
         })
     });
-    let w: Vec<f32> = weights(rows * n)
+    // Rows of weights one block apart from a power of two (as the prefill's
+    // scores rows are not): 4 KiB-aliased rows would share L1 sets.
+    let ws = n + attn::BLOCK;
+    let w: Vec<f32> = weights(rows * ws)
         .iter()
         .map(|v| v.abs() / n as f32)
         .collect();
@@ -418,7 +421,7 @@ fn bench_attention(c: &mut Criterion) {
         b.iter(|| {
             let wv = attn::Weighted {
                 w: &w,
-                w_stride: n,
+                w_stride: ws,
                 v: &v,
                 v_stride: dim,
                 spans: &spans,
