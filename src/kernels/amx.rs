@@ -104,29 +104,23 @@ pub(crate) unsafe fn dot_tiles<F: PanelFormat>(
     xsum: &[i32],
     out: &mut [i32],
 ) {
-    let n = xsum.len();
-    if n == 0 || row_bytes == 0 {
-        out.fill(0);
-        return;
-    }
-    let rows = out.len() / n;
-    debug_assert!(stride.is_multiple_of(STEP_BYTES) && x.len() == n * stride);
-    debug_assert!(w.len() == rows * row_bytes && out.len() == rows * n);
+    debug_assert!(stride.is_multiple_of(STEP_BYTES));
+    let run = |panels: &[__m512i], rows: usize, out: &mut [i32]| {
+        let op = Operands {
+            panels: panels.as_ptr().cast(),
+            quads: stride / 4,
+            x,
+            stride,
+            xsum,
+            rows,
+            bias: F::BIAS,
+        };
+        // SAFETY: the caller's contract (AMX and the tile permission) and
+        // the layout `with_panels` checked.
+        unsafe { op.run(out) };
+    };
     // SAFETY: the caller's layout is `with_panels`'s.
-    unsafe {
-        panel512::with_panels::<F, _>(w, row_bytes, rows, stride, |panels| {
-            let op = Operands {
-                panels: panels.as_ptr().cast(),
-                quads: stride / 4,
-                x,
-                stride,
-                xsum,
-                rows,
-                bias: F::BIAS,
-            };
-            op.run(out);
-        })
-    }
+    unsafe { panel512::with_panels::<F>(w, row_bytes, x, stride, xsum, out, run) }
 }
 
 /// The repacked weights and the activations of one [`dot_tiles`] call.

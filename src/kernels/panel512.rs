@@ -74,18 +74,10 @@ pub(crate) unsafe fn dot_panels<F: PanelFormat>(
     xsum: &[i32],
     out: &mut [i32],
 ) {
-    let n = xsum.len();
-    if n == 0 || row_bytes == 0 {
-        out.fill(0);
-        return;
-    }
-    let rows = out.len() / n;
-    debug_assert!(stride.is_multiple_of(F::X_PER_STEP) && x.len() == n * stride);
-    debug_assert!(w.len() == rows * row_bytes && out.len() == rows * n);
     // Quads (4 activation bytes) a row: every panel vector meets one.
     let quads = stride / 4;
-    let panels = rows.div_ceil(PANEL_ROWS);
-    let run = |buf: &[__m512i]| {
+    let run = |buf: &[__m512i], rows: usize, out: &mut [i32]| {
+        let panels = rows.div_ceil(PANEL_ROWS);
         let op = Operands {
             panels: buf,
             quads,
@@ -109,27 +101,37 @@ pub(crate) unsafe fn dot_panels<F: PanelFormat>(
         }
     };
     // SAFETY: the caller's layout is `with_panels`'s.
-    unsafe { with_panels::<F, _>(w, row_bytes, rows, stride, run) }
+    unsafe { with_panels::<F>(w, row_bytes, x, stride, xsum, out, run) }
 }
 
-/// Repacks the `rows` rows of `w` (`row_bytes` each) for activation rows
-/// of `stride` bytes into this thread's panel buffer and hands it to `f`:
+/// The shared start of the panel kernels (this one's and the AMX tiles'):
+/// for weight rows of `row_bytes` bytes against the `n = xsum.len()`
+/// activation rows of `x`, `out` all zeros when there is nothing to sum,
+/// else the block's `rows = out.len() / n` rows repacked into this
+/// thread's panel buffer and handed to `f` with `rows` and `out`:
 /// `rows.div_ceil(16)` panels of `stride / 4` vectors, vector `q` of a
 /// panel pairing with activation bytes `4q..4q + 4`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F/BW; `stride` is a multiple of
-/// `F::X_PER_STEP` holding `row_bytes.div_ceil(64)` steps of it;
-/// `w.len() == rows · row_bytes`.
+/// The CPU must support AVX-512F/BW; the layout is [`dot_panels`]'s.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn with_panels<F: PanelFormat, R>(
+pub(crate) unsafe fn with_panels<F: PanelFormat>(
     w: &[u8],
     row_bytes: usize,
-    rows: usize,
+    x: &[i8],
     stride: usize,
-    f: impl FnOnce(&[__m512i]) -> R,
-) -> R {
-    debug_assert!(stride.is_multiple_of(F::X_PER_STEP) && w.len() == rows * row_bytes);
+    xsum: &[i32],
+    out: &mut [i32],
+    f: impl FnOnce(&[__m512i], usize, &mut [i32]),
+) {
+    let n = xsum.len();
+    if n == 0 || row_bytes == 0 {
+        out.fill(0);
+        return;
+    }
+    let rows = out.len() / n;
+    debug_assert!(stride.is_multiple_of(F::X_PER_STEP) && x.len() == n * stride);
+    debug_assert!(w.len() == rows * row_bytes && out.len() == rows * n);
     PANELS.with_borrow_mut(|buf| {
         buf.resize(
             rows.div_ceil(PANEL_ROWS) * (stride / 4),
@@ -137,7 +139,7 @@ pub(crate) unsafe fn with_panels<F: PanelFormat, R>(
         );
         // SAFETY: `buf` holds `panels · quads` vectors; the caller's layout.
         unsafe { pack::<F>(w, row_bytes, rows, stride, buf) };
-        f(buf)
+        f(buf, rows, out)
     })
 }
 
