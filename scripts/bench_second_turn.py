@@ -9,7 +9,8 @@ dropped again) answers the prefix plus --extra new tokens; its TTFT is the
 seconds from sending the request to the first streamed text chunk. The
 same second-turn prompt on a server without --kv-dir (cold prefill of the
 whole prompt) is the reference. Rounds alternate the two second turns;
-medians are reported. Needs root. Usage::
+medians are reported; each row of the restarted kind also gives its first
+turn's TTFT (a cold prefill of the prefix). Needs root. Usage::
 
     python scripts/bench_second_turn.py --model /work/q30u --prefix 2048 --extra 32 \\
         --rounds 2 --cap 3 --ram-gb 3.12
@@ -87,11 +88,12 @@ def second_turn(a, rnd: int, keep: bool) -> dict:
     prefix = prompt_ids(a.prefix, rnd)
     turn2 = prefix + prompt_ids(a.extra, 1000 + rnd)
     kv = tempfile.mkdtemp(prefix="kv-", dir=a.scratch) if keep else None
+    first = None
     try:
         if keep:
             drop_caches()
             p = start(a, kv)
-            first_chunk_s(prefix)
+            first, _ = first_chunk_s(prefix)
             stop(p)
         drop_caches()
         p = start(a, kv)
@@ -102,6 +104,8 @@ def second_turn(a, rnd: int, keep: bool) -> dict:
             shutil.rmtree(kv, ignore_errors=True)
     row = {"round": rnd, "second_turn": "kv-dir, restarted" if keep else "cold prefill",
            "prompt_tokens": len(turn2), "cached_tokens": cached, "ttft_s": round(ttft, 2)}
+    if first is not None:
+        row["first_turn_ttft_s"] = round(first, 2)
     print(json.dumps(row), flush=True)
     return row
 

@@ -1,8 +1,8 @@
 //! AVX2 + FMA attention products: score tiles of up to 6 query rows × one
 //! panel block (12 accumulators, lanes over positions) and value tiles of
-//! up to 4 rows × 16 dimensions (lanes over dimensions, masked tails).
+//! up to 6 rows × 16 dimensions (lanes over dimensions, masked tails).
 
-use super::{QueryRows, Weighted, BLOCK};
+use super::{QueryRows, Weighted, BLOCK, VALUE_TILE};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -25,9 +25,11 @@ pub unsafe fn scores(
     (out, out_stride): (&mut [f32], usize),
 ) {
     let dim = rows.dim;
-    for r0 in (0..rows.offsets.len()).step_by(TILE_ROWS) {
-        let r1 = (r0 + TILE_ROWS).min(rows.offsets.len());
-        for b in blocks.clone() {
+    // Blocks outermost: a block's keys stay in L1 while every row tile
+    // scores them.
+    for b in blocks {
+        for r0 in (0..rows.offsets.len()).step_by(TILE_ROWS) {
+            let r1 = (r0 + TILE_ROWS).min(rows.offsets.len());
             let mut q = [std::ptr::null::<f32>(); TILE_ROWS];
             let mut o = [std::ptr::null_mut::<f32>(); TILE_ROWS];
             for r in r0..r1 {
@@ -91,7 +93,7 @@ unsafe fn tile<const R: usize>(
     }
 }
 
-/// Rows `rows` (≤ 4) of [`super::weighted_values`] over `positions`.
+/// Rows `rows` (≤ 6) of [`super::weighted_values`] over `positions`.
 ///
 /// # Safety
 /// AVX2 and FMA; every row's weights, values and output are in bounds
@@ -104,7 +106,7 @@ pub unsafe fn sum_rows(
     (out, offsets): (&mut [f32], &[usize]),
     dim: usize,
 ) {
-    let mut w = [std::ptr::null::<f32>(); 4];
+    let mut w = [std::ptr::null::<f32>(); VALUE_TILE];
     for r in rows.clone() {
         w[r - rows.start] = wv.w[r * wv.w_stride + positions.start..].as_ptr();
     }
@@ -112,7 +114,7 @@ pub unsafe fn sum_rows(
     let base = out.as_mut_ptr();
     for c0 in (0..dim).step_by(VALUE_DIMS) {
         let width = (dim - c0).min(VALUE_DIMS);
-        let mut o = [std::ptr::null_mut::<f32>(); 4];
+        let mut o = [std::ptr::null_mut::<f32>(); VALUE_TILE];
         for r in rows.clone() {
             // SAFETY: offsets[r] + dim <= out.len() (checked), c0 < dim.
             o[r - rows.start] = unsafe { base.add(offsets[r] + c0) };
@@ -123,14 +125,14 @@ pub unsafe fn sum_rows(
             ($($r:literal),*) => {
                 match rows.len() {
                     $($r => values::<$r>(&w, &o, v.add(c0), span, &masks),)*
-                    _ => unreachable!("value tiles of 1..=4 rows"),
+                    _ => unreachable!("value tiles of 1..=6 rows"),
                 }
             };
         }
         // SAFETY: each row's `width` floats from `o`, its weights over the
         // positions from `w`, and each position's `width` values from
         // `v + c0` are in bounds (forwarded from the caller).
-        unsafe { pick!(1, 2, 3, 4) };
+        unsafe { pick!(1, 2, 3, 4, 5, 6) };
     }
 }
 
@@ -149,8 +151,8 @@ fn lane_mask(lanes: usize) -> __m256i {
 /// lanes; position `p`'s masked values are at `v + p * stride`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn values<const R: usize>(
-    w: &[*const f32; 4],
-    o: &[*mut f32; 4],
+    w: &[*const f32; VALUE_TILE],
+    o: &[*mut f32; VALUE_TILE],
     v: *const f32,
     (n, stride): (usize, usize),
     masks: &[__m256i; 2],

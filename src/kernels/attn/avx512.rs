@@ -1,8 +1,9 @@
 //! AVX-512F attention products: score tiles of up to 8 query rows × 3
 //! panel blocks (24 accumulators, lanes over positions) and value tiles of
-//! up to 4 rows × 64 dimensions (lanes over dimensions, masked tails).
+//! up to 6 rows × 64 dimensions (24 accumulators, lanes over dimensions,
+//! masked tails).
 
-use super::{QueryRows, Weighted, BLOCK};
+use super::{QueryRows, Weighted, BLOCK, VALUE_TILE};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -26,11 +27,13 @@ pub unsafe fn scores(
     (out, out_stride): (&mut [f32], usize),
 ) {
     let dim = rows.dim;
-    for r0 in (0..rows.offsets.len()).step_by(TILE_ROWS) {
-        let r1 = (r0 + TILE_ROWS).min(rows.offsets.len());
-        let mut b = blocks.start;
-        while b < blocks.end {
-            let nb = (blocks.end - b).min(TILE_BLOCKS);
+    // Blocks outermost: a tile step's keys stay in L1 while every row tile
+    // scores them (the whole panel of a long span is larger than L2).
+    let mut b = blocks.start;
+    while b < blocks.end {
+        let nb = (blocks.end - b).min(TILE_BLOCKS);
+        for r0 in (0..rows.offsets.len()).step_by(TILE_ROWS) {
+            let r1 = (r0 + TILE_ROWS).min(rows.offsets.len());
             let mut q = [std::ptr::null::<f32>(); TILE_ROWS];
             let mut o = [std::ptr::null_mut::<f32>(); TILE_ROWS];
             for r in r0..r1 {
@@ -43,8 +46,8 @@ pub unsafe fn scores(
             // row has nb * BLOCK floats from `o` (bounds asserted by
             // `super::scores`).
             unsafe { score_tile(r1 - r0, nb, (&q, &o), k, dim, scale) };
-            b += nb;
         }
+        b += nb;
     }
 }
 
@@ -114,7 +117,7 @@ unsafe fn tile<const R: usize, const NB: usize>(
     }
 }
 
-/// Rows `rows` (≤ 4) of [`super::weighted_values`] over `positions`.
+/// Rows `rows` (≤ 6) of [`super::weighted_values`] over `positions`.
 ///
 /// # Safety
 /// AVX-512F; every row's weights, values and output are in bounds over
@@ -127,7 +130,7 @@ pub unsafe fn sum_rows(
     (out, offsets): (&mut [f32], &[usize]),
     dim: usize,
 ) {
-    let mut w = [std::ptr::null::<f32>(); 4];
+    let mut w = [std::ptr::null::<f32>(); VALUE_TILE];
     for r in rows.clone() {
         w[r - rows.start] = wv.w[r * wv.w_stride + positions.start..].as_ptr();
     }
@@ -135,7 +138,7 @@ pub unsafe fn sum_rows(
     let base = out.as_mut_ptr();
     for c0 in (0..dim).step_by(VALUE_DIMS) {
         let width = (dim - c0).min(VALUE_DIMS);
-        let mut o = [std::ptr::null_mut::<f32>(); 4];
+        let mut o = [std::ptr::null_mut::<f32>(); VALUE_TILE];
         for r in rows.clone() {
             // SAFETY: offsets[r] + dim <= out.len() (checked), c0 < dim.
             o[r - rows.start] = unsafe { base.add(offsets[r] + c0) };
@@ -148,7 +151,7 @@ pub unsafe fn sum_rows(
     }
 }
 
-/// Picks the value tile of `rows` (≤ 4) × `width` (≤ 64) dimensions.
+/// Picks the value tile of `rows` (≤ 6) × `width` (≤ 64) dimensions.
 ///
 /// # Safety
 /// As [`values`].
@@ -156,7 +159,7 @@ pub unsafe fn sum_rows(
 unsafe fn value_tile(
     rows: usize,
     width: usize,
-    (w, o): (&[*const f32; 4], &[*mut f32; 4]),
+    (w, o): (&[*const f32; VALUE_TILE], &[*mut f32; VALUE_TILE]),
     v: *const f32,
     span: (usize, usize),
 ) {
@@ -172,12 +175,12 @@ unsafe fn value_tile(
                   ($r, 2) => values::<$r, 2>(w, o, v, span, &masks),
                   ($r, 3) => values::<$r, 3>(w, o, v, span, &masks),
                   ($r, 4) => values::<$r, 4>(w, o, v, span, &masks),)*
-                _ => unreachable!("value tiles of 1..=4 rows and 1..=4 vectors"),
+                _ => unreachable!("value tiles of 1..=6 rows and 1..=4 vectors"),
             }
         };
     }
     // SAFETY: forwarded from the caller.
-    unsafe { pick!(1, 2, 3, 4) }
+    unsafe { pick!(1, 2, 3, 4, 5, 6) }
 }
 
 /// `R` rows × `NV` vectors of dimensions: per position, `NV` value loads
@@ -189,8 +192,8 @@ unsafe fn value_tile(
 /// `v + p * stride`.
 #[target_feature(enable = "avx512f")]
 unsafe fn values<const R: usize, const NV: usize>(
-    w: &[*const f32; 4],
-    o: &[*mut f32; 4],
+    w: &[*const f32; VALUE_TILE],
+    o: &[*mut f32; VALUE_TILE],
     v: *const f32,
     (n, stride): (usize, usize),
     masks: &[__mmask16; 4],

@@ -22,8 +22,14 @@ use std::ops::Range;
 /// Positions per key-panel block.
 pub const BLOCK: usize = 16;
 
-/// Most query rows one [`scores`] or [`weighted_values`] call takes.
-pub const ROWS_MAX: usize = 16;
+/// Most query rows one [`scores`] or [`weighted_values`] call takes. The
+/// kernels walk positions outermost, each stretch of keys or values
+/// staying in L1 while every tile of the call uses it, so a call reads the
+/// cache once for all its rows; with GQA a task's 16 query rows × 8 heads
+/// of a KV head go in two calls. 64 rather than 128 keeps a call's score
+/// rows (64 × the span, f32) nearer L2: at 8k positions attention took
+/// 11.7 s at 64, 12.3 s at 128 and 15.2 s at 16 (results/long-prompts.md).
+pub const ROWS_MAX: usize = 64;
 
 /// Floats of the panel of `positions` keys of `dim` floats.
 pub fn panel_len(positions: usize, dim: usize) -> usize {
@@ -227,12 +233,16 @@ fn value_tiles(wv: Weighted, (out, offsets): (&mut [f32], &[usize]), dim: usize,
     }
 }
 
-/// Bytes of values one chunk of [`value_tiles`] covers: a third of L1d
-/// (at least [`BLOCK`] positions however wide the values).
-const VALUE_CHUNK_BYTES: usize = 16 << 10;
+/// Bytes of values one chunk of [`value_tiles`] covers: two thirds of a
+/// 48 KiB L1d (at least [`BLOCK`] positions however wide the values); 32
+/// KiB measured 3% faster than 16 KiB (`cargo bench --bench kernels --
+/// attention/values`).
+const VALUE_CHUNK_BYTES: usize = 32 << 10;
 
-/// Rows one value tile sums together.
-const VALUE_TILE: usize = 4;
+/// Rows one value tile sums together: on AVX-512, 6 rows × 4 vectors are
+/// 24 accumulators, so each position's value loads feed 6 rows (4 rows
+/// left the value sums at ~70% of the FMA rate the scores reach).
+const VALUE_TILE: usize = 6;
 
 /// Rows `rows` (at most [`VALUE_TILE`]) sum `positions`, all in each row's
 /// span (checked by [`weighted_values`]).
