@@ -28,7 +28,8 @@ pub const BLOCK: usize = 16;
 /// cache once for all its rows; with GQA a task's 16 query rows × 8 heads
 /// of a KV head go in two calls. 64 rather than 128 keeps a call's score
 /// rows (64 × the span, f32) nearer L2: at 8k positions attention took
-/// 11.7 s at 64, 12.3 s at 128 and 15.2 s at 16 (results/long-prompts.md).
+/// 11.7 s at 64 and 12.3 s at 128, and 15.2 s in the build before (16
+/// pairs, 4-row value tiles) (results/long-prompts.md).
 pub const ROWS_MAX: usize = 64;
 
 /// Floats of the panel of `positions` keys of `dim` floats.
