@@ -145,7 +145,10 @@ fn print_json(m: &Measured) {
         serde_json::json!({"peak_op": m.op.name(), "threads": m.peak.threads, "reps": m.reps,
             "rows_timing": m.timing,
             "peak_before": p(&m.peak), "peak_after": p(&m.peak_after),
-            "amx_peak": m.tiles_peak.as_ref().map(p), "rows": rows})
+            "amx_peak": m.tiles_peak.as_ref().map(p),
+            "batch_kernel": {
+                "int8": batch_default(moestream::kernels::BatchFormat::Int8),
+                "int4": batch_default(moestream::kernels::BatchFormat::Int4)}, "rows": rows})
     );
 }
 
@@ -170,6 +173,12 @@ fn print_table(m: &Measured) {
             t.threads
         );
     }
+    println!(
+        "batches of {}+ rows by default: int8 {}, int4 {} (measured at first use)",
+        moestream::kernels::PANEL_ACTS_MIN,
+        batch_default(moestream::kernels::BatchFormat::Int8),
+        batch_default(moestream::kernels::BatchFormat::Int4)
+    );
     println!("rows: {}, {} reps, medians", m.timing, m.reps);
     println!("| format | shape | n | GMAC/s | Gop/s | peak GMAC/s | of peak (median) | range |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
@@ -204,5 +213,17 @@ fn parse_shape(s: &str) -> Result<(usize, usize)> {
     match s.split_once('x').map(|(r, c)| (side(r), side(c))) {
         Some((Some(r), Some(c))) => Ok((r, c)),
         _ => bail!("--shapes: {s:?} is not ROWSxCOLS with sides in 1..={SIDE_MAX}"),
+    }
+}
+
+/// What the default runs format `f`'s batches on, in words.
+fn batch_default(f: moestream::kernels::BatchFormat) -> String {
+    use moestream::kernels::{cpu, measured_panels_from};
+    if cpu::amx() {
+        return "AMX tiles".into();
+    }
+    match measured_panels_from(f) {
+        Some(from) => format!("register tiles below {from} rows, panels from {from}"),
+        None => "register tiles".into(),
     }
 }

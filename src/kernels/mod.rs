@@ -32,7 +32,10 @@ pub(crate) fn xsums_hold(x: &[i8], stride: usize, xsum: &[i32]) -> bool {
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
+mod panel256;
+#[cfg(target_arch = "x86_64")]
 mod panel512;
+mod race;
 #[cfg(target_arch = "x86_64")]
 mod tile256;
 #[cfg(target_arch = "x86_64")]
@@ -71,42 +74,83 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// Fewest activation rows the int8/int4 batched dots repack their weight
-/// block into panels for (AVX-512 VNNI; `kernels::panel512`, and the AMX
-/// tiles that read the same panels): below it the repack is not paid back
-/// and the 4×4 register tiles (`tile512`) run.
-pub(crate) const PANEL_ACTS_MIN: usize = 24;
+/// block into panels for (AVX-512 VNNI: `kernels::panel512`, and the AMX
+/// tiles that read the same panels; AVX2: `kernels::panel256`): below it
+/// the repack is not paid back and the register tiles (`tile512`,
+/// `tile256`) run.
+pub const PANEL_ACTS_MIN: usize = 24;
 
 /// The kernel of the int8/int4 batched dots of [`PANEL_ACTS_MIN`] or more
-/// rows on an AVX-512 VNNI CPU. All give the same bits.
+/// rows. All give the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchKernel {
-    /// The AMX-INT8 tiles (`kernels::amx`) where [`cpu::amx`] allows them,
-    /// else the panels: the default.
+    /// The AMX-INT8 tiles (`kernels::amx`).
     Amx,
-    /// The VNNI panels (`kernels::panel512`).
+    /// The panels: `kernels::panel512` on AVX-512 VNNI, `kernels::panel256`
+    /// on AVX2.
     Panels,
-    /// The 4×4 VNNI register tiles (`kernels::tile512`), the kernel before
-    /// the panels.
+    /// The register tiles, the kernels before the panels: 4×4 on AVX-512
+    /// VNNI (`kernels::tile512`), 2×2 on AVX2 (`kernels::tile256`).
     Tiles,
 }
 
-static BATCH_KERNEL: AtomicU8 = AtomicU8::new(BatchKernel::Amx as u8);
+/// The int8/int4 format a [`BatchKernel`] is chosen for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchFormat {
+    Int8,
+    Int4,
+}
+
+/// Who picks the [`BatchKernel`] ([`set_batch_kernel`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchChoice {
+    /// The default: AMX where [`cpu::amx`] allows it, else the panels
+    /// from the batch size on which they ran the format's blocks faster
+    /// than the tiles on this CPU, timed once at first use
+    /// ([`measured_panels_from`]), and the tiles below it.
+    Measured,
+    /// AMX where [`cpu::amx`] allows it, else the panels.
+    Amx,
+    /// The panels, even where AMX is there.
+    Panels,
+    /// The register tiles.
+    Tiles,
+}
+
+static BATCH_KERNEL: AtomicU8 = AtomicU8::new(BatchChoice::Measured as u8);
 
 /// Selects the [`BatchKernel`] of every later batched dot (process-wide):
 /// a switch for side-by-side measurements (`moestream bench kernels
 /// --compare-tiles`) and the twin tests.
-pub fn set_batch_kernel(k: BatchKernel) {
+pub fn set_batch_kernel(k: BatchChoice) {
     BATCH_KERNEL.store(k as u8, Ordering::Relaxed);
 }
 
-/// The kernel the batched dots run now: the [`set_batch_kernel`] choice,
-/// with [`BatchKernel::Amx`] read as [`BatchKernel::Panels`] where the
-/// CPU (or the `MOESTREAM_ISA` cap) has no AMX.
-pub fn batch_kernel() -> BatchKernel {
+/// The kernel format `f`'s batched dots of `n` activation rows (at least
+/// [`PANEL_ACTS_MIN`]) run now, by the [`set_batch_kernel`] choice; AMX
+/// only where the CPU (and the `MOESTREAM_ISA` cap) has it.
+pub fn batch_kernel(f: BatchFormat, n: usize) -> BatchKernel {
     match BATCH_KERNEL.load(Ordering::Relaxed) {
-        0 if cpu::amx() => BatchKernel::Amx,
-        0 | 1 => BatchKernel::Panels,
+        0 | 1 if cpu::amx() => BatchKernel::Amx,
+        0 => match measured_panels_from(f) {
+            Some(from) if n >= from => BatchKernel::Panels,
+            _ => BatchKernel::Tiles,
+        },
+        1 | 2 => BatchKernel::Panels,
         _ => BatchKernel::Tiles,
+    }
+}
+
+/// The fewest activation rows from which the panels run format `f`'s
+/// blocks faster than the tiles on this CPU (`kernels::race`; `None`: at
+/// no batch raced), timed once per process and format: some 20 ms on the
+/// first batched dot.
+pub fn measured_panels_from(f: BatchFormat) -> Option<usize> {
+    use std::sync::OnceLock;
+    static FROM: [OnceLock<Option<usize>>; 2] = [OnceLock::new(), OnceLock::new()];
+    match f {
+        BatchFormat::Int8 => *FROM[0].get_or_init(int8::race_panels_and_tiles),
+        BatchFormat::Int4 => *FROM[1].get_or_init(int4::race_panels_and_tiles),
     }
 }
 

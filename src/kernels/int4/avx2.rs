@@ -5,6 +5,7 @@
 //! ones widens to i32; `8·Σx` is subtracted once at the end.
 
 use super::super::int8::avx2_hsum as hsum;
+use super::super::panel256::{self, PanelFormat};
 use super::super::tile256::{self, Tile256};
 use std::arch::x86_64::*;
 
@@ -172,4 +173,95 @@ unsafe fn tile<const R: usize, const T: usize>(
             hsum(acc[r][t]).wrapping_add(tail)
         })
     })
+}
+
+/// [`dot_block`] by the AVX2 panels (`kernels::panel256`): the weight block
+/// repacked once per call into unpacked nibble panels, for many activation
+/// rows.
+///
+/// # Safety
+/// As [`dot_block`].
+#[target_feature(enable = "avx2")]
+pub unsafe fn dot_panels(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `panel256::dot_panels`'s for this
+    // format (strides are multiples of 128, xsum[t] = Σ x[t, :]).
+    unsafe { panel256::dot_panels::<Nibbles>(w, row_bytes, x, stride, xsum, out) }
+}
+
+impl PanelFormat for Nibbles {
+    const X_PER_STEP: usize = 128;
+    const TILE: (usize, usize) = (2, 4);
+
+    /// Dword `j` of a 64-byte weight step holds columns `2(4j + k)` (low
+    /// nibbles) and `2(4j + k) + 1` (high), which meet quad `j` of the
+    /// step's even activations and quad `16 + j` of its odd ones.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pack_step(t: [[__m256i; 8]; 2], out: *mut __m256i) {
+        let nib = _mm256_set1_epi8(15);
+        for (h, half) in t.iter().enumerate() {
+            for (j, &v) in half.iter().enumerate() {
+                let lo = _mm256_and_si256(v, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                // SAFETY: `out` has room for 32 vectors (X_PER_STEP / 4).
+                unsafe {
+                    out.add(8 * h + j).write(lo);
+                    out.add(16 + 8 * h + j).write(hi);
+                }
+            }
+        }
+    }
+
+    /// `vpmaddubsw` of the unsigned nibbles (0..15) with the activation
+    /// quads: each 16-bit pair is at most 2·15·128 = 3840 in magnitude, so
+    /// eight quads sum in 16-bit lanes (≤ 30720) before one `vpmaddwd`
+    /// widens them into the i32 accumulators.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tile<const G: usize, const T: usize>(
+        pw: *const __m256i,
+        quads: usize,
+        px: *const i8,
+        stride: usize,
+    ) -> [[__m256i; T]; G] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_si256(); T]; G];
+        for k0 in (0..quads).step_by(8) {
+            let mut pairs = [[_mm256_setzero_si256(); T]; G];
+            for k in k0..k0 + 8 {
+                // SAFETY: k < quads: vector k of each panel, and bytes
+                // 4k..4k + 4 of each activation row (the trait's contract).
+                unsafe {
+                    let vw: [__m256i; G] = std::array::from_fn(|g| *pw.add(g * quads + k));
+                    #[allow(clippy::needless_range_loop)] // a register tile
+                    for t in 0..T {
+                        let at = px.add(t * stride + 4 * k).cast::<i32>();
+                        let vx = _mm256_set1_epi32(at.read_unaligned());
+                        for g in 0..G {
+                            let p = _mm256_maddubs_epi16(vw[g], vx);
+                            pairs[g][t] = _mm256_add_epi16(pairs[g][t], p);
+                        }
+                    }
+                }
+            }
+            for g in 0..G {
+                for t in 0..T {
+                    let wide = _mm256_madd_epi16(pairs[g][t], ones);
+                    acc[g][t] = _mm256_add_epi32(acc[g][t], wide);
+                }
+            }
+        }
+        acc
+    }
+
+    fn correct(xsum: i32) -> i32 {
+        xsum.wrapping_mul(-8)
+    }
 }

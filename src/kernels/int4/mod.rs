@@ -25,7 +25,7 @@ mod avx2;
 mod avx512;
 
 use super::cpu::{isa, Isa};
-use super::BatchKernel;
+use super::{BatchFormat, BatchKernel};
 
 /// Splits an activation row into its even and odd columns, each
 /// `cols.div_ceil(2)` long; an odd row's last `odd` entry is 0. Dispatched:
@@ -160,7 +160,7 @@ pub fn dot_block(
     if isa() == Isa::Avx512Vnni {
         debug_assert!(super::xsums_hold(x, stride, xsum));
         if n >= super::PANEL_ACTS_MIN {
-            match super::batch_kernel() {
+            match super::batch_kernel(BatchFormat::Int4, n) {
                 BatchKernel::Amx => {
                     // SAFETY: as for `dot_block` below; `batch_kernel` reports AMX
                     // only where `cpu::amx` found it and the tile permission.
@@ -178,12 +178,50 @@ pub fn dot_block(
         return unsafe { avx512::dot_block(w, row_bytes, x, stride, xsum, out) };
     }
     #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx2
+        && n >= super::PANEL_ACTS_MIN
+        && super::batch_kernel(BatchFormat::Int4, n) != BatchKernel::Tiles
+    {
+        debug_assert!(super::xsums_hold(x, stride, xsum));
+        // SAFETY: `isa()` reported AVX2; the layout was checked by
+        // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
+        return unsafe { avx2::dot_panels(w, row_bytes, x, stride, xsum, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa() >= Isa::Avx2 {
         // SAFETY: `isa()` reported AVX2; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
         return unsafe { avx2::dot_block(w, row_bytes, x, stride, xsum, out) };
     }
     dot_block_scalar(w, row_bytes, x, stride, xsum, out)
+}
+
+/// The fewest activation rows from which the panels run this format's
+/// blocks faster than the register tiles on this CPU (`kernels::race`;
+/// `None`: never, as where neither AVX2 kernel runs).
+pub(crate) fn race_panels_and_tiles() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx2 {
+        const COLS: usize = 2048;
+        const RB: usize = COLS / 2;
+        let stride = interleaved_len(COLS);
+        let vnni = isa() == Isa::Avx512Vnni;
+        return super::race::panels_from(RB, stride, &mut |k, w, x, xsum, out| {
+            // SAFETY: the ISA was checked (VNNI or AVX2); `race::faster`
+            // passes whole rows of `RB` bytes, activation rows of
+            // `interleaved_len(2·RB)` bytes with their sums, and `out` of
+            // rows × activation rows.
+            unsafe {
+                match (vnni, k) {
+                    (true, BatchKernel::Panels) => avx512::dot_panels(w, RB, x, stride, xsum, out),
+                    (true, _) => avx512::dot_block(w, RB, x, stride, xsum, out),
+                    (false, BatchKernel::Panels) => avx2::dot_panels(w, RB, x, stride, xsum, out),
+                    (false, _) => avx2::dot_block(w, RB, x, stride, xsum, out),
+                }
+            }
+        });
+    }
+    None
 }
 
 /// The scalar twin of [`dot_block`] (`xsum` only gives `n`).
@@ -400,6 +438,10 @@ mod tests {
                 // shapes built above; xsum = Σx.
                 unsafe { avx2::dot_block(&w, rb, &x, stride, &xsum, &mut got) };
                 assert_eq!(got, want, "avx2, {what}");
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: as just above (`dot_panels` has `dot_block`'s contract).
+                unsafe { avx2::dot_panels(&w, rb, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "avx2 panels, {what}");
             }
             if cpu::has_avx512_vnni() {
                 let mut got = vec![7i32; rows * n];

@@ -4,6 +4,7 @@
 //! 16-bit pair sum is at most 2·128·127 = 32512: no saturation. `madd`
 //! with ones widens the pairs to i32 lanes.
 
+use super::super::panel256::{self, PanelFormat};
 use super::super::tile256::{self, Tile256};
 use std::arch::x86_64::*;
 
@@ -213,4 +214,75 @@ pub unsafe fn maddubs_peak(steps: usize, a: i32, b: i32) -> i32 {
         .iter()
         .fold(_mm256_setzero_si256(), |s, &v| _mm256_add_epi32(s, v));
     hsum(sum)
+}
+
+/// [`dot_block`] by the AVX2 panels (`kernels::panel256`): the weight block
+/// repacked once per call into 8-row panels, for many activation rows.
+///
+/// # Safety
+/// As [`dot_block`]; `xsum.len()` is the number of activation rows.
+#[target_feature(enable = "avx2")]
+pub unsafe fn dot_panels(
+    w: &[u8],
+    cols: usize,
+    x: &[i8],
+    stride: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    // SAFETY: the caller's contract is `panel256::dot_panels`'s for this
+    // format (strides are multiples of 64; the sums need no correction).
+    unsafe { panel256::dot_panels::<Signed>(w, cols, x, stride, xsum, out) }
+}
+
+impl PanelFormat for Signed {
+    const X_PER_STEP: usize = 64;
+    const TILE: (usize, usize) = (2, 4);
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pack_step(t: [[__m256i; 8]; 2], out: *mut __m256i) {
+        for (h, half) in t.iter().enumerate() {
+            for (j, &v) in half.iter().enumerate() {
+                // SAFETY: `out` has room for 16 vectors (X_PER_STEP / 4).
+                unsafe { out.add(8 * h + j).write(v) };
+            }
+        }
+    }
+
+    /// The sign trick of [`dot`], with `|w|` taken once per panel vector
+    /// for all `T` activation rows.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tile<const G: usize, const T: usize>(
+        pw: *const __m256i,
+        quads: usize,
+        px: *const i8,
+        stride: usize,
+    ) -> [[__m256i; T]; G] {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_si256(); T]; G];
+        for k in 0..quads {
+            // SAFETY: k < quads: vector k of each panel, and bytes 4k..4k + 4
+            // of each activation row (the trait's contract).
+            unsafe {
+                let vw: [__m256i; G] = std::array::from_fn(|g| *pw.add(g * quads + k));
+                let aw = vw.map(|v| _mm256_abs_epi8(v));
+                #[allow(clippy::needless_range_loop)] // a register tile
+                for t in 0..T {
+                    let at = px.add(t * stride + 4 * k).cast::<i32>();
+                    let vx = _mm256_set1_epi32(at.read_unaligned());
+                    for g in 0..G {
+                        let p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(vx, vw[g]));
+                        acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    fn correct(_xsum: i32) -> i32 {
+        0
+    }
 }

@@ -24,7 +24,7 @@ pub(super) use avx2::hsum as avx2_hsum;
 mod avx512;
 
 use super::cpu::{isa, Isa};
-use super::BatchKernel;
+use super::{BatchFormat, BatchKernel};
 
 /// Longest row whose exact integer dot product fits an `i32`.
 pub const COLS_MAX: usize = 1 << 17;
@@ -102,7 +102,7 @@ pub fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, xsum: &[i32], o
     if isa() == Isa::Avx512Vnni {
         debug_assert!(super::xsums_hold(x, stride, xsum));
         if n >= super::PANEL_ACTS_MIN {
-            match super::batch_kernel() {
+            match super::batch_kernel(BatchFormat::Int8, n) {
                 BatchKernel::Amx => {
                     // SAFETY: as for `dot_block` below; `batch_kernel` reports AMX
                     // only where `cpu::amx` found it and the tile permission.
@@ -118,6 +118,16 @@ pub fn dot_block(w: &[u8], cols: usize, x: &[i8], stride: usize, xsum: &[i32], o
         // SAFETY: `isa()` reported AVX-512F/BW/VNNI; the layout was checked by
         // `check_block`; `xsum[t]` is Σx[t] by this function's contract.
         return unsafe { avx512::dot_block(w, cols, x, stride, xsum, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx2
+        && n >= super::PANEL_ACTS_MIN
+        && super::batch_kernel(BatchFormat::Int8, n) != BatchKernel::Tiles
+    {
+        debug_assert!(super::xsums_hold(x, stride, xsum));
+        // SAFETY: `isa()` reported AVX2; the layout was checked by
+        // `check_block`; `x` holds no -128 by this function's contract.
+        return unsafe { avx2::dot_panels(w, cols, x, stride, xsum, out) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa() >= Isa::Avx2 {
@@ -145,6 +155,32 @@ pub fn dot_block_scalar(
             *o = dot_scalar(&w[r * cols..(r + 1) * cols], &x[t * stride..][..cols]);
         }
     }
+}
+
+/// The fewest activation rows from which the panels run this format's
+/// blocks faster than the register tiles on this CPU (`kernels::race`;
+/// `None`: never, as where neither AVX2 kernel runs).
+pub(crate) fn race_panels_and_tiles() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if isa() >= Isa::Avx2 {
+        const COLS: usize = 2048;
+        let vnni = isa() == Isa::Avx512Vnni;
+        return super::race::panels_from(COLS, COLS, &mut |k, w, x, xsum, out| {
+            // SAFETY: the ISA was checked (VNNI or AVX2); `race::faster`
+            // passes whole rows of `COLS` bytes, activation rows of `COLS`
+            // (a multiple of 64) bytes with their sums and no -128, and
+            // `out` of rows × activation rows.
+            unsafe {
+                match (vnni, k) {
+                    (true, BatchKernel::Panels) => avx512::dot_panels(w, COLS, x, COLS, xsum, out),
+                    (true, _) => avx512::dot_block(w, COLS, x, COLS, xsum, out),
+                    (false, BatchKernel::Panels) => avx2::dot_panels(w, COLS, x, COLS, xsum, out),
+                    (false, _) => avx2::dot_block(w, COLS, x, COLS, xsum.len(), out),
+                }
+            }
+        });
+    }
+    None
 }
 
 /// The shape contract of [`dot_block`].
@@ -403,6 +439,10 @@ mod tests {
                 // built above; x has no -128.
                 unsafe { avx2::dot_block(&w, cols, &x, stride, n, &mut got) };
                 assert_eq!(got, want, "avx2, {what}");
+                let mut got = vec![7i32; rows * n];
+                // SAFETY: as just above (`dot_panels` has `dot_block`'s contract).
+                unsafe { avx2::dot_panels(&w, cols, &x, stride, &xsum, &mut got) };
+                assert_eq!(got, want, "avx2 panels, {what}");
             }
             if cpu::has_avx512_vnni() {
                 let mut got = vec![7i32; rows * n];

@@ -219,11 +219,11 @@ fn prefill_batches_match_the_scalar_twins_on_amx_panels_and_tiles() {
                 let want = bits_of(&int_reference(&m, &x, n));
                 let got = bits_of(&run_int(&m, &x, n));
                 assert_eq!(got, want, "{bits:?} {rows}x{cols} n={n}");
-                use crate::kernels::{set_batch_kernel, BatchKernel};
-                for k in [BatchKernel::Panels, BatchKernel::Tiles] {
+                use crate::kernels::{set_batch_kernel, BatchChoice};
+                for k in [BatchChoice::Amx, BatchChoice::Panels, BatchChoice::Tiles] {
                     set_batch_kernel(k);
                     let other = bits_of(&run_int(&m, &x, n));
-                    set_batch_kernel(BatchKernel::Amx);
+                    set_batch_kernel(BatchChoice::Measured);
                     assert_eq!(other, want, "{k:?}, {bits:?} {rows}x{cols} n={n}");
                 }
             }

@@ -295,11 +295,12 @@ fn measure(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     /// The default kernels (int8/int4 on the AMX tiles where the CPU has
-    /// them, else the panels; GGUF Q4_0/Q4_K on the repacked tiles).
+    /// them, else the measured faster of the panels and the tiles; GGUF
+    /// Q4_0/Q4_K on the repacked tiles).
     Default,
-    /// int8/int4 on the VNNI panels (listed where AMX is the default).
+    /// int8/int4 on the panels (VNNI or AVX2).
     Panels,
-    /// int8/int4 on the 4×4 register tiles, the kernel before the panels.
+    /// int8/int4 on the register tiles, the kernels before the panels.
     Tiles,
     /// GGUF Q4_0/Q4_K on the per-row dots, before the repacked tiles.
     PerRow,
@@ -310,10 +311,7 @@ enum Variant {
 fn variants(f: KernelFormat, compare: bool) -> Vec<Variant> {
     match f {
         _ if !compare => vec![Variant::Default],
-        KernelFormat::Int(_) if kernels::cpu::amx() => {
-            vec![Variant::Default, Variant::Panels, Variant::Tiles]
-        }
-        KernelFormat::Int(_) => vec![Variant::Default, Variant::Tiles],
+        KernelFormat::Int(_) => vec![Variant::Default, Variant::Panels, Variant::Tiles],
         KernelFormat::Ggml(BlockType::Q4_0 | BlockType::Q4K) => {
             vec![Variant::Default, Variant::PerRow]
         }
@@ -324,9 +322,9 @@ fn variants(f: KernelFormat, compare: bool) -> Vec<Variant> {
 /// Switches the process-wide kernel choices to `v`.
 fn set_variant(v: Variant) {
     kernels::set_batch_kernel(match v {
-        Variant::Panels => kernels::BatchKernel::Panels,
-        Variant::Tiles => kernels::BatchKernel::Tiles,
-        Variant::Default | Variant::PerRow => kernels::BatchKernel::Amx,
+        Variant::Panels => kernels::BatchChoice::Panels,
+        Variant::Tiles => kernels::BatchChoice::Tiles,
+        Variant::Default | Variant::PerRow => kernels::BatchChoice::Measured,
     });
     ggml::set_tiled(v != Variant::PerRow);
 }
@@ -449,14 +447,10 @@ mod tests {
             one_thread: true,
         };
         let rows = run(&cfg, op);
-        // Two variants of each row; Q4_K blocks are 256 columns, so its
+        // Three variants of each int4 row, two of Q4_K's; Q4_K blocks are 256 columns, so its
         // 64-column shape is skipped.
         let names: Vec<_> = rows.iter().map(|r| (r.format.as_str(), r.cols)).collect();
-        let int4: &[&str] = if kernels::cpu::amx() {
-            &["int4", "int4 (panels)", "int4 (tiles)"]
-        } else {
-            &["int4", "int4 (tiles)"]
-        };
+        let int4 = ["int4", "int4 (panels)", "int4 (tiles)"];
         let mut want: Vec<_> = [64, 256]
             .iter()
             .flat_map(|&c| int4.iter().map(move |&f| (f, c)))
