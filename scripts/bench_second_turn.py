@@ -43,7 +43,9 @@ def start(a, kv_dir: str | None) -> subprocess.Popen:
     if kv_dir:
         cmd += ["--kv-dir", kv_dir]
     env = dict(os.environ, MOESTREAM_NO_HISTORY="1", RAM_GB=str(a.cap))
-    p = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    log = open(os.path.join(a.scratch, "bench_second_turn.log"), "ab")  # the servers' stderr
+    p = subprocess.Popen(cmd, env=env, stderr=log, stdout=subprocess.DEVNULL)
+    log.close()
     deadline = time.time() + 600
     while time.time() < deadline:
         try:

@@ -39,7 +39,17 @@ if [ -n "${DISK_MBS:-}" ]; then
 fi
 if mkdir "$CG" 2>/dev/null && echo "$LIMIT" > "$CG/memory.limit_in_bytes"; then
   status=0
-  sh -c 'echo $$ > "$1/cgroup.procs"; if [ -n "$2" ]; then echo $$ > "$2/cgroup.procs"; fi; shift 2; exec "$@"' sh "$CG" "$join_blkio" "$@" || status=$?
+  # The command runs as a child (the group must outlive it to report its
+  # peak), so a TERM or INT sent to this script is passed on to it and the
+  # script waits for it to exit: a caller that stops a server through this
+  # wrapper knows it has stopped (its KV saved, its port free).
+  sh -c 'echo $$ > "$1/cgroup.procs"; if [ -n "$2" ]; then echo $$ > "$2/cgroup.procs"; fi; shift 2; exec "$@"' sh "$CG" "$join_blkio" "$@" &
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null || true' TERM
+  trap 'kill -INT "$child" 2>/dev/null || true' INT
+  while kill -0 "$child" 2>/dev/null; do
+    wait "$child" && status=0 || status=$?
+  done
   echo "cgroup peak $(cat "$CG/memory.max_usage_in_bytes") bytes (limit $LIMIT), oom kills $(grep -c 'oom_kill [1-9]' "$CG/memory.oom_control" || true)" >&2
   exit $status
 else
