@@ -21,7 +21,7 @@
 use crate::error::{Error, Result};
 use crate::model::kv::{KvCache, KvLayout};
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"MSKV0001";
@@ -109,32 +109,46 @@ fn bad(path: &Path, reason: String) -> Error {
     }
 }
 
-fn checksum(tokens: &[u32], rows: &[u8]) -> u32 {
+/// Floats a row chunk converts at a time: saving and loading stream the
+/// rows through a buffer this size, never a copy of the whole cache (a 16k
+/// prompt's KV is gigabytes, and the plan counts it once).
+const CHUNK_FLOATS: usize = 1 << 16;
+
+/// The checksum's hasher, started with `tokens`.
+fn hasher(tokens: &[u32]) -> crc32fast::Hasher {
     let mut h = crc32fast::Hasher::new();
     for t in tokens {
         h.update(&t.to_le_bytes());
     }
-    h.update(rows);
-    h.finalize()
+    h
 }
 
-/// The filled rows of every buffer of `kv`, as little-endian bytes.
-fn rows_of(kv: &mut KvCache) -> Vec<u8> {
+/// Calls `each` with the filled rows of every buffer of `kv` (`len`
+/// positions), as little-endian bytes, in file order, a chunk of at most
+/// [`CHUNK_FLOATS`] floats at a time.
+fn for_each_row_chunk<E>(
+    kv: &mut KvCache,
+    mut each: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
     let len = kv.len();
     let layouts = kv.layouts().to_vec();
-    let mut out = Vec::new();
+    let mut bytes = Vec::with_capacity(4 * CHUNK_FLOATS);
     for (layer, layout) in kv.layers.iter_mut().zip(layouts) {
         for (buf, width) in layer.buffers_mut(layout) {
-            for x in &buf[..len * width] {
-                out.extend_from_slice(&x.to_le_bytes());
+            for chunk in buf[..len * width].chunks(CHUNK_FLOATS) {
+                bytes.clear();
+                bytes.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                each(&bytes)?;
             }
         }
     }
-    out
+    Ok(())
 }
 
 /// Saves `kv` (whose filled positions hold `tokens`) for the model keyed
-/// `model_key` in `model_dir`; returns the bytes written.
+/// `model_key` in `model_dir`; returns the bytes written. Two passes over
+/// the rows (the checksum, which the header before them holds, then the
+/// write), streamed: no copy of the cache.
 pub fn save(
     path: &Path,
     (model_key, model_dir): (u64, &str),
@@ -146,22 +160,32 @@ pub fn save(
         kv.len(),
         "a KV file's tokens are its positions"
     );
-    let rows = rows_of(kv);
+    let mut crc = hasher(tokens);
+    let _ = for_each_row_chunk(kv, |b| {
+        crc.update(b);
+        Ok::<(), ()>(())
+    });
     let header = Header {
         model_key: format!("{model_key:016x}"),
         model_dir: model_dir.to_string(),
         layouts: kv.layouts().to_vec(),
         tokens: tokens.to_vec(),
-        crc32: checksum(tokens, &rows),
+        crc32: crc.finalize(),
     };
     let header = serde_json::to_vec(&header).expect("a KV header serializes");
-    let mut bytes = Vec::with_capacity(12 + header.len() + rows.len());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&header);
-    bytes.extend_from_slice(&rows);
-    crate::fs::write(path, &bytes)?;
-    Ok(bytes.len() as u64)
+    let mut out = crate::fs::Output::create(path)?;
+    let mut written = 0u64;
+    let mut put = |b: &[u8]| {
+        written += b.len() as u64;
+        out.write_all(b)
+    };
+    put(MAGIC)
+        .and_then(|()| put(&(header.len() as u32).to_le_bytes()))
+        .and_then(|()| put(&header))
+        .and_then(|()| for_each_row_chunk(kv, &mut put))
+        .map_err(|e| Error::file(out.tmp(), e))?;
+    out.finish()?;
+    Ok(written)
 }
 
 /// Reads the header of `path` (a regular file, through the bounded
@@ -207,17 +231,15 @@ pub fn load_rows(path: &Path, head: Head, layouts: &[KvLayout]) -> Result<(Vec<u
     let mut file = crate::fs::open(path)?;
     file.seek(SeekFrom::Start(head.rows_at))
         .map_err(|e| Error::file(path, e))?;
-    let mut rows = Vec::with_capacity(head.rows_len as usize);
-    file.take(head.rows_len)
-        .read_to_end(&mut rows)
-        .map_err(|e| Error::file(path, e))?;
     let tokens = head.header.tokens;
-    if rows.len() as u64 != head.rows_len || checksum(&tokens, &rows) != head.header.crc32 {
-        return Err(bad(path, "checksum mismatch (the file is corrupt)".into()));
-    }
     let n = tokens.len();
     let mut kv = KvCache::new(layouts, n);
-    fill(&mut kv, &rows);
+    let mut crc = hasher(&tokens);
+    let mut rows = file.take(head.rows_len);
+    let filled = fill(&mut kv, &mut rows, &mut crc).map_err(|e| Error::file(path, e))?;
+    if filled != head.rows_len || crc.finalize() != head.header.crc32 {
+        return Err(bad(path, "checksum mismatch (the file is corrupt)".into()));
+    }
     kv.advance(n);
     Ok((tokens, kv))
 }
@@ -235,20 +257,37 @@ fn floats_per_position(layout: KvLayout) -> usize {
     (layout.attention_bytes_per_token() + layout.index_bytes_per_token()) / 4
 }
 
-/// Copies `rows` (checked to be the right length) into `kv`'s buffers.
-fn fill(kv: &mut KvCache, rows: &[u8]) {
+/// Reads `kv`'s buffers (every position of its capacity) from `rows`, a
+/// chunk of at most [`CHUNK_FLOATS`] floats at a time, feeding `crc`;
+/// returns the bytes read (short if `rows` ended early: the caller's
+/// length check refuses it).
+fn fill(
+    kv: &mut KvCache,
+    rows: &mut impl Read,
+    crc: &mut crc32fast::Hasher,
+) -> std::io::Result<u64> {
     let n = kv.capacity();
     let layouts = kv.layouts().to_vec();
-    let mut floats = rows
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+    let mut bytes = Vec::with_capacity(4 * CHUNK_FLOATS);
+    let mut read = 0u64;
     for (layer, layout) in kv.layers.iter_mut().zip(layouts) {
         for (buf, width) in layer.buffers_mut(layout) {
-            for (dst, src) in buf[..n * width].iter_mut().zip(&mut floats) {
-                *dst = src;
+            for dst in buf[..n * width].chunks_mut(CHUNK_FLOATS) {
+                bytes.clear();
+                rows.by_ref()
+                    .take(4 * dst.len() as u64)
+                    .read_to_end(&mut bytes)?;
+                read += bytes.len() as u64;
+                crc.update(&bytes);
+                for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *d = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+                }
             }
         }
     }
+    let mut rest = Vec::new();
+    read += rows.read_to_end(&mut rest)? as u64;
+    Ok(read)
 }
 
 #[cfg(test)]
@@ -282,6 +321,16 @@ mod tests {
         kv
     }
 
+    /// Every filled row of `kv`, as the file holds them.
+    fn rows_of(kv: &mut KvCache) -> Vec<u8> {
+        let mut out = Vec::new();
+        let _ = for_each_row_chunk(kv, |b| {
+            out.extend_from_slice(b);
+            Ok::<(), ()>(())
+        });
+        out
+    }
+
     #[test]
     fn round_trip_keeps_tokens_and_rows() {
         let dir = tempfile::tempdir().unwrap();
@@ -292,6 +341,30 @@ mod tests {
         assert_eq!(tokens, [5, 6, 7]);
         assert_eq!(back.len(), 3);
         assert_eq!(rows_of(&mut back), rows_of(&mut kv));
+    }
+
+    #[test]
+    fn rows_longer_than_a_chunk_round_trip_and_their_corruption_is_found() {
+        // 30,000 positions: every buffer (widths 1-3) crosses CHUNK_FLOATS
+        // floats or ends between chunks, so the streamed save and load
+        // meet chunk edges inside and across buffers.
+        let n = 30_000;
+        assert!(3 * n > CHUNK_FLOATS && n < CHUNK_FLOATS);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.kv");
+        let tokens: Vec<u32> = (0..n as u32).collect();
+        let mut kv = filled(n);
+        let bytes = save(&path, (7, "m"), &tokens, &mut kv).unwrap();
+        assert_eq!(bytes, std::fs::metadata(&path).unwrap().len());
+        let (back_tokens, mut back) = load(&path, 7, &layouts()).unwrap();
+        assert_eq!(back_tokens, tokens);
+        assert_eq!(rows_of(&mut back), rows_of(&mut kv));
+        let mut raw = std::fs::read(&path).unwrap();
+        let mid = raw.len() - 4 * CHUNK_FLOATS - 1;
+        raw[mid] ^= 0x40;
+        std::fs::write(&path, &raw).unwrap();
+        let err = load(&path, 7, &layouts()).err().unwrap().to_string();
+        assert!(err.contains("checksum"), "{err}");
     }
 
     #[test]
