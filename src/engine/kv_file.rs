@@ -260,7 +260,8 @@ fn floats_per_position(layout: KvLayout) -> usize {
 /// Reads `kv`'s buffers (every position of its capacity) from `rows`, a
 /// chunk of at most [`CHUNK_FLOATS`] floats at a time, feeding `crc`;
 /// returns the bytes read (short if `rows` ended early: the caller's
-/// length check refuses it).
+/// length check refuses it; `Head::check` has matched the rows' length to
+/// the positions, so nothing is left after them).
 fn fill(
     kv: &mut KvCache,
     rows: &mut impl Read,
@@ -285,8 +286,6 @@ fn fill(
             }
         }
     }
-    let mut rest = Vec::new();
-    read += rows.read_to_end(&mut rest)? as u64;
     Ok(read)
 }
 

@@ -35,6 +35,7 @@ mod amx;
 mod panel256;
 #[cfg(target_arch = "x86_64")]
 mod panel512;
+#[cfg(target_arch = "x86_64")]
 mod race;
 #[cfg(target_arch = "x86_64")]
 mod tile256;
