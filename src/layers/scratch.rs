@@ -65,6 +65,12 @@ impl Scratch {
             .flatten()
             .unwrap_or_default();
         buf.clear();
+        if buf.capacity() < len {
+            // Exactly `len`, never the amortized doubling `resize` would
+            // make of a smaller pooled buffer: the plan's activations item
+            // bounds the largest request, not twice a recycled one.
+            buf = Vec::with_capacity(len);
+        }
         buf.resize(len, 0.0);
         Scratch { buf }
     }
@@ -163,6 +169,17 @@ mod tests {
         let c = Scratch::zeroed(2000);
         assert_eq!(c.len(), 2000);
         assert_ne!(c.as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn a_grown_buffer_holds_exactly_the_request() {
+        drop(Scratch::zeroed(3000));
+        let big = Scratch::zeroed(5000);
+        assert_eq!(
+            big.buf.capacity(),
+            5000,
+            "no amortized doubling of a pooled 3000"
+        );
     }
 
     #[test]
