@@ -211,12 +211,13 @@ impl crate::engine::spec_gate::GateStats {
             .iter()
             .map(|d| {
                 format!(
-                    "{} gain {}x (verify {}x a plain step's time, {}x its expert bytes; asked {})",
+                    "{} gain {}x (verify {}x a plain step's time, {}x its expert bytes; asked {}, shadow guesses {})",
                     d.name,
                     fig(d.gain),
                     fig(d.time_ratio),
                     fig(d.bytes_ratio),
-                    d.asked
+                    d.asked,
+                    d.shadows
                 )
             })
             .collect();

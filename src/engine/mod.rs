@@ -419,10 +419,7 @@ impl Session {
     /// on (a custom draft source; `GenOptions::speculation` names the
     /// built-in ones).
     pub fn set_drafter(&mut self, source: Box<dyn DraftSource>, k: usize) {
-        self.drafter = Some(Drafters {
-            sources: vec![source],
-            k,
-        });
+        self.drafter = Some(Drafters::new(vec![source], k));
     }
 
     /// Stops drafting (a request that wants per-token logprobs).

@@ -33,14 +33,19 @@ impl Session {
             },
             None => Some(0),
         };
-        if let (Some(d), Some(a)) = (&mut self.drafter, pick) {
+        if let Some(d) = &mut self.drafter {
             let room = self.max_tokens - self.out.len() - 1;
+            let k = d.k.min(room);
             let mut history = std::mem::take(&mut self.feed);
             history.extend_from_slice(&self.prompt);
             history.extend_from_slice(&self.out);
-            let k = d.k.min(room);
-            d.sources[a].propose(model, &history, k, &mut self.drafts, prof)?;
-            self.drafts.truncate(k);
+            if let Some(a) = pick {
+                d.sources[a].propose(model, &history, k, &mut self.drafts, prof)?;
+                self.drafts.truncate(k);
+            }
+            if let Some(g) = self.gate.as_mut().filter(|_| k > 0) {
+                shadow_guesses(g, d, &history, k, model, prof)?;
+            }
             history.clear();
             self.feed = history;
         }
@@ -124,7 +129,29 @@ impl Session {
             0 => gate.record_plain(cost),
             k => gate.record_verify(cost, k, accepted, produced),
         }
+        gate.produced(&self.out[self.out.len() - produced..]);
     }
+}
+
+/// Asks each drafter that wants a shadow guess ([`Gate::wants_shadow`])
+/// for up to `k` tokens after `history`, and hands them to the gate.
+fn shadow_guesses(
+    gate: &mut Gate,
+    d: &mut Drafters,
+    history: &[u32],
+    k: usize,
+    model: &Model,
+    prof: &mut Profile,
+) -> Result<()> {
+    for a in 0..d.sources.len() {
+        if gate.wants_shadow(a) {
+            d.shadow.clear();
+            d.sources[a].propose(model, history, k, &mut d.shadow, prof)?;
+            d.shadow.truncate(k);
+            gate.shadow(a, &d.shadow);
+        }
+    }
+    Ok(())
 }
 
 /// Proposes the next tokens of a sequence.
@@ -157,6 +184,14 @@ pub trait DraftSource: Send {
         out: &mut Vec<u32>,
         prof: &mut Profile,
     ) -> Result<()>;
+
+    /// Whether a guess costs nothing next to a decode step (no forward of
+    /// any model), so the gate may ask for one every step it does not
+    /// draft and measure the guesses against the tokens that follow
+    /// ([`crate::engine::spec_gate`]'s shadow drafts) instead of probing.
+    fn free_guess(&self) -> bool {
+        false
+    }
 }
 
 /// Which draft source a session uses, and how many tokens it drafts.
@@ -195,7 +230,7 @@ impl Speculation {
             Speculation::Mtp { draft } => (vec![mtp(draft)?], draft),
             Speculation::Auto { draft } => (vec![mtp(draft)?, Box::new(NgramDraft)], draft),
         };
-        Ok(Some(Drafters { sources, k }))
+        Ok(Some(Drafters::new(sources, k)))
     }
 
     /// Whether drafting is behind the gate.
@@ -209,13 +244,26 @@ impl Speculation {
 pub struct Drafters {
     pub sources: Vec<Box<dyn DraftSource>>,
     pub k: usize,
+    /// A shadow guess's tokens (reused between steps).
+    shadow: Vec<u32>,
 }
 
 impl Drafters {
-    /// A gate choosing among these sources.
+    /// Sources drafting up to `k` tokens a step.
+    pub fn new(sources: Vec<Box<dyn DraftSource>>, k: usize) -> Drafters {
+        Drafters {
+            sources,
+            k,
+            shadow: Vec::with_capacity(k),
+        }
+    }
+
+    /// A gate choosing among these sources, the free ones measured by
+    /// shadow guesses.
     pub fn gate(&self) -> Gate {
         let names: Vec<&'static str> = self.sources.iter().map(|s| s.name()).collect();
-        Gate::new(&names)
+        let free: Vec<bool> = self.sources.iter().map(|s| s.free_guess()).collect();
+        Gate::new(&names).with_shadows(&free)
     }
 }
 
@@ -360,6 +408,10 @@ impl DraftSource for NgramDraft {
     ) -> Result<()> {
         ngram_propose(history, k, out);
         Ok(())
+    }
+
+    fn free_guess(&self) -> bool {
+        true
     }
 }
 
