@@ -33,24 +33,44 @@ impl Session {
             },
             None => Some(0),
         };
-        if let Some(d) = &mut self.drafter {
-            let room = self.max_tokens - self.out.len() - 1;
-            let k = d.k.min(room);
-            let mut history = std::mem::take(&mut self.feed);
-            history.extend_from_slice(&self.prompt);
-            history.extend_from_slice(&self.out);
-            if let Some(a) = pick {
-                d.sources[a].propose(model, &history, k, &mut self.drafts, prof)?;
-                self.drafts.truncate(k);
-            }
-            if let Some(g) = self.gate.as_mut().filter(|_| k > 0) {
-                shadow_guesses(g, d, &history, k, model, prof)?;
-            }
-            history.clear();
-            self.feed = history;
-        }
+        self.ask_drafters(pick, model, prof)?;
         self.feed.push(last);
         self.feed.extend_from_slice(&self.drafts);
+        Ok(())
+    }
+
+    /// Asks drafter `pick` for this step's drafts and the gate's shadowed
+    /// drafters for their guesses; the history (prompt and output) is
+    /// gathered only when one of them is asked.
+    fn ask_drafters(
+        &mut self,
+        pick: Option<usize>,
+        model: &Model,
+        prof: &mut Profile,
+    ) -> Result<()> {
+        let Some(d) = &mut self.drafter else {
+            return Ok(());
+        };
+        let k = d.k.min(self.max_tokens - self.out.len() - 1);
+        let gate = self
+            .gate
+            .as_mut()
+            .filter(|g| k > 0 && (0..d.sources.len()).any(|a| g.wants_shadow(a)));
+        if pick.is_none() && gate.is_none() {
+            return Ok(());
+        }
+        let mut history = std::mem::take(&mut self.feed);
+        history.extend_from_slice(&self.prompt);
+        history.extend_from_slice(&self.out);
+        if let Some(a) = pick {
+            d.sources[a].propose(model, &history, k, &mut self.drafts, prof)?;
+            self.drafts.truncate(k);
+        }
+        if let Some(g) = gate {
+            shadow_guesses(g, d, &history, k, model, prof)?;
+        }
+        history.clear();
+        self.feed = history;
         Ok(())
     }
 
