@@ -134,6 +134,9 @@ family_tests! {
     // Trained weights (scripts/train_moe.py, BF16, tests/fixtures/trained/*/README.md).
     trained_qwen3_moe => "trained/qwen3_moe",
     trained_deepseek_v3 => "trained/deepseek_v3",
+    // Every matrix row a whole 256-value block (hidden 256, expert width
+    // 256): the shape on which the K-quant formats store without fallback.
+    trained_qwen3_moe_k256 => "trained/qwen3_moe_k256",
 }
 
 /// The FP8 checkpoint converted with every class kept f32 must match the
