@@ -48,6 +48,21 @@ pub unsafe fn dot<const T: usize>(
     std::array::from_fn(|t| reduce8(main[t]) + min_term(f, params, acts[t].xs))
 }
 
+/// `out[r]` = [`dot`] of weight row `r` of `w` (`out.len()` packed rows,
+/// `params` their companions, row after row) with the one activation row.
+///
+/// # Safety
+/// As [`dot`], for every row; `w` and `params` hold `out.len()` whole rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_rows(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>, out: &mut [f32]) {
+    let (rb, pr) = (w.len() / out.len(), params.len() / out.len());
+    for (r, o) in out.iter_mut().enumerate() {
+        let (w, p) = (&w[r * rb..(r + 1) * rb], &params[r * pr..(r + 1) * pr]);
+        // SAFETY: the caller's contract for `dot`, for row r.
+        [*o] = unsafe { dot(f, w, p, [act]) };
+    }
+}
+
 /// f16 bits broadcast as f32.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]

@@ -10,7 +10,7 @@
 //! `y = dot · xscale`. The float path dequantizes a row into a per-thread
 //! buffer and takes f32 dots (`--no-int-dot`).
 
-use super::{dot, group_params, unpack_chunk, ActRow, GFormat, CHUNK};
+use super::{dot, dot_rows, group_params, unpack_chunk, ActRow, GFormat, CHUNK};
 use crate::kernels::quant::{int_dot, quantize_activation};
 use crate::kernels::{f32 as kf32, par_row_blocks};
 use std::cell::RefCell;
@@ -18,6 +18,9 @@ use std::cell::RefCell;
 /// Activation rows one `grouped::dot` call takes (each unpacked weight chunk
 /// meets all of them).
 pub const ACTS_PER_CALL: usize = 4;
+/// Weight rows one `grouped::dot_rows` call takes for a single activation
+/// row (decode): one dispatch a block, the results on the stack.
+const ROWS_PER_CALL: usize = 64;
 
 /// `Y (n, rows) = X (n, cols) · Wᵀ` on the path `quant::int_dot` selects.
 #[allow(clippy::too_many_arguments)]
@@ -56,6 +59,20 @@ pub fn matmul_int(
         acts.prepare(f, cols, x, n);
         let acts = &*acts;
         par_row_blocks(rows, cols, n, rb, y, |blk| {
+            if n == 1 {
+                let rs = blk.rows();
+                let mut out = [0f32; ROWS_PER_CALL];
+                for r0 in rs.clone().step_by(ROWS_PER_CALL) {
+                    let r1 = (r0 + ROWS_PER_CALL).min(rs.end);
+                    let out = &mut out[..r1 - r0];
+                    let (wb, pb) = (&w[r0 * rb..r1 * rb], &params[r0 * pr..r1 * pr]);
+                    dot_rows(f, wb, pb, acts.row(0), out);
+                    for (r, v) in (r0..r1).zip(out.iter()) {
+                        blk.set(0, r, v * acts.scale[0]);
+                    }
+                }
+                return;
+            }
             for r in blk.rows() {
                 let (wr, pr) = (&w[r * rb..(r + 1) * rb], &params[r * pr..(r + 1) * pr]);
                 for t0 in (0..n).step_by(ACTS_PER_CALL) {

@@ -352,6 +352,36 @@ pub fn dot<const T: usize>(
     dot_scalar(f, w, params, acts)
 }
 
+/// `out[r]` = [`dot`] of weight row `r` of `w` (`out.len()` packed rows of
+/// `f`, `params` their companions, row after row) with one activation row:
+/// one dispatch for a block of rows, bit-identical to [`dot`] row by row.
+pub fn dot_rows(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>, out: &mut [f32]) {
+    let rows = out.len();
+    if rows == 0 {
+        return;
+    }
+    let (rb, pr) = (w.len() / rows, params.len() / rows);
+    assert!(
+        w.len() == rows * rb && params.len() == rows * pr,
+        "grouped dot_rows: {rows} whole rows"
+    );
+    check_row(f, &w[..rb], &params[..pr], &[act]);
+    #[cfg(target_arch = "x86_64")]
+    match isa() {
+        // SAFETY: as in `dot`; every row has the checked first row's shape.
+        Isa::Avx512Vnni if simd_ok() => return unsafe { avx512::dot_rows(f, w, params, act, out) },
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni if simd_ok() => {
+            // SAFETY: as in `dot`; every row has the checked first row's shape.
+            return unsafe { avx2::dot_rows(f, w, params, act, out) };
+        }
+        _ => {}
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        let (w, p) = (&w[r * rb..(r + 1) * rb], &params[r * pr..(r + 1) * pr]);
+        [*o] = dot_scalar(f, w, p, [act]);
+    }
+}
+
 /// F16C (for the scales) and, with AVX-512, VL: present beside AVX2 and
 /// AVX-512 VNNI on every CPU that has them, but checked, once.
 #[cfg(target_arch = "x86_64")]

@@ -176,6 +176,94 @@ fn twins_agree_for_every_format_and_batch() {
     }
 }
 
+/// `dot_rows` (dispatched and each ISA's) against the scalar twin row by
+/// row, and the one-row matmul (which takes it) against `dot`.
+fn check_rows(f: GFormat, rows: usize, cols: usize, seed: u64) {
+    let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+    let w = bytes(rows * rb, seed);
+    let p = params(rows * pr, seed + 3);
+    let (x, s) = acts(f, cols, 1, seed);
+    let a = ActRow {
+        x: &x[0],
+        xs: &s[0],
+    };
+    let want: Vec<u32> = (0..rows)
+        .map(|r| dot_scalar(f, &w[r * rb..][..rb], &p[r * pr..][..pr], [a])[0].to_bits())
+        .collect();
+    let what = format!("{f} rows {rows} cols {cols}");
+    let mut out = vec![0f32; rows];
+    dot_rows(f, &w, &p, a, &mut out);
+    assert_eq!(
+        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want,
+        "dispatched, {what}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if cpu::has_avx2() && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            // SAFETY: AVX2, FMA and F16C detected just above; whole rows built above.
+            unsafe { avx2::dot_rows(f, &w, &p, a, &mut out) };
+            assert_eq!(
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want,
+                "avx2, {what}"
+            );
+        }
+        if cpu::has_avx512_vnni() && is_x86_feature_detected!("avx512vl") {
+            // SAFETY: AVX-512F/BW/VL/VNNI detected just above (with AVX2, FMA
+            // and F16C on every such CPU); whole rows built above.
+            unsafe { avx512::dot_rows(f, &w, &p, a, &mut out) };
+            assert_eq!(
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want,
+                "avx512, {what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn row_blocks_agree_with_the_twin_row_by_row() {
+    for f in GFormat::all() {
+        for (rows, cols) in [
+            (1usize, 64usize),
+            (3, 100),
+            (7, 257),
+            (65, 2048),
+            (130, 128),
+        ] {
+            check_rows(f, rows, cols, rows as u64 * 7 + cols as u64);
+        }
+    }
+}
+
+#[test]
+fn one_row_matmul_equals_the_dot_of_each_row() {
+    for name in ["q4g64", "q4g128a", "q3g64", "q2g32"] {
+        let f = GFormat::parse(name).unwrap();
+        let (rows, cols) = (200, 384);
+        let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+        let w = bytes(rows * rb, 11);
+        let p = params(rows * pr, 12);
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 29 % 97) as f32 - 48.0) / 20.0)
+            .collect();
+        let mut y = vec![0f32; rows];
+        matmul_int(f, &w, &p, rows, cols, &x, 1, &mut y);
+        let mut q = vec![0i8; f.padded_cols(cols)];
+        let (scale, _) = crate::kernels::quant::quantize_activation(&x, &mut q[..cols]);
+        let xs: Vec<i32> = q
+            .chunks(f.group().cols())
+            .map(|g| g.iter().map(|&v| v as i32).sum())
+            .collect();
+        let a = [ActRow { x: &q, xs: &xs }];
+        for r in 0..rows {
+            let d = dot(f, &w[r * rb..][..rb], &p[r * pr..][..pr], a)[0] * scale;
+            assert_eq!(y[r].to_bits(), d.to_bits(), "{name} row {r}");
+        }
+    }
+}
+
 #[test]
 fn twins_agree_at_extreme_levels() {
     for f in GFormat::all() {
