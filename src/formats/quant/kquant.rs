@@ -1,5 +1,6 @@
 //! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q5_0, Q5_1,
-//! IQ4_NL, IQ4_XS in `ext`; Q4_0 through ggml's reference encoder), written from the format description
+//! IQ4_NL, IQ4_XS in `ext`; Q4_0, and Q8_0 without weights, through ggml's reference
+//! encoder), written from the format description
 //! (docs/FORMAT.md): each searches its scales (and mins) to minimize the
 //! squared error of every block, optionally weighted by a per-column
 //! importance (llama.cpp's imatrix idea: the mean squared input of each
@@ -26,7 +27,12 @@
 //! the sub-block scale of largest magnitude over −32, so that one maps to
 //! −32 exactly and the other scales fall within the range.
 //! Q8_0 has one sub-block: `d` is its scale rounded to f16. All-zero
-//! importance in a block falls back to unit weights. Non-finite inputs give
+//! importance in a block falls back to unit weights; Q8_0 without weights
+//! (no importance, or none in the block) is ggml's reference encoder,
+//! llama.cpp's own bytes: the unit-weight search refits the scale below
+//! `absmax/127` and so clips each block's largest value, which lowered the
+//! squared error but raised the KL on trained weights (the k256 fixture:
+//! 0.00017 against the reference encoder's 0.00013, results/quant-quality.md). Non-finite inputs give
 //! non-finite scales, never a panic (the reader refuses such blocks).
 
 use crate::kernels::ggml::{self, BlockType, KMinBlock, Planned, SymBlock};
@@ -69,9 +75,11 @@ pub fn quantize_row(ty: BlockType, x: &[f32], importance: Option<&[f32]>, out: &
     for (k, (xb, ob)) in x.chunks_exact(be).zip(out.chunks_exact_mut(bb)).enumerate() {
         let w = importance
             .map(|imp| &imp[k * be..(k + 1) * be])
-            .filter(|w| w.iter().any(|&v| v > 0.0))
-            .unwrap_or(&unit);
-        ggml::pack_block(ty, &plan(ty, xb, w), ob);
+            .filter(|w| w.iter().any(|&v| v > 0.0));
+        match w {
+            None if ty == BlockType::Q8_0 => ggml::quantize_row(ty, xb, ob),
+            w => ggml::pack_block(ty, &plan(ty, xb, w.unwrap_or(&unit)), ob),
+        }
     }
 }
 

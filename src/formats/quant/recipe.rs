@@ -10,9 +10,12 @@
 //! The default (issue 30, results/quant-quality.md): routed gate/up q4g64
 //! (grouped int4, an f16 scale per 64 weights), routed down q5_k (a step
 //! above; Q8_0 on rows that are not whole 256-value blocks). On the trained
-//! Qwen3-MoE fixture it stores gate/up q4g64, down q8_0: mean KL 0.00168 at
-//! 835,584 expert bytes per token, where llama.cpp's Q4_K_M has 0.00251 at
-//! 884,736 and the old default (`row4`, per-row int4) 0.00477 at 618,496.
+//! k256 fixture (every row whole 256-value blocks) it has mean KL 0.00108 at
+//! 1,376,256 expert bytes per token, where llama.cpp's Q4_K_M has 0.00305 at
+//! 1,394,688 and the old default (`row4`, per-row int4) 0.00315 at
+//! 1,216,512. On the first trained fixture (128-wide rows: down stored
+//! q8_0) 0.00164 at 835,584 against Q4_K_M's (Q5_0 there) 0.00251 at
+//! 884,736 and row4's 0.00477 at 618,496.
 
 use super::policy::{Class, Policy, Width};
 

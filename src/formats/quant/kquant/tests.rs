@@ -1,7 +1,7 @@
 //! The quantizers' blocks decode as planned (ggml's arithmetic), their
 //! round-trip error stays within per-format bounds on random and trained
 //! weights and below the plain encoder's, and importance weighting lowers
-//! the weighted error.
+//! the weighted error; Q8_0 without weights is ggml's reference encoder.
 
 use super::*;
 use crate::formats::weights::WeightIndex;
@@ -270,4 +270,22 @@ fn zero_importance_falls_back_to_unit_weights_and_bad_values_never_panic() {
             ty.name()
         );
     }
+}
+
+#[test]
+fn q8_0_without_weights_is_ggml_reference_bytes_and_with_them_searches() {
+    let x = trained_weights();
+    let (cols, rows) = (256, x.len() / 256);
+    let mut want = vec![0u8; rows * BlockType::Q8_0.row_bytes(cols).unwrap()];
+    ggml::quantize_row(BlockType::Q8_0, &x, &mut want);
+    assert_eq!(quantize(BlockType::Q8_0, &x, rows, cols, None), want);
+    // A block whose importance is all zero falls back the same way.
+    let zeros = vec![0f32; cols];
+    assert_eq!(
+        quantize(BlockType::Q8_0, &x, rows, cols, Some(&zeros)),
+        want
+    );
+    // With weights the scale is searched: other bytes on these weights.
+    let ones = vec![1f32; cols];
+    assert_ne!(quantize(BlockType::Q8_0, &x, rows, cols, Some(&ones)), want);
 }
