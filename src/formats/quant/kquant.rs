@@ -1,8 +1,8 @@
 //! Quantizers into llama.cpp's block layouts (Q8_0, Q2_K–Q6_K; Q5_0, Q5_1,
-//! IQ4_NL, IQ4_XS in `ext`; Q4_0, and Q8_0 without weights, through ggml's reference
-//! encoder), written from the format description
-//! (docs/FORMAT.md): each searches its scales (and mins) to minimize the
-//! squared error of every block, optionally weighted by a per-column
+//! IQ4_NL, IQ4_XS in `ext`; Q4_0, and Q8_0 without weights, through ggml's
+//! reference encoder), written from the format description (docs/FORMAT.md):
+//! each searches its scales (and mins) to minimize the squared error of
+//! every block, optionally weighted by a per-column
 //! importance (llama.cpp's imatrix idea: the mean squared input of each
 //! column), and hands the planned integers to
 //! [`crate::kernels::ggml::pack_block`], the one writer of block bytes. The
@@ -32,8 +32,9 @@
 //! llama.cpp's own bytes: the unit-weight search refits the scale below
 //! `absmax/127` and so clips each block's largest value, which lowered the
 //! squared error but raised the KL on trained weights (the k256 fixture:
-//! 0.00017 against the reference encoder's 0.00013, results/quant-quality.md). Non-finite inputs give
-//! non-finite scales, never a panic (the reader refuses such blocks).
+//! 0.00017 against the reference encoder's 0.00013, results/quant-quality.md).
+//! Non-finite inputs give non-finite scales, never a panic (the reader
+//! refuses such blocks).
 
 use crate::kernels::ggml::{self, BlockType, KMinBlock, Planned, SymBlock};
 use half::f16;
