@@ -26,7 +26,9 @@ whole model's bytes on disk.
 
 Needs numpy and tokenizers (scripts/requirements.txt), a built moestream, and a llama.cpp
 source tree with llama-quantize, llama-imatrix and llama-perplexity built under build/bin
-(its gguf-py reads the GGUFs' tensor types).
+(its gguf-py reads the GGUFs' tensor types). On a CPU with AMX, llama.cpp 0c1e570 repacks
+Q8_0/Q4_0 weights for its AMX kernels and `llama-perplexity --kl-divergence` segfaulted there
+(results/quant-quality.md, the k256 section): run with LLAMA_ARG_REPACK=false (--no-repack).
 
 Usage: python3 scripts/quant_quality.py --bin target/release/moestream --llama-cpp DIR
        --heldout /tmp/heldout.txt [--model tests/fixtures/trained/qwen3_moe]
