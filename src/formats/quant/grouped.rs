@@ -19,9 +19,14 @@ use super::Words;
 use crate::kernels::grouped::{self, dequantize_row, pack_chunk, CHUNK};
 pub use crate::kernels::grouped::{GBits, GFormat, Group};
 use half::f16;
+use rayon::prelude::*;
 
 /// Stretched or shrunk ranges tried beside the plain one.
 pub const SEARCH_STEPS: usize = 16;
+
+/// Rows one parallel task quantizes at least (a row's search takes tens of
+/// microseconds; fewer rows a task would cost more in scheduling).
+const ROWS_PER_TASK: usize = 16;
 
 /// A grouped `(rows, cols)` matrix: packed levels and f16 parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,14 +58,12 @@ impl GMatrix {
         let (rb, pr) = (format.row_bytes(cols), format.params_per_row(cols));
         let mut data = vec![0u8; rows * rb];
         let mut params = vec![0u16; rows * pr];
-        for r in 0..rows {
-            let row = &w[r * cols..(r + 1) * cols];
-            let (d, p) = (
-                &mut data[r * rb..(r + 1) * rb],
-                &mut params[r * pr..(r + 1) * pr],
-            );
-            quantize_row(format, row, importance, d, p);
-        }
+        // Rows are independent: the same bytes in any order, on any thread.
+        data.par_chunks_exact_mut(rb.max(1))
+            .zip(params.par_chunks_exact_mut(pr.max(1)))
+            .zip(w.par_chunks_exact(cols.max(1)))
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|((d, p), row)| quantize_row(format, row, importance, d, p));
         GMatrix {
             format,
             rows,

@@ -38,6 +38,7 @@
 
 use crate::kernels::ggml::{self, BlockType, KMinBlock, Planned, SymBlock};
 use half::f16;
+use rayon::prelude::*;
 
 /// Candidate grids tried per sub-block.
 pub const STEPS: usize = 21;
@@ -60,11 +61,17 @@ pub fn quantize(
         assert_eq!(imp.len(), cols, "one importance per column");
     }
     let mut out = vec![0u8; rows * rb];
-    for (row, o) in x.chunks_exact(cols.max(1)).zip(out.chunks_exact_mut(rb)) {
-        quantize_row(ty, row, importance, o);
-    }
+    // Rows are independent: the same bytes in any order, on any thread.
+    out.par_chunks_exact_mut(rb.max(1))
+        .zip(x.par_chunks_exact(cols.max(1)))
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|(o, row)| quantize_row(ty, row, importance, o));
     out
 }
+
+/// Rows one parallel task quantizes at least (a row's scale search is tens
+/// of microseconds; fewer rows a task would cost more in scheduling).
+const ROWS_PER_TASK: usize = 16;
 
 /// One row (see [`quantize`]).
 pub fn quantize_row(ty: BlockType, x: &[f32], importance: Option<&[f32]>, out: &mut [u8]) {
