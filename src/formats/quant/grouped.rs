@@ -16,6 +16,7 @@
 //! `range / (2·levels_max)` plus f16 rounding (bounds in the tests).
 
 use super::Words;
+use super::ROWS_PER_TASK;
 use crate::kernels::grouped::{self, dequantize_row, pack_chunk, CHUNK};
 pub use crate::kernels::grouped::{GBits, GFormat, Group};
 use half::f16;
@@ -23,10 +24,6 @@ use rayon::prelude::*;
 
 /// Stretched or shrunk ranges tried beside the plain one.
 pub const SEARCH_STEPS: usize = 16;
-
-/// Rows one parallel task quantizes at least (a row's search takes tens of
-/// microseconds; fewer rows a task would cost more in scheduling).
-const ROWS_PER_TASK: usize = 16;
 
 /// A grouped `(rows, cols)` matrix: packed levels and f16 parameters.
 #[derive(Clone, Debug, PartialEq)]

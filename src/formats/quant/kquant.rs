@@ -36,6 +36,7 @@
 //! Non-finite inputs give non-finite scales, never a panic (the reader
 //! refuses such blocks).
 
+use super::ROWS_PER_TASK;
 use crate::kernels::ggml::{self, BlockType, KMinBlock, Planned, SymBlock};
 use half::f16;
 use rayon::prelude::*;
@@ -68,10 +69,6 @@ pub fn quantize(
         .for_each(|(o, row)| quantize_row(ty, row, importance, o));
     out
 }
-
-/// Rows one parallel task quantizes at least (a row's scale search is tens
-/// of microseconds; fewer rows a task would cost more in scheduling).
-const ROWS_PER_TASK: usize = 16;
 
 /// One row (see [`quantize`]).
 pub fn quantize_row(ty: BlockType, x: &[f32], importance: Option<&[f32]>, out: &mut [u8]) {

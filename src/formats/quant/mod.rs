@@ -25,6 +25,11 @@ pub use words::Words;
 /// Smallest per-row scale (an all-zero row quantizes to zeros, not NaN).
 pub const SCALE_MIN: f32 = 1e-8;
 
+/// Rows one parallel task of a searching quantizer ([`kquant::quantize`],
+/// [`grouped::GMatrix::quantize`]) takes at least: a row's scale search is
+/// tens of microseconds, and fewer rows a task would cost more in scheduling.
+pub(crate) const ROWS_PER_TASK: usize = 16;
+
 pub use crate::kernels::quant::QBits;
 
 /// The scale of one row (see the module doc).
