@@ -9,13 +9,15 @@ experts' reads to set the speed:
   rows without importance;
 - speed: disk-bound decode tok/s of the same recipe (the same `convert` flags) applied to a
   synthetic BF16 checkpoint (`moestream synth --hidden 2048 --moe-inter 768 ...`: the expert
-  shape of Qwen3-30B-A3B, random weights, near-uniform routing), with --expert-cache of its
-  experts per layer held in RAM, the rest read with O_DIRECT on every miss. Rounds alternate
+  shape of Qwen3-30B-A3B, random weights, near-uniform routing), with --cache experts per
+  layer held in RAM (default 1: every recipe then reads nearly its census bytes a token, while
+  with more slots each random-weight model falls into its own repetition loop and reads a
+  different share), the rest read with O_DIRECT on every miss. Rounds alternate
   the recipes; the median of the rounds is reported.
 
 Usage: python3 scripts/quant_frontier.py --bin target/release/moestream --synth DIR
        --kl results/quant-quality-k256.json [--kl MORE.json] [--workdir /tmp/quant-frontier]
-       [--rounds 3] [--tokens 64] [--cache 16] [--recipes "default;row4;..."]
+       [--rounds 5] [--tokens 64] [--cache 1] [--recipes "default;row4;..."]
        [--csv OUT.csv] [--plot OUT.png] [--out OUT.md]
    or: python3 scripts/quant_frontier.py --synth DIR --kl ... --from-csv OUT.csv [--tokens N
        --cache N] [--plot OUT.png] [--out OUT.md]   (re-render, no runs)
@@ -127,9 +129,9 @@ def main():
     p.add_argument("--kl", action="append", required=True, help="quant_quality.py --json rows")
     p.add_argument("--workdir", default="/tmp/quant-frontier")
     p.add_argument("--recipes", default=";".join(DEFAULT_RECIPES))
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--cache", type=int, default=16)
+    p.add_argument("--cache", type=int, default=1)
     p.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
     p.add_argument("--csv")
     p.add_argument("--plot")
