@@ -231,6 +231,9 @@ fn row_blocks_agree_with_the_twin_row_by_row() {
             (7, 257),
             (65, 2048),
             (130, 128),
+            // Whole blocks of 16 scales and a tail (int4 g64: 16 + 9, 32 + 1).
+            (5, 1600),
+            (2, 2112),
         ] {
             check_rows(f, rows, cols, rows as u64 * 7 + cols as u64);
         }
