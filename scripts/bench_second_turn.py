@@ -6,7 +6,12 @@ memory cgroup of --cap GB) answers a completion of a --prefix-token prompt
 (spread-out ids, max_tokens 1); the server is stopped with SIGTERM, which
 saves the kept KV. Turn 2: a fresh server on the same DIR (page cache
 dropped again) answers the prefix plus --extra new tokens; its TTFT is the
-seconds from sending the request to the first streamed text chunk. The
+seconds from sending the request to the first streamed text chunk. Each
+second turn also reports the server's own split (`/metrics` after the
+answer): the KV restore at start (before the server takes requests, so
+outside the TTFT; `start_to_ready_s` holds it and the model's load), and
+the prefill's seconds, the compute's wait on expert reads, attention, the
+experts' matmuls and the expert GB read. The
 same second-turn prompt on a server without --kv-dir (cold prefill of the
 whole prompt) is the reference. Rounds alternate the two second turns;
 medians are reported; each row of the restarted kind also gives its first
@@ -58,6 +63,26 @@ def start(a, kv_dir: str | None) -> subprocess.Popen:
     raise SystemExit("the server did not get ready")
 
 
+SPLIT = {"kv_restore_s": "kv_restore_seconds", "kv_restored": "kv_restored_positions",
+         "prefill_s": "prefill_seconds_total", "expert_wait_s": "expert_wait_seconds_total",
+         "expert_matmul_s": "expert_matmul_seconds_total", "attention_s": "attention_seconds_total",
+         "expert_gb_read": "expert_bytes_read_total"}
+
+
+def split() -> dict:
+    """The server's own split of its work so far (`/metrics`): the KV
+    restore at start, and the prefill's seconds by where they went."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10) as r:
+        values = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#") and " " in line:
+                name, v = line.rsplit(" ", 1)
+                values[name] = float(v)
+    out = {k: values.get(f"moestream_{m}", float("nan")) for k, m in SPLIT.items()}
+    out["expert_gb_read"] /= 1e9
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def stop(p: subprocess.Popen) -> None:
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=300)
@@ -98,14 +123,19 @@ def second_turn(a, rnd: int, keep: bool) -> dict:
             first, _ = first_chunk_s(prefix)
             stop(p)
         drop_caches()
+        started = time.time()
         p = start(a, kv)
+        ready_s = time.time() - started
         ttft, cached = first_chunk_s(turn2)
+        time.sleep(0.5)  # the snapshot is published after the step that answered
+        parts = split()
         stop(p)
     finally:
         if kv:
             shutil.rmtree(kv, ignore_errors=True)
     row = {"round": rnd, "second_turn": "kv-dir, restarted" if keep else "cold prefill",
-           "prompt_tokens": len(turn2), "cached_tokens": cached, "ttft_s": round(ttft, 2)}
+           "prompt_tokens": len(turn2), "cached_tokens": cached, "ttft_s": round(ttft, 2),
+           "start_to_ready_s": round(ready_s, 2), **parts}
     if first is not None:
         row["first_turn_ttft_s"] = round(first, 2)
     print(json.dumps(row), flush=True)
@@ -121,13 +151,18 @@ def main() -> None:
     p.add_argument("--cap", type=float, default=3.0)
     p.add_argument("--ram-gb", type=float, default=3.12)
     p.add_argument("--scratch", default="/work", help="where the KV directories go")
+    p.add_argument("--no-cold", action="store_true",
+                   help="skip the cold-prefill reference (when it was measured already)")
     a = p.parse_args()
     rows = []
     for r in range(1, a.rounds + 1):
         for keep in ((True, False) if r % 2 else (False, True)):
-            rows.append(second_turn(a, r, keep))
+            if keep or not a.no_cold:
+                rows.append(second_turn(a, r, keep))
     for kind in ("kv-dir, restarted", "cold prefill"):
         vals = [x["ttft_s"] for x in rows if x["second_turn"] == kind]
+        if not vals:
+            continue
         print(f"{kind:18} TTFT {', '.join(f'{v:.2f}' for v in vals)} s (median {statistics.median(vals):.2f})")
 
 

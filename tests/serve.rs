@@ -290,6 +290,10 @@ fn the_second_turn_reuses_the_kv_and_a_restart_keeps_it() {
     );
     // The metrics snapshot is published after the step that answered.
     s.wait_metric("prompt_tokens_reused_total", |v| v >= first_prompt as f64);
+    // Where the steps' time went is counted; nothing was restored at start.
+    s.wait_metric("attention_seconds_total", |v| v > 0.0);
+    s.wait_metric("expert_matmul_seconds_total", |v| v > 0.0);
+    s.wait_metric("kv_restored_positions", |v| v == 0.0);
     assert!(s.stop().success(), "SIGTERM exits 0");
     let saved: Vec<_> = std::fs::read_dir(kv.path()).unwrap().flatten().collect();
     assert!(!saved.is_empty(), "the kept KV was saved at shutdown");
@@ -315,6 +319,9 @@ fn the_second_turn_reuses_the_kv_and_a_restart_keeps_it() {
         cached >= second_prompt,
         "restored KV: cached {cached} of {second_prompt}"
     );
+    // The restore is counted: its positions and how long it took.
+    s.wait_metric("kv_restored_positions", |v| v >= second_prompt as f64);
+    s.wait_metric("kv_restore_seconds", |v| v > 0.0);
     assert!(s.stop().success());
     // A corrupt KV file is refused, named, and recomputed.
     for f in std::fs::read_dir(kv.path()).unwrap().flatten() {

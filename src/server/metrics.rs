@@ -159,6 +159,15 @@ pub struct Snapshot {
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub bytes_read: u64,
+    /// Seconds the compute waited on expert reads, spent in the routed
+    /// experts' matmuls, and in attention, summed over every step.
+    pub expert_wait_seconds: f64,
+    pub expert_matmul_seconds: f64,
+    pub attention_seconds: f64,
+    /// Positions of the prefixes restored from `--kv-dir` at start, and the
+    /// seconds their loading took (before the server took requests).
+    pub kv_restored_positions: u64,
+    pub kv_restore_seconds: f64,
     /// The eviction policies the MoE layers' caches run now, with how many
     /// layers run each (`--policy auto` chooses per layer), and how often a
     /// layer changed its policy.
@@ -332,9 +341,49 @@ impl Snapshot {
             "Expert bytes read from disk.",
             self.bytes_read,
         );
+        self.render_split(m);
         self.render_policies(m);
         self.render_latency(m);
         o
+    }
+
+    /// Where the steps' time went, and the start's KV restore.
+    fn render_split(&self, m: &mut String) {
+        metric(
+            m,
+            "expert_wait_seconds_total",
+            "counter",
+            "Seconds the compute waited on expert reads.",
+            format!("{:.6}", self.expert_wait_seconds),
+        );
+        metric(
+            m,
+            "expert_matmul_seconds_total",
+            "counter",
+            "Seconds in the routed experts' matmuls.",
+            format!("{:.6}", self.expert_matmul_seconds),
+        );
+        metric(
+            m,
+            "attention_seconds_total",
+            "counter",
+            "Seconds in attention.",
+            format!("{:.6}", self.attention_seconds),
+        );
+        metric(
+            m,
+            "kv_restored_positions",
+            "gauge",
+            "Positions of the prefixes restored from --kv-dir at start.",
+            self.kv_restored_positions,
+        );
+        metric(
+            m,
+            "kv_restore_seconds",
+            "gauge",
+            "Seconds loading the --kv-dir prefixes took at start, before requests were taken.",
+            format!("{:.6}", self.kv_restore_seconds),
+        );
     }
 
     fn render_policies(&self, m: &mut String) {

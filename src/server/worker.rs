@@ -134,8 +134,8 @@ pub fn run(
     };
     w.restore();
     w.saved_generation = w.pool.prefix_generation();
-    w.publish(model, &metrics);
     let mut prof = Profile::default();
+    w.publish(model, &metrics, &prof);
     let mut deadline: Option<Instant> = None;
     loop {
         match w.take_commands(&commands, deadline.is_some()) {
@@ -153,13 +153,13 @@ pub fn run(
             let events = w.progress(events);
             // Published before the events go out: a client that sees its
             // answer finds it counted.
-            w.publish(model, &metrics);
+            w.publish(model, &metrics, &prof);
             w.deliver(events);
         } else if deadline.is_some() {
             break;
         } else {
             w.save_if_changed();
-            w.publish(model, &metrics);
+            w.publish(model, &metrics, &prof);
         }
     }
     w.save_if_changed();
@@ -435,11 +435,14 @@ impl Worker<'_> {
         }
     }
 
-    fn publish(&mut self, model: &Model, metrics: &Mutex<Snapshot>) {
+    fn publish(&mut self, model: &Model, metrics: &Mutex<Snapshot>, prof: &Profile) {
         let c = model.store.counters();
         self.snap.expert_hits = c.hits + c.pinned_hits;
         self.snap.expert_misses = c.misses;
         self.snap.bytes_read = c.bytes_read;
+        self.snap.expert_wait_seconds = c.disk_time.as_secs_f64();
+        self.snap.expert_matmul_seconds = prof.expert_matmul.as_secs_f64();
+        self.snap.attention_seconds = prof.attention.as_secs_f64();
         self.snap.policy_layers = model.store.active_policies();
         self.snap.policy_switches = c.policy_switches;
         let (below, count, sum) = model.store.read_latency_histogram(&LATENCY_BOUNDS_US);
@@ -458,9 +461,12 @@ impl Worker<'_> {
     fn restore(&mut self) {
         let Some(dir) = &mut self.kv_dir else { return };
         let slots = self.pool.prefixes_max();
+        let start = Instant::now();
         for prefix in dir.restore(self.pool.engine().model(), slots) {
+            self.snap.kv_restored_positions += prefix.tokens.len() as u64;
             self.pool.keep_prefix(prefix);
         }
+        self.snap.kv_restore_seconds = start.elapsed().as_secs_f64();
     }
 
     /// Saves the kept prefixes when they changed since the last save.
