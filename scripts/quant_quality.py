@@ -19,6 +19,10 @@ non-overlapping chunks of --ctx tokens, each teacher-forced from an empty cache 
 --prompt-ids --save-logits`), and the positions of each chunk's second half score: mean
 KL(ref ‖ q) of the next-token distributions, top-1 agreement with the reference, and the
 perplexity of the text's next tokens. Tokens come from the checkpoint's tokenizer.json.
+With --tasks (scripts/make_choice_set.py), every row moestream reads also gets `score`'s
+multiple-choice accuracy, and its change paired with the unconverted model's per-task answers
+(the tasks whose answer moved, the mean change and its standard error): llama.cpp's GGUFs are
+scored by moestream's GGUF path, as for KL.
 
 Bytes per token: the routed-expert bytes one token reads, top_k × (all routed experts'
 bytes / experts per layer), from the container's census or the GGUF's tensor sizes; and the
@@ -125,6 +129,25 @@ class Scorer:
         self.chunks = [ids[i * a.ctx:(i + 1) * a.ctx] for i in range(len(ids) // a.ctx)]
         self.first = a.ctx // 2
         self.ref = [self.logprobs(ref_model, c) for c in self.chunks]
+        self.ref_model = ref_model
+        self.ref_tasks = self.choices(ref_model) if a.tasks else None
+
+    def choices(self, model):
+        """Per-task (prediction, correct) of `moestream score` on --tasks."""
+        v = json.loads(run([self.a.bin, "score", "--model", model, "--tasks", self.a.tasks, "--json"]))
+        return [(t["pred"], t["pred"] == t["label"]) for t in v["per_task"]]
+
+    def accuracy(self, model):
+        """acc on --tasks, and the paired change against the unconverted model: the tasks whose
+        answer moved, the mean per-task change of correctness and its standard error."""
+        right = self.ref_tasks if model is None else self.choices(model)
+        n = len(right)
+        d = [int(c) - int(r) for (_, c), (_, r) in zip(right, self.ref_tasks)]
+        mean = sum(d) / n
+        var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
+        return {"acc": sum(c for _, c in right) / n, "tasks": n,
+                "changed": sum(1 for (p, _), (q, _) in zip(right, self.ref_tasks) if p != q),
+                "dacc": mean, "dacc_se": (var / n) ** 0.5}
 
     def logprobs(self, model, chunk):
         """Log-probabilities at the scored positions (first .. ctx-2) of one chunk."""
@@ -145,7 +168,10 @@ class Scorer:
             nxt = np.asarray(chunk[self.first + 1:self.a.ctx])
             nll -= float(lp[np.arange(len(nxt)), nxt].sum())
             n += len(nxt)
-        return {"kl": kl / n, "top1": top1 / n, "ppl": float(np.exp(nll / n)), "positions": n}
+        out = {"kl": kl / n, "top1": top1 / n, "ppl": float(np.exp(nll / n)), "positions": n}
+        if self.ref_tasks is not None:
+            out["choice"] = self.accuracy(model)
+        return out
 
 
 def llama_bin(a, name):
@@ -306,7 +332,8 @@ def moestream_rows(a, calib, scorer, moe, rows):
 def table(rows):
     lines = ["| expert bytes/token | file bytes | row | weighting | widths stored | KL (moestream) "
              "| top-1 (moestream) | ppl (moestream) | KL (llama-perplexity) | same top-1 (llama) "
-             "| ppl (llama) |", "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| ppl (llama) | choice acc, Δacc ± SE (moestream) |",
+             "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     errors = []
     for r in sorted(rows, key=lambda r: (r["census"] or {"per_token": 1 << 62})["per_token"]):
         c, m, ll = r["census"], r["moestream"], r["llama"]
@@ -315,10 +342,13 @@ def table(rows):
         mcells = ([f"{m['kl']:.5f}", f"{m['top1']:.4f}", f"{m['ppl']:.3f}"] if m
                   else [f"not read ({errors.index(r['error']) + 1})", "", ""])
         lcells = [f"{ll['kl']:.5f}", f"{ll['top1']:.4f}", f"{ll['ppl']:.3f}"] if ll else ["", "", ""]
+        ch = (m or {}).get("choice")
+        ccell = (f"{ch['acc']:.4f}, {ch['dacc']:+.4f} ± {ch['dacc_se']:.4f} ({ch['changed']} moved)"
+                 if ch else "")
         lines.append("| " + " | ".join(
             ([f"{c['per_token']:,}", f"{c['file']:,}"] if c else ["", ""])
             + [f"{r['side']} {r['label']}", r["weighting"], fmt_types(c["types"]) if c else ""]
-            + mcells + lcells) + " |")
+            + mcells + lcells + [ccell]) + " |")
     return lines + [""] + [f"({i}) {e}" for i, e in enumerate(errors, 1)]
 
 
@@ -390,6 +420,7 @@ def measure(a):
     t0 = time.time()
     scorer = Scorer(a, tokenize(a.model, text[-a.eval_chars:]), a.model, a.workdir)
     rows = [row("moestream", "unconverted checkpoint (reference)", "", None, None, scorer)]
+    tasks = f"; multiple choice: {a.tasks}, {len(scorer.ref_tasks)} tasks" if a.tasks else ""
     if a.part in ("all", "llama.cpp"):
         f32_gguf = os.path.join(a.workdir, "f32.gguf")
         run([a.bin, "export-gguf", "--model", a.model, "--out", f32_gguf, "--type", "f32"])
@@ -398,7 +429,7 @@ def measure(a):
         moestream_rows(a, calib, scorer, moe, rows)
     header = (f"Model {a.model}; calibration: the first {a.calib_chars:,} characters of {a.heldout}; "
               f"evaluation: its last {a.eval_chars:,} ({len(scorer.chunks)} chunks of {a.ctx} tokens, "
-              f"{rows[0]['moestream']['positions']} scored positions); {time.time() - t0:.0f} s.")
+              f"{rows[0]['moestream']['positions']} scored positions){tasks}; {time.time() - t0:.0f} s.")
     return header, rows
 
 
@@ -419,6 +450,8 @@ def main():
     p.add_argument("--part", choices=["all", "llama.cpp", "moestream"], default="all",
                    help="measure only llama.cpp's rows or only moestream's (two runs side by side, "
                    "each with its own --workdir and --json, joined by --render)")
+    p.add_argument("--tasks", help="a JSONL of multiple-choice tasks (scripts/make_choice_set.py): every "
+                   "row moestream reads also gets `score`'s accuracy, paired with the unconverted model's")
     p.add_argument("--recipes", help="only these rows of RECIPES (labels, separated by ';': labels hold commas)")
     p.add_argument("--render", metavar="JSON", nargs="+", help="only re-render the rows of earlier --json files")
     a = p.parse_args()
