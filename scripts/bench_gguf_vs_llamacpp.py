@@ -33,7 +33,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOESTREAM = os.path.join(REPO, "target", "release", "moestream")
+# The binary these benches run: the release build, or $MOESTREAM_BIN (to compare two builds).
+MOESTREAM = os.environ.get("MOESTREAM_BIN") or os.path.join(REPO, "target", "release", "moestream")
 IN_CGROUP = os.path.join(REPO, "scripts", "in_cgroup.sh")
 PROMPT = list(range(100, 116))
 WARM_PROMPT = "The history of the printing press begins in the fifteenth century, when"
