@@ -487,7 +487,6 @@ fn a_recipe_writes_the_widths_it_names_and_plan_prices_each() {
     assert_clean_failure(&refused, &["container"]);
 }
 
-/// `eval --json` of `model` over fixed prompt ids, plus `extra`.
 /// On trained weights whose rows are whole 256-value blocks (the k256
 /// fixture) the default recipe stores routed down as q5_k, not its q8_0
 /// fallback, and loses well under half of per-row int4's (`row4`) mean KL
@@ -519,6 +518,7 @@ fn the_default_recipe_loses_under_half_of_per_row_int4_on_trained_weights() {
     );
 }
 
+/// `eval --json` of `model` over fixed prompt ids, plus `extra`.
 fn eval_ids(model: &Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["eval", "--model", model.to_str().unwrap()];
     args.extend(["--prompt-ids", "1,5,9,33,70,12,100,7", "--json"]);
