@@ -195,10 +195,6 @@ pub struct Streamed {
     dropped: u64,
 }
 
-/// How far ahead a KV file's rows are advised: a few dozen of this disk's
-/// 2 MiB O_DIRECT reads (results/long-prompts.md, the second turn).
-pub const STREAM_AHEAD: u64 = 64 << 20;
-
 impl Streamed {
     /// Streams `file` from its current position, advising `ahead` bytes.
     pub fn new(mut file: File, ahead: u64) -> std::io::Result<Streamed> {
@@ -225,8 +221,8 @@ impl Streamed {
 impl Read for Streamed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use nix::fcntl::PosixFadviseAdvice::{POSIX_FADV_DONTNEED, POSIX_FADV_WILLNEED};
-        if self.advised < self.pos + self.ahead / 2 {
-            let end = self.pos + self.ahead;
+        if self.advised < self.pos.saturating_add(self.ahead / 2) {
+            let end = self.pos.saturating_add(self.ahead);
             self.advise(self.advised, end - self.advised, POSIX_FADV_WILLNEED);
             self.advised = end;
         }
