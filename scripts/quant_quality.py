@@ -53,6 +53,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quant_grid import paired  # noqa: E402  (the paired change of accuracy, one definition)
+
 LLAMA_TYPES = ["Q8_0", "Q6_K", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K", "IQ4_XS"]
 # (label, convert flags): named recipes, then routed-expert formats over the default recipe.
 RECIPES = [
@@ -141,13 +144,9 @@ class Scorer:
         """acc on --tasks, and the paired change against the unconverted model: the tasks whose
         answer moved, the mean per-task change of correctness and its standard error."""
         right = self.ref_tasks if model is None else self.choices(model)
-        n = len(right)
-        d = [int(c) - int(r) for (_, c), (_, r) in zip(right, self.ref_tasks)]
-        mean = sum(d) / n
-        var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
-        return {"acc": sum(c for _, c in right) / n, "tasks": n,
-                "changed": sum(1 for (p, _), (q, _) in zip(right, self.ref_tasks) if p != q),
-                "dacc": mean, "dacc_se": (var / n) ** 0.5}
+        (_, changed), (_, mean), (_, se) = paired(right, self.ref_tasks)
+        return {"acc": sum(c for _, c in right) / len(right), "tasks": len(right),
+                "changed": changed, "dacc": mean, "dacc_se": se}
 
     def logprobs(self, model, chunk):
         """Log-probabilities at the scored positions (first .. ctx-2) of one chunk."""

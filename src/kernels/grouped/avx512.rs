@@ -94,9 +94,6 @@ unsafe fn row_q4(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>) -> f32 {
     const BLOCK: usize = 16;
     let pairs = f.group().cols() / (2 * CHUNK);
     let groups = act.xs.len();
-    let spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
-    let shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-    let nib = _mm512_set1_epi8(15);
     let mut main = _mm256_setzero_ps();
     let mut d = [0f32; BLOCK];
     let (mut wp, mut xp) = (w.as_ptr(), act.x.as_ptr());
@@ -121,28 +118,20 @@ unsafe fn row_q4(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>) -> f32 {
                 // activations lie inside the row (the caller's contract:
                 // `groups` whole groups in `w` and `act.x`).
                 unsafe {
-                    let v = _mm256_loadu_si256(wp.cast());
-                    let v = _mm512_permutexvar_epi64(spread, _mm512_castsi256_si512(v));
-                    let u = _mm512_and_si512(_mm512_srlv_epi64(v, shift), nib);
                     let x = _mm512_loadu_si512(xp.cast());
-                    acc = _mm512_dpbusd_epi32(acc, u, x);
+                    acc = _mm512_dpbusd_epi32(acc, q4_pair(wp), x);
                     (wp, xp) = (wp.add(2 * 16), xp.add(2 * CHUNK));
                 }
             }
-            let p = _mm256_add_epi32(
-                _mm512_castsi512_si256(acc),
-                _mm512_extracti64x4_epi64::<1>(acc),
-            );
-            main = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), main);
+            let p = _mm256_cvtepi32_ps(fold(acc));
+            main = _mm256_fmadd_ps(_mm256_set1_ps(d), p, main);
         }
     }
     reduce8(main) + min_term(f, params, act.xs)
 }
 
 /// [`dot`] for int4 groups of 64 or 128 columns: each 32-byte chunk pair is
-/// one load, spread to `[lo c0, hi c0, lo c1, hi c1]` (the 128-bit lanes
-/// `unpack` gives for the two chunks) by a qword permute, a shift of the
-/// odd qword pairs by 4 and a nibble mask.
+/// one load unpacked by [`q4_pair`].
 ///
 /// # Safety
 /// As [`dot`]; `f` is int4 with groups of 64 or 128 columns.
@@ -156,18 +145,13 @@ unsafe fn dot_q4<const T: usize>(
 ) -> [f32; T] {
     let per = f.group().cols() / CHUNK;
     let groups = acts.first().map_or(0, |a| a.xs.len());
-    let spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
-    let shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-    let nib = _mm512_set1_epi8(15);
     let mut main = [_mm256_setzero_ps(); T];
     for (g, &bits) in params[..groups].iter().enumerate() {
         let mut acc = [_mm512_setzero_si512(); T];
         for k in (g * per..(g + 1) * per).step_by(2) {
             // SAFETY: chunks k and k + 1 (32 bytes from byte 16·k) lie inside
             // the row (shapes checked by the caller).
-            let v = unsafe { _mm256_loadu_si256(w.as_ptr().add(k * 16).cast()) };
-            let v = _mm512_permutexvar_epi64(spread, _mm512_castsi256_si512(v));
-            let u = _mm512_and_si512(_mm512_srlv_epi64(v, shift), nib);
+            let u = unsafe { q4_pair(w.as_ptr().add(k * 16)) };
             for (acc, a) in acc.iter_mut().zip(&acts) {
                 // SAFETY: 64 activations from chunk k (the caller's contract).
                 let x = unsafe { _mm512_loadu_si512(a.x.as_ptr().add(k * CHUNK).cast()) };
@@ -176,11 +160,36 @@ unsafe fn dot_q4<const T: usize>(
         }
         let d = scale(bits);
         for (m, v) in main.iter_mut().zip(acc) {
-            let p = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
-            *m = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *m);
+            *m = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold(v)), *m);
         }
     }
     std::array::from_fn(|t| reduce8(main[t]) + min_term(f, params, acts[t].xs))
+}
+
+/// The levels of the int4 chunk pair (32 bytes) at `p`, spread to
+/// `[lo c0, hi c0, lo c1, hi c1]` (the 128-bit lanes `unpack` gives for
+/// the two chunks) by a qword permute, a shift of the odd qword pairs by 4
+/// and a nibble mask.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `p` has 32 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_pair(p: *const u8) -> __m512i {
+    let spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+    let shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    // SAFETY: 32 readable bytes at `p` (the caller's contract).
+    let v = unsafe { _mm256_loadu_si256(p.cast()) };
+    let v = _mm512_permutexvar_epi64(spread, _mm512_castsi256_si512(v));
+    _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(15))
+}
+
+/// Lane `l` of the two 256-bit halves added: the defined `P[g][l]` of a
+/// group whose even and odd chunks met the activations in the two halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
 /// `P[g]` of a 32-column group whose chunk is at `w` and whose activations
@@ -235,5 +244,5 @@ unsafe fn group_pairs<const T: usize>(
             *acc = _mm512_dpbusd_epi32(*acc, u, x);
         }
     }
-    acc.map(|v| _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)))
+    acc.map(|v| fold(v))
 }
