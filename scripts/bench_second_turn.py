@@ -111,6 +111,23 @@ def first_chunk_s(ids: list[int]) -> tuple[float, int]:
     return ttft, cached
 
 
+def answered(a, kv: str | None, ids: list[int]) -> dict:
+    """A cold server (page cache dropped) on `kv` answers `ids`: its seconds from start to
+    ready, the TTFT, the cached prompt tokens and the server's own split (`split`)."""
+    drop_caches()
+    started = time.time()
+    p = start(a, kv)
+    ready_s = time.time() - started
+    try:
+        ttft, cached = first_chunk_s(ids)
+        time.sleep(0.5)  # the snapshot is published after the step that answered
+        parts = split()
+    finally:
+        stop(p)
+    return {"cached_tokens": cached, "ttft_s": round(ttft, 2), "start_to_ready_s": round(ready_s, 2),
+            **parts}
+
+
 def second_turn(a, rnd: int, keep: bool) -> dict:
     prefix = prompt_ids(a.prefix, rnd)
     turn2 = prefix + prompt_ids(a.extra, 1000 + rnd)
@@ -122,20 +139,12 @@ def second_turn(a, rnd: int, keep: bool) -> dict:
             p = start(a, kv)
             first, _ = first_chunk_s(prefix)
             stop(p)
-        drop_caches()
-        started = time.time()
-        p = start(a, kv)
-        ready_s = time.time() - started
-        ttft, cached = first_chunk_s(turn2)
-        time.sleep(0.5)  # the snapshot is published after the step that answered
-        parts = split()
-        stop(p)
+        second = answered(a, kv, turn2)
     finally:
         if kv:
             shutil.rmtree(kv, ignore_errors=True)
     row = {"round": rnd, "second_turn": "kv-dir, restarted" if keep else "cold prefill",
-           "prompt_tokens": len(turn2), "cached_tokens": cached, "ttft_s": round(ttft, 2),
-           "start_to_ready_s": round(ready_s, 2), **parts}
+           "prompt_tokens": len(turn2), **second}
     if first is not None:
         row["first_turn_ttft_s"] = round(first, 2)
     print(json.dumps(row), flush=True)
