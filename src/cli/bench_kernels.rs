@@ -10,8 +10,8 @@ use moestream::lab::bench::kernels::{self, KernelBenchConfig, KernelFormat};
 
 #[derive(Args)]
 pub(super) struct KernelsArgs {
-    /// Weight formats: int4, int8 and GGUF types (q4_0, q8_0, q4_k, q5_k, q6_k, q3_k, q2_k,
-    /// q5_0, q5_1, iq4_nl, iq4_xs).
+    /// Weight formats: int4, int8, GGUF types (q4_0, q8_0, q4_k, q5_k, q6_k, q3_k, q2_k,
+    /// q5_0, q5_1, iq4_nl, iq4_xs) and grouped formats (q4g64, q4g32a, q3g64, ...).
     #[arg(long, value_delimiter = ',', default_value = "int4,int8")]
     formats: Vec<String>,
     /// Matrix shapes, ROWSxCOLS (Qwen3-30B-A3B expert gate/up and down,

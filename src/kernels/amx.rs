@@ -31,7 +31,7 @@ const STEP_BYTES: usize = 64;
 /// (activation group `a`, panel `g`) in tile `2a + g`; tiles 4 and 5 are
 /// the two activation groups, 6 and 7 the two panels' weights.
 #[repr(C, align(64))]
-struct TileConfig {
+pub(crate) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -43,6 +43,21 @@ impl TileConfig {
     /// Activation groups of `m0` and `m1` rows (`m1` may be 0: tiles 2, 3
     /// and 5 are then left unconfigured and must not be used).
     fn new(m0: usize, m1: usize) -> TileConfig {
+        TileConfig::shaped(&[
+            (0, m0, STEP_BYTES),
+            (1, m0, STEP_BYTES),
+            (2, m1, STEP_BYTES),
+            (3, m1, STEP_BYTES),
+            (4, m0, STEP_BYTES),
+            (5, m1, STEP_BYTES),
+            (6, 16, STEP_BYTES),
+            (7, 16, STEP_BYTES),
+        ])
+    }
+
+    /// Tiles `(tile, rows, bytes a row)`; those of 0 rows and the ones not
+    /// named are left unconfigured (touching one faults).
+    pub(crate) fn shaped(tiles: &[(usize, usize, usize)]) -> TileConfig {
         let mut c = TileConfig {
             palette: 1,
             start_row: 0,
@@ -50,23 +65,24 @@ impl TileConfig {
             colsb: [0; 16],
             rows: [0; 16],
         };
-        let groups = [
-            (0, m0),
-            (1, m0),
-            (2, m1),
-            (3, m1),
-            (4, m0),
-            (5, m1),
-            (6, 16),
-            (7, 16),
-        ];
-        for (t, m) in groups {
+        for &(t, m, b) in tiles {
             if m > 0 {
                 c.rows[t] = m as u8;
-                c.colsb[t] = STEP_BYTES as u16;
+                c.colsb[t] = b as u16;
             }
         }
         c
+    }
+
+    /// Loads this configuration (`ldtilecfg`).
+    ///
+    /// # Safety
+    /// The CPU must support AMX-TILE and this process hold the tile
+    /// permission ([`request_tiles`]).
+    pub(crate) unsafe fn load(&self) {
+        // SAFETY: the caller's contract; `self` is a valid palette-1
+        // configuration of 64 bytes.
+        unsafe { asm!("ldtilecfg [{0}]", in(reg) self, options(nostack)) };
     }
 }
 
@@ -151,10 +167,8 @@ impl Operands<'_> {
             let m0 = (n - t0).min(GROUP_ROWS);
             let m1 = (n - t0 - m0).min(GROUP_ROWS);
             if configured != (m0, m1) {
-                let cfg = TileConfig::new(m0, m1);
-                // SAFETY: AMX-TILE (the caller's contract); `cfg` is a valid
-                // palette-1 configuration of 64 bytes.
-                unsafe { asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack)) };
+                // SAFETY: AMX-TILE and the permission (the caller's contract).
+                unsafe { TileConfig::new(m0, m1).load() };
                 configured = (m0, m1);
             }
             for p in (0..panels).step_by(2) {
@@ -263,7 +277,7 @@ impl Operands<'_> {
 
 /// One accumulator tile's sums, 16 rows of 16 `i32`.
 #[repr(C, align(64))]
-struct Sums([i32; GROUP_ROWS * PANEL_ROWS]);
+pub(crate) struct Sums(pub(crate) [i32; GROUP_ROWS * PANEL_ROWS]);
 
 impl Sums {
     /// Stores accumulator tile `tile` (0–3) here.
@@ -271,7 +285,7 @@ impl Sums {
     /// # Safety
     /// AMX-TILE, and tile `tile` is configured.
     #[inline]
-    unsafe fn store(&mut self, tile: usize) {
+    pub(crate) unsafe fn store(&mut self, tile: usize) {
         let (p, s) = (self.0.as_mut_ptr(), PANEL_ROWS * 4);
         // SAFETY: the caller's contract; a configured tile has at most 16
         // rows of 64 bytes, which `self` holds.

@@ -127,6 +127,16 @@ pub fn set_batch_kernel(k: BatchChoice) {
     BATCH_KERNEL.store(k as u8, Ordering::Relaxed);
 }
 
+/// The current [`set_batch_kernel`] choice.
+pub fn batch_choice() -> BatchChoice {
+    match BATCH_KERNEL.load(Ordering::Relaxed) {
+        0 => BatchChoice::Measured,
+        1 => BatchChoice::Amx,
+        2 => BatchChoice::Panels,
+        _ => BatchChoice::Tiles,
+    }
+}
+
 /// The kernel format `f`'s batched dots of `n` activation rows (at least
 /// [`PANEL_ACTS_MIN`]) run now, by the [`set_batch_kernel`] choice; AMX
 /// only where the CPU (and the `MOESTREAM_ISA` cap) has it.

@@ -130,8 +130,30 @@ pub(crate) unsafe fn with_panels<F: PanelFormat>(
         return;
     }
     let rows = out.len() / n;
-    debug_assert!(stride.is_multiple_of(F::X_PER_STEP) && x.len() == n * stride);
-    debug_assert!(w.len() == rows * row_bytes && out.len() == rows * n);
+    debug_assert!(x.len() == n * stride && out.len() == rows * n);
+    // SAFETY: the caller's layout is `with_packed`'s.
+    unsafe { with_packed::<F, ()>(w, row_bytes, rows, stride, |buf| f(buf, rows, out)) }
+}
+
+/// The `rows` weight rows of `w` (`row_bytes` each) repacked into this
+/// thread's panel buffer, handed to `f`: `rows.div_ceil(16)` panels of
+/// `stride / 4` vectors, vector `q` of a panel pairing with activation
+/// bytes `4q..4q + 4` (`F`'s column order), zero past the rows' ends.
+///
+/// # Safety
+/// The CPU must support AVX-512F/BW; `stride` is a multiple of
+/// `F::X_PER_STEP` and covers `row_bytes.div_ceil(64)` steps of it;
+/// `w.len() == rows·row_bytes`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn with_packed<F: PanelFormat, R>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    stride: usize,
+    f: impl FnOnce(&[__m512i]) -> R,
+) -> R {
+    debug_assert!(stride.is_multiple_of(F::X_PER_STEP) && w.len() == rows * row_bytes);
+    debug_assert!(stride / F::X_PER_STEP >= row_bytes.div_ceil(64));
     PANELS.with_borrow_mut(|buf| {
         buf.resize(
             rows.div_ceil(PANEL_ROWS) * (stride / 4),
@@ -139,7 +161,7 @@ pub(crate) unsafe fn with_panels<F: PanelFormat>(
         );
         // SAFETY: `buf` holds `panels · quads` vectors; the caller's layout.
         unsafe { pack::<F>(w, row_bytes, rows, stride, buf) };
-        f(buf, rows, out)
+        f(buf)
     })
 }
 

@@ -4,9 +4,10 @@
 //! plus the high bits spread by a byte shuffle and a bit test), then meets
 //! each of the `T` activation rows in `maddubs` (levels ≤ 7 or 15 times
 //! |x| ≤ 127: pairs ≤ 3810, no saturation) and `madd` with ones, so i32
-//! lane `l` sums columns `4l..4l + 4`, as the defined order says. Each
-//! group's lanes go into the f32 lanes by one `fmadd` with its scale; the
-//! mins take 8 groups a vector.
+//! lane `l` sums columns `4l..4l + 4`; the lanes of a group total its exact
+//! `Σ u·x`. [`fold_row`] takes eight groups' lanes at a time to their eight
+//! sums (one horizontal sum) and folds them into the f32 lanes with one
+//! `fmadd` a term, as the defined order says (group `g` in lane `g mod 8`).
 
 use super::{ActRow, GBits, GFormat, CHUNK, LANES};
 use std::arch::x86_64::*;
@@ -31,17 +32,14 @@ pub unsafe fn dot<const T: usize>(
     acts: [ActRow<'_>; T],
 ) -> [f32; T] {
     let (cb, per) = (f.chunk_bytes(), f.group().cols() / CHUNK);
-    let groups = acts.first().map_or(0, |a| a.xs.len());
     let ones = _mm256_set1_epi16(1);
-    let mut main = [_mm256_setzero_ps(); T];
-    for (g, &bits) in params[..groups].iter().enumerate() {
+    fold_row(f, params, &acts, |g| {
         // A hint, never a fault, wherever it points.
         _mm_prefetch::<_MM_HINT_T0>(
             w.as_ptr()
                 .wrapping_add(g * per * cb + PREFETCH_AHEAD)
                 .cast(),
         );
-        let d = scale(bits);
         let mut p = [_mm256_setzero_si256(); T];
         for k in g * per..(g + 1) * per {
             // SAFETY: chunk k < groups·per lies inside the row (shape checked).
@@ -53,11 +51,8 @@ pub unsafe fn dot<const T: usize>(
                 *p = _mm256_add_epi32(*p, s);
             }
         }
-        for (m, p) in main.iter_mut().zip(p) {
-            *m = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *m);
-        }
-    }
-    std::array::from_fn(|t| reduce8(main[t]) + min_term(f, params, acts[t].xs))
+        p
+    })
 }
 
 /// `out[r]` = [`dot`] of weight row `r` of `w` (`out.len()` packed rows,
@@ -73,13 +68,6 @@ pub unsafe fn dot_rows(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>, ou
         // SAFETY: the caller's contract for `dot`, for row r.
         [*o] = unsafe { dot(f, w, p, [act]) };
     }
-}
-
-/// f16 bits broadcast as f32.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn scale(bits: u16) -> __m256 {
-    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// The 32 levels of the chunk at `p`, in column order.
@@ -130,50 +118,120 @@ unsafe fn low2(p: *const u8) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(3))
 }
 
-/// The defined reduction of 8 lanes: `(lo + hi)`, then pairs two apart,
-/// then the last two.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn reduce8(v: __m256) -> f32 {
-    let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
-}
-
-/// `grouped::min_term`, 8 groups a vector, the tail in scalar lanes.
+/// The defined fold of a row's groups (see the `grouped` module doc) for
+/// `T` activation rows: `group(g)` gives group `g`'s `i32` lanes (whose
+/// total is its `Σ u·x`) for each row. Eight groups at a time take one
+/// horizontal sum ([`hsum8`]) and one `fmadd` a term ([`fold8`]), group `g`
+/// landing in lane `g mod 8`; a last short block goes through the scalar
+/// twin's steps. Returns the defined `reduce8` of each row's lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn min_term(f: GFormat, params: &[u16], xs: &[i32]) -> f32 {
-    let groups = xs.len();
-    let mins = if f.has_min() {
-        &params[groups..]
-    } else {
-        &params[..groups]
-    };
-    let sym = _mm256_set1_ps(-8.0);
-    let mut acc = _mm256_setzero_ps();
+pub(super) fn fold_row<const T: usize>(
+    f: GFormat,
+    params: &[u16],
+    acts: &[ActRow<'_>; T],
+    mut group: impl FnMut(usize) -> [__m256i; T],
+) -> [f32; T] {
+    let groups = acts.first().map_or(0, |a| a.xs.len());
     let whole = groups - groups % LANES;
-    for g in (0..whole).step_by(LANES) {
-        // SAFETY: g + 8 <= groups: 8 f16 of `mins` and 8 i32 of `xs`.
-        let (m, s) = unsafe {
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(mins.as_ptr().add(g).cast())),
-                _mm256_cvtepi32_ps(_mm256_loadu_si256(xs.as_ptr().add(g).cast())),
-            )
-        };
-        let m = if f.has_min() {
-            m
-        } else {
-            _mm256_mul_ps(m, sym)
-        };
-        acc = _mm256_fmadd_ps(m, s, acc);
+    let mut lanes = [_mm256_setzero_ps(); T];
+    for g0 in (0..whole).step_by(LANES) {
+        let p: [[__m256i; T]; LANES] = std::array::from_fn(|j| group(g0 + j));
+        for (t, lanes) in lanes.iter_mut().enumerate() {
+            let s = hsum8(&std::array::from_fn(|j| p[j][t]));
+            // SAFETY: groups g0..g0 + 8 exist (g0 + 8 <= whole).
+            unsafe { fold8(f, params, acts[t].xs, g0, s, lanes) };
+        }
     }
-    let mut lanes = [0f32; LANES];
-    // SAFETY: 8 f32 of `lanes`.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    fold_tail(f, params, acts, lanes, whole, |g| group(g).map(|p| hsum(p)))
+}
+
+/// The end of [`fold_row`]: groups `whole‥` (fewer than eight, `sums(g)`
+/// their sums for each activation row) through the scalar twin's steps,
+/// then the defined `reduce8` of each row's lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn fold_tail<const T: usize>(
+    f: GFormat,
+    params: &[u16],
+    acts: &[ActRow<'_>; T],
+    lanes: [__m256; T],
+    whole: usize,
+    mut sums: impl FnMut(usize) -> [i32; T],
+) -> [f32; T] {
+    let groups = acts.first().map_or(0, |a| a.xs.len());
+    let mut out = [[0f32; LANES]; T];
+    for (o, l) in out.iter_mut().zip(lanes) {
+        // SAFETY: 8 f32 of `o`.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), l) };
+    }
     for g in whole..groups {
-        let (_, m) = super::group_params(f, params, g);
-        lanes[g % LANES] = m.mul_add(xs[g] as f32, lanes[g % LANES]);
+        for ((o, s), a) in out.iter_mut().zip(sums(g)).zip(acts) {
+            super::fold_group(f, params, g, s, a.xs[g], &mut o[g % LANES]);
+        }
     }
-    super::reduce8(lanes)
+    out.map(super::reduce8)
+}
+
+/// Groups `g0‥g0 + 8` (their sums `s`) into `lanes`, as the defined fold
+/// does.
+///
+/// # Safety
+/// `g0 + 8 <= xs.len()`, and `params` holds the row's `xs.len()` scales
+/// (and as many mins after them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fold8(
+    f: GFormat,
+    params: &[u16],
+    xs: &[i32],
+    g0: usize,
+    s: __m256i,
+    lanes: &mut __m256,
+) {
+    let groups = xs.len();
+    // SAFETY: the caller's contract: 8 f16 scales and 8 i32 sums from g0.
+    let (d, x) = unsafe {
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(params.as_ptr().add(g0).cast())),
+            _mm256_loadu_si256(xs.as_ptr().add(g0).cast()),
+        )
+    };
+    if f.has_min() {
+        // SAFETY: the caller's contract: 8 f16 mins from groups + g0.
+        let m =
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(params.as_ptr().add(groups + g0).cast())) };
+        let v = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *lanes);
+        *lanes = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(x), v);
+    } else {
+        let s = _mm256_sub_epi32(s, _mm256_slli_epi32::<3>(x));
+        *lanes = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *lanes);
+    }
+}
+
+/// The sum of the eight lanes of `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum(p: __m256i) -> i32 {
+    let q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+    let q = _mm_add_epi32(q, _mm_shuffle_epi32::<0b01_00_11_10>(q));
+    _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32::<0b10_11_00_01>(q)))
+}
+
+/// Lane `j` of the result: the sum of the eight lanes of `p[j]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum8(p: &[__m256i; LANES]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(p[0], p[1]);
+    let a23 = _mm256_hadd_epi32(p[2], p[3]);
+    let a45 = _mm256_hadd_epi32(p[4], p[5]);
+    let a67 = _mm256_hadd_epi32(p[6], p[7]);
+    // 128-bit lane 0: the low halves' sums of p0..p3 (b0) or p4..p7 (b1);
+    // lane 1 the high halves'.
+    let b0 = _mm256_hadd_epi32(a01, a23);
+    let b1 = _mm256_hadd_epi32(a45, a67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    )
 }

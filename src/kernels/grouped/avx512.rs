@@ -1,18 +1,19 @@
 //! AVX-512 VNNI grouped dots: chunks are unpacked as in the AVX2 version
 //! (`super::avx2::unpack`), two to a 512-bit vector, and meet the
 //! activations in `vpdpbusd` (u8 × i8 in groups of four into i32, no
-//! saturation); at the end of a group the two 256-bit halves (lane `l` of
-//! its even and odd chunks) are added, which gives exactly the defined
-//! `P[g][l]`. Groups of 32 take the 256-bit `vpdpbusd` (AVX-512VL).
+//! saturation); at the end of a group the two 256-bit halves are added and
+//! the group's eight `i32` lanes go to the shared `avx2::fold_row`. Groups of 32
+//! take the 256-bit `vpdpbusd` (AVX-512VL).
 //! int4 groups of 64 and 128 ([`dot_q4`]) unpack two chunks from one
 //! 32-byte load: a qword permute puts each chunk in two 128-bit lanes, one
 //! variable shift and a mask give its low and high nibbles. At one
-//! activation row ([`dot_rows`]) such a row converts its scales sixteen at
-//! a time and walks its weights by pointer, and every dot prefetches the
+//! activation row ([`dot_rows`]) such a row walks its weights by pointer,
+//! and every dot prefetches the
 //! weights 4 KiB ahead: the hardware prefetchers alone left the one-row
 //! matmul waiting on memory at half the speed.
 
-use super::avx2::{min_term, reduce8, scale, unpack, PREFETCH_AHEAD};
+use super::avx2::{fold8, fold_row, fold_tail, hsum, unpack, PREFETCH_AHEAD};
+use super::LANES;
 use super::{ActRow, GBits, GFormat, CHUNK};
 use std::arch::x86_64::*;
 
@@ -34,29 +35,26 @@ pub unsafe fn dot<const T: usize>(
         // SAFETY: the caller's contract; int4 with whole chunk pairs a group.
         return unsafe { dot_q4(f, w, params, acts) };
     }
-    let groups = acts.first().map_or(0, |a| a.xs.len());
-    let mut main = [_mm256_setzero_ps(); T];
-    for (g, &bits) in params[..groups].iter().enumerate() {
+    if f.bits() == GBits::Q4 {
+        // SAFETY: the caller's contract; int4 with one chunk a group.
+        return unsafe { dot_q4g32(f, w, params, acts) };
+    }
+    fold_row(f, params, &acts, |g| {
         // A hint, never a fault, wherever it points.
         _mm_prefetch::<_MM_HINT_T0>(
             w.as_ptr()
                 .wrapping_add(g * per * cb + PREFETCH_AHEAD)
                 .cast(),
         );
-        let p = if per == 1 {
+        if per == 1 {
             // SAFETY: chunk g lies inside the row and each activation row.
             unsafe { group32(f, w.as_ptr().add(g * cb), &acts, g * CHUNK) }
         } else {
             // SAFETY: chunks g·per..(g + 1)·per lie inside the row and each
             // activation row (shapes checked by the caller).
             unsafe { group_pairs(f, w, &acts, g * per, per) }
-        };
-        let d = scale(bits);
-        for (m, p) in main.iter_mut().zip(p) {
-            *m = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *m);
         }
-    }
-    std::array::from_fn(|t| reduce8(main[t]) + min_term(f, params, acts[t].xs))
+    })
 }
 
 /// `out[r]` = [`dot`] of weight row `r` of `w` (`out.len()` packed rows,
@@ -82,52 +80,33 @@ pub unsafe fn dot_rows(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>, ou
     }
 }
 
-/// [`dot_q4`] of one weight row with one activation row, its scales
-/// converted sixteen at a time and broadcast from memory (the same f32
-/// values, so the same bits).
+/// [`dot_q4`] of one weight row with one activation row, its weights and
+/// activations walked by pointer.
 ///
 /// # Safety
 /// As [`dot_q4`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_q4(f: GFormat, w: &[u8], params: &[u16], act: ActRow<'_>) -> f32 {
-    const BLOCK: usize = 16;
     let pairs = f.group().cols() / (2 * CHUNK);
-    let groups = act.xs.len();
-    let mut main = _mm256_setzero_ps();
-    let mut d = [0f32; BLOCK];
     let (mut wp, mut xp) = (w.as_ptr(), act.x.as_ptr());
-    for g0 in (0..groups).step_by(BLOCK) {
-        let n = BLOCK.min(groups - g0);
-        if n == BLOCK {
-            // SAFETY: 16 f16 scales from group g0 (g0 + 16 <= groups).
-            let v = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(params.as_ptr().add(g0).cast())) };
-            // SAFETY: 16 f32 of `d`.
-            unsafe { _mm512_storeu_ps(d.as_mut_ptr(), v) };
-        } else {
-            for (d, &b) in d.iter_mut().zip(&params[g0..g0 + n]) {
-                *d = half::f16::from_bits(b).to_f32();
+    let [v] = fold_row16(f, params, &[act], |_| {
+        // A hint, never a fault, wherever it points.
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH_AHEAD).cast());
+        let mut acc = _mm512_setzero_si512();
+        for _ in 0..pairs {
+            // SAFETY: the groups come in order, so the next chunk pair (32
+            // bytes) and its 64 activations lie inside the row (the
+            // caller's contract: `groups` whole groups in `w` and `act.x`).
+            unsafe {
+                let x = _mm512_loadu_si512(xp.cast());
+                acc = _mm512_dpbusd_epi32(acc, q4_pair(wp), x);
+                (wp, xp) = (wp.add(2 * 16), xp.add(2 * CHUNK));
             }
         }
-        for &d in &d[..n] {
-            // A hint, never a fault, wherever it points.
-            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH_AHEAD).cast());
-            let mut acc = _mm512_setzero_si512();
-            for _ in 0..pairs {
-                // SAFETY: the next chunk pair (32 bytes) and its 64
-                // activations lie inside the row (the caller's contract:
-                // `groups` whole groups in `w` and `act.x`).
-                unsafe {
-                    let x = _mm512_loadu_si512(xp.cast());
-                    acc = _mm512_dpbusd_epi32(acc, q4_pair(wp), x);
-                    (wp, xp) = (wp.add(2 * 16), xp.add(2 * CHUNK));
-                }
-            }
-            let p = _mm256_cvtepi32_ps(fold(acc));
-            main = _mm256_fmadd_ps(_mm256_set1_ps(d), p, main);
-        }
-    }
-    reduce8(main) + min_term(f, params, act.xs)
+        [acc]
+    });
+    v
 }
 
 /// [`dot`] for int4 groups of 64 or 128 columns: each 32-byte chunk pair is
@@ -144,9 +123,9 @@ unsafe fn dot_q4<const T: usize>(
     acts: [ActRow<'_>; T],
 ) -> [f32; T] {
     let per = f.group().cols() / CHUNK;
-    let groups = acts.first().map_or(0, |a| a.xs.len());
-    let mut main = [_mm256_setzero_ps(); T];
-    for (g, &bits) in params[..groups].iter().enumerate() {
+    // Several activation rows keep the 256-bit fold: with the 512-bit one
+    // their eight groups' accumulators spill (measured slower at four rows).
+    fold_row(f, params, &acts, |g| {
         let mut acc = [_mm512_setzero_si512(); T];
         for k in (g * per..(g + 1) * per).step_by(2) {
             // SAFETY: chunks k and k + 1 (32 bytes from byte 16·k) lie inside
@@ -158,12 +137,118 @@ unsafe fn dot_q4<const T: usize>(
                 *acc = _mm512_dpbusd_epi32(*acc, u, x);
             }
         }
-        let d = scale(bits);
-        for (m, v) in main.iter_mut().zip(acc) {
-            *m = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold(v)), *m);
+        acc.map(|v| halves(v))
+    })
+}
+
+/// `avx2::fold_row` for one activation row whose groups' `i32` lanes come
+/// as 16 (a 512-bit accumulator): eight groups' sums by [`pair_halves`]
+/// and [`hsum8_pairs`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn fold_row16<const T: usize>(
+    f: GFormat,
+    params: &[u16],
+    acts: &[ActRow<'_>; T],
+    mut group: impl FnMut(usize) -> [__m512i; T],
+) -> [f32; T] {
+    let groups = acts.first().map_or(0, |a| a.xs.len());
+    let whole = groups - groups % LANES;
+    let mut lanes = [_mm256_setzero_ps(); T];
+    for g0 in (0..whole).step_by(LANES) {
+        let p: [[__m512i; T]; LANES] = std::array::from_fn(|j| group(g0 + j));
+        for (t, lanes) in lanes.iter_mut().enumerate() {
+            let z = std::array::from_fn(|j| pair_halves(p[2 * j][t], p[2 * j + 1][t]));
+            // SAFETY: groups g0..g0 + 8 exist (g0 + 8 <= whole).
+            unsafe { fold8(f, params, acts[t].xs, g0, hsum8_pairs(z), lanes) };
         }
     }
-    std::array::from_fn(|t| reduce8(main[t]) + min_term(f, params, acts[t].xs))
+    fold_tail(f, params, acts, lanes, whole, |g| {
+        group(g).map(|v| hsum(halves(v)))
+    })
+}
+
+/// Two groups' 16 lanes each folded to 8 with the same totals: group `a`
+/// in the low half, `b` in the high half.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn pair_halves(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0b01_00_01_00>(a, b),
+        _mm512_shuffle_i32x4::<0b11_10_11_10>(a, b),
+    )
+}
+
+/// [`dot`] for int4 groups of 32 columns: two groups a 512-bit vector (one
+/// [`q4_pair`] load meets 64 activations), eight groups' sums from four
+/// such vectors ([`hsum8_pairs`]), a last short block through the shared
+/// fold's scalar steps.
+///
+/// # Safety
+/// As [`dot`]; `f` is int4 with groups of 32 columns.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4g32<const T: usize>(
+    f: GFormat,
+    w: &[u8],
+    params: &[u16],
+    acts: [ActRow<'_>; T],
+) -> [f32; T] {
+    let groups = acts.first().map_or(0, |a| a.xs.len());
+    let whole = groups - groups % LANES;
+    let mut lanes = [_mm256_setzero_ps(); T];
+    for g0 in (0..whole).step_by(LANES) {
+        // A hint, never a fault, wherever it points: the 128 bytes of
+        // these eight groups, 4 KiB ahead.
+        let ahead = w.as_ptr().wrapping_add(g0 * 16 + PREFETCH_AHEAD);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+        let z: [[__m512i; T]; 4] = std::array::from_fn(|j| {
+            let g = g0 + 2 * j;
+            // SAFETY: groups g and g + 1 (32 bytes from byte 16·g) lie inside
+            // the row, their 64 activations inside each activation row.
+            unsafe {
+                let u = q4_pair(w.as_ptr().add(g * 16));
+                std::array::from_fn(|t| {
+                    let x = _mm512_loadu_si512(acts[t].x.as_ptr().add(g * CHUNK).cast());
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x)
+                })
+            }
+        });
+        for (t, lanes) in lanes.iter_mut().enumerate() {
+            let s = hsum8_pairs(std::array::from_fn(|j| z[j][t]));
+            // SAFETY: groups g0..g0 + 8 exist (g0 + 8 <= whole).
+            unsafe { fold8(f, params, acts[t].xs, g0, s, lanes) };
+        }
+    }
+    fold_tail(f, params, &acts, lanes, whole, |g| {
+        // SAFETY: chunk g lies inside the row and each activation row.
+        unsafe { group32(f, w.as_ptr().add(g * 16), &acts, g * CHUNK) }.map(|p| hsum(p))
+    })
+}
+
+/// The eight sums of four vectors that each hold two groups' `i32` lanes
+/// (group `2j` in the low half of `z[j]`, `2j + 1` in the high half):
+/// pairs of vectors interleaved and added within 128-bit lanes twice, the
+/// 128-bit lanes of each group added, then the sums put in group order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn hsum8_pairs(z: [__m512i; 4]) -> __m256i {
+    let pair = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    };
+    // Per 128-bit lane k: [z0, z1, z0, z1] partial sums, then [z0, z1, z2, z3]
+    // sums of lane k's four values.
+    let (c01, c23) = (pair(z[0], z[1]), pair(z[2], z[3]));
+    let d = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(c01, c23),
+        _mm512_unpackhi_epi64(c01, c23),
+    );
+    // Lanes 0 and 1 (the low group of each vector) added, and 2 and 3:
+    // lane 0 = [g0, g2, g4, g6], lane 2 = [g1, g3, g5, g7].
+    let e = _mm512_add_epi32(d, _mm512_shuffle_i32x4::<0b10_11_00_01>(d, d));
+    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 11, 3, 10, 2, 9, 1, 8, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, e))
 }
 
 /// The levels of the int4 chunk pair (32 bytes) at `p`, spread to
@@ -184,15 +269,14 @@ unsafe fn q4_pair(p: *const u8) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(15))
 }
 
-/// Lane `l` of the two 256-bit halves added: the defined `P[g][l]` of a
-/// group whose even and odd chunks met the activations in the two halves.
+/// The two 256-bit halves added: eight lanes with the same total.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn fold(v: __m512i) -> __m256i {
+fn halves(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
-/// `P[g]` of a 32-column group whose chunk is at `w` and whose activations
+/// The `i32` lanes of a 32-column group whose chunk is at `w` and whose activations
 /// start at column `at`.
 ///
 /// # Safety
@@ -214,7 +298,7 @@ unsafe fn group32<const T: usize>(
     })
 }
 
-/// `P[g]` of a group of `per` (2 or 4) chunks from chunk `k0`.
+/// The `i32` lanes of a group of `per` (2 or 4) chunks from chunk `k0`.
 ///
 /// # Safety
 /// As [`dot`]; chunks `k0..k0 + per` exist in `w` and in each activation row.
@@ -244,5 +328,5 @@ unsafe fn group_pairs<const T: usize>(
             *acc = _mm512_dpbusd_epi32(*acc, u, x);
         }
     }
-    acc.map(|v| fold(v))
+    acc.map(|v| halves(v))
 }

@@ -7,11 +7,17 @@
 //! with zeros to whole groups, with the sum of each group; every weight row
 //! then meets up to [`ACTS_PER_CALL`] activation rows per `grouped::dot`
 //! call (each chunk unpacked once for all of them), and
-//! `y = dot · xscale`. The float path dequantizes a row into a per-thread
+//! `y = dot · xscale`. From `kernels::PANEL_ACTS_MIN` activation rows, int4
+//! formats run on repacked panels (`tiles`: AMX tiles where the CPU has
+//! them, else AVX-512 VNNI registers), with the same bits. The float path dequantizes a row into a per-thread
 //! buffer and takes f32 dots (`--no-int-dot`).
 
 use super::{dot, dot_rows, group_params, unpack_chunk, ActRow, GFormat, CHUNK};
+#[cfg(target_arch = "x86_64")]
+use super::{tiles, GBits};
 use crate::kernels::quant::{int_dot, quantize_activation};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::{cpu, panel512::PANEL_ROWS, par_row_blocks_aligned, PANEL_ACTS_MIN};
 use crate::kernels::{f32 as kf32, par_row_blocks};
 use std::cell::RefCell;
 
@@ -58,6 +64,10 @@ pub fn matmul_int(
     ACTS.with_borrow_mut(|acts| {
         acts.prepare(f, cols, x, n);
         let acts = &*acts;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(engine) = panel_engine(f, cols, n) {
+            return acts.matmul_tiles(engine, f, w, params, rows, cols, y);
+        }
         par_row_blocks(rows, cols, n, rb, y, |blk| {
             if n == 1 {
                 let rs = blk.rows();
@@ -86,6 +96,28 @@ pub fn matmul_int(
             }
         });
     });
+}
+
+/// The panel kernel [`matmul_int`] takes, if any: int4, enough activation
+/// rows, AVX-512 VNNI, and the process-wide batch choice
+/// (`kernels::set_batch_kernel`): the AMX tiles where the CPU (and
+/// process) may use them, else (or with `BatchChoice::Panels`) the VNNI
+/// panels; `BatchChoice::Tiles` keeps the dots.
+#[cfg(target_arch = "x86_64")]
+fn panel_engine(f: GFormat, cols: usize, n: usize) -> Option<tiles::Engine> {
+    use crate::kernels::BatchChoice;
+    if f.bits() != GBits::Q4 || cols == 0 || n < PANEL_ACTS_MIN {
+        return None;
+    }
+    if cpu::isa() < cpu::Isa::Avx512Vnni || !super::simd_ok() {
+        return None;
+    }
+    match crate::kernels::batch_choice() {
+        BatchChoice::Tiles => None,
+        BatchChoice::Panels => Some(tiles::Engine::Vnni),
+        _ if cpu::amx() => Some(tiles::Engine::Amx),
+        _ => Some(tiles::Engine::Vnni),
+    }
 }
 
 /// The float path of [`matmul`], whatever the switch says.
@@ -197,6 +229,48 @@ impl Acts {
             x: &self.q[t * self.padded..(t + 1) * self.padded],
             xs: &self.xs[t * self.groups..(t + 1) * self.groups],
         }
+    }
+
+    /// [`matmul_int`]'s product on the panels (see [`panel_engine`]), row
+    /// blocks of whole panels.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_tiles(
+        &self,
+        engine: tiles::Engine,
+        f: GFormat,
+        w: &[u8],
+        params: &[u16],
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+    ) {
+        let n = self.scale.len();
+        let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+        let a = tiles::Rows {
+            x: &self.q,
+            stride: self.padded,
+            xs: &self.xs,
+            groups: self.groups,
+        };
+        par_row_blocks_aligned(rows, cols, n, rb, PANEL_ROWS, y, |blk| {
+            let rs = blk.rows();
+            let (wb, pb) = (
+                &w[rs.start * rb..rs.end * rb],
+                &params[rs.start * pr..rs.end * pr],
+            );
+            let mut out = |t: usize, r0: usize, v: &[f32]| {
+                let s = self.scale[t];
+                for (o, v) in blk.out_row(t)[r0..r0 + v.len()].iter_mut().zip(v) {
+                    *o = v * s;
+                }
+            };
+            // SAFETY: `panel_engine` found the CPU features (AMX usable for
+            // `Engine::Amx`) and the format int4; the block holds whole rows;
+            // the activations were prepared for `f` and `cols` (`padded =
+            // groups · group`, `n` rows).
+            unsafe { tiles::dot_block(engine, f, wb, pb, rs.len(), a, &mut out) };
+        });
     }
 
     /// `out[k]` = the dot of weight row `w` with activation row `t0 + k`

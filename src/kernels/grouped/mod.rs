@@ -19,14 +19,17 @@
 //!
 //! The dot of a weight row with an int8 activation row `x` (padded with
 //! zeros to whole groups; `xs[g]` the sum of group `g`'s activations) is
-//! defined, for every ISA, as: 8 f32 lanes, lane `l` taking, group after
-//! group, `fma(d_g, P[g][l], lane)` where `P[g][l]` is the exact integer sum
-//! of `u·x` over columns `4l..4l + 4` of every chunk of the group; 8 more
-//! lanes take `fma(m_g, xs[g], lane)` for the groups `g ≡ l (mod 8)` in
-//! order; the result is `reduce8(main) + reduce8(mins)` with
-//! `reduce8(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`. The
-//! scalar functions here are that definition; the SIMD versions are held
-//! bit-identical to them by the tests.
+//! defined, for every ISA, on each group's exact integer sum `S[g]`:
+//! `Σ u·x` over the group's columns for the formats with a min, `Σ (u − 8)·x`
+//! (the signed levels) for symmetric int4. (`|S[g]| ≤ 128·15·127 < 2^24`,
+//! so `S[g] as f32` is exact.) Eight f32 lanes start at 0; group after
+//! group, lane `g mod 8` takes `fma(d_g, S[g], lane)` and then, with a min,
+//! `fma(m_g, xs[g], lane)`; the result is `reduce8(lanes)` with
+//! `reduce8(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`. Any
+//! summation order gives the same `S[g]`, so a kernel is free to get it from
+//! `vpdpbusd` lanes, a horizontal sum or an AMX tile; the scalar functions
+//! here are the definition, and the SIMD versions are held bit-identical
+//! to them by the tests.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -35,6 +38,8 @@ mod avx512;
 mod matmul;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod tiles;
 
 pub use matmul::{dequantize_row, matmul, matmul_float, matmul_int};
 
@@ -260,16 +265,6 @@ pub fn reduce8(a: [f32; LANES]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// The min lanes' sum `reduce8` of `fma(m_g, xs[g], lane g % 8)`.
-pub fn min_term(f: GFormat, params: &[u16], xs: &[i32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    for (g, &s) in xs.iter().enumerate() {
-        let (_, m) = group_params(f, params, g);
-        lanes[g % LANES] = m.mul_add(s as f32, lanes[g % LANES]);
-    }
-    reduce8(lanes)
-}
-
 /// One activation row as the grouped dots take it: int8 levels padded with
 /// zeros to whole groups, and the sum of each group.
 #[derive(Clone, Copy)]
@@ -305,26 +300,38 @@ pub fn dot_scalar<const T: usize>(
 ) -> [f32; T] {
     check_row(f, w, params, &acts);
     let (cb, gc) = (f.chunk_bytes(), f.group.cols());
-    let mut main = [[0f32; LANES]; T];
+    let mut lanes = [[0f32; LANES]; T];
     for (g, gw) in w.chunks_exact(gc / CHUNK * cb).enumerate() {
-        let (d, _) = group_params(f, params, g);
-        let mut p = [[0i32; LANES]; T];
+        let mut s = [0i32; T];
         for (k, chunk) in gw.chunks_exact(cb).enumerate() {
             let u = unpack_chunk(f.bits, chunk);
-            for (t, a) in acts.iter().enumerate() {
+            for (s, a) in s.iter_mut().zip(&acts) {
                 let x = &a.x[g * gc + k * CHUNK..][..CHUNK];
-                for (c, (&u, &x)) in u.iter().zip(x).enumerate() {
-                    p[t][c / 4] += u as i32 * x as i32;
-                }
+                *s += u
+                    .iter()
+                    .zip(x)
+                    .map(|(&u, &x)| u as i32 * x as i32)
+                    .sum::<i32>();
             }
         }
-        for t in 0..T {
-            for l in 0..LANES {
-                main[t][l] = d.mul_add(p[t][l] as f32, main[t][l]);
-            }
+        for ((lanes, s), a) in lanes.iter_mut().zip(s).zip(&acts) {
+            fold_group(f, params, g, s, a.xs[g], &mut lanes[g % LANES]);
         }
     }
-    std::array::from_fn(|t| reduce8(main[t]) + min_term(f, params, acts[t].xs))
+    lanes.map(reduce8)
+}
+
+/// One group's step of the defined fold: `s` is `Σ u·x` over the group
+/// (unsigned levels), `xs` the group's activation sum; `lane` is lane
+/// `g mod 8`.
+#[inline]
+pub fn fold_group(f: GFormat, params: &[u16], g: usize, s: i32, xs: i32, lane: &mut f32) {
+    let (d, m) = group_params(f, params, g);
+    if f.min {
+        *lane = m.mul_add(xs as f32, d.mul_add(s as f32, *lane));
+    } else {
+        *lane = d.mul_add((s - 8 * xs) as f32, *lane);
+    }
 }
 
 /// [`dot_scalar`] on the best ISA: AVX-512 VNNI, else AVX2 (with FMA and

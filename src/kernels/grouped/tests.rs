@@ -240,6 +240,18 @@ fn row_blocks_agree_with_the_twin_row_by_row() {
     }
 }
 
+/// An f32 activation row as `matmul_int` quantizes it: its scale, its int8
+/// levels padded to whole groups, and each group's sum.
+fn quantized(f: GFormat, x: &[f32]) -> (f32, Vec<i8>, Vec<i32>) {
+    let mut q = vec![0i8; f.padded_cols(x.len())];
+    let (scale, _) = crate::kernels::quant::quantize_activation(x, &mut q[..x.len()]);
+    let xs = q
+        .chunks(f.group().cols())
+        .map(|g| g.iter().map(|&v| v as i32).sum())
+        .collect();
+    (scale, q, xs)
+}
+
 #[test]
 fn one_row_matmul_equals_the_dot_of_each_row() {
     for name in ["q4g64", "q4g128a", "q3g64", "q2g32"] {
@@ -253,16 +265,61 @@ fn one_row_matmul_equals_the_dot_of_each_row() {
             .collect();
         let mut y = vec![0f32; rows];
         matmul_int(f, &w, &p, rows, cols, &x, 1, &mut y);
-        let mut q = vec![0i8; f.padded_cols(cols)];
-        let (scale, _) = crate::kernels::quant::quantize_activation(&x, &mut q[..cols]);
-        let xs: Vec<i32> = q
-            .chunks(f.group().cols())
-            .map(|g| g.iter().map(|&v| v as i32).sum())
-            .collect();
+        let (scale, q, xs) = quantized(f, &x);
         let a = [ActRow { x: &q, xs: &xs }];
         for r in 0..rows {
             let d = dot(f, &w[r * rb..][..rb], &p[r * pr..][..pr], a)[0] * scale;
             assert_eq!(y[r].to_bits(), d.to_bits(), "{name} row {r}");
+        }
+    }
+}
+
+/// The matmul of many activation rows against the twin for every pair:
+/// int4 of every group size, symmetric and not, a short last panel and
+/// tile, on each batch kernel (the AMX tiles where the CPU has them, the
+/// VNNI panels, the dots; all give the same bits, so switching them under
+/// other tests is harmless).
+#[test]
+fn prefill_matmul_equals_the_twin_for_every_pair() {
+    use crate::kernels::{set_batch_kernel, BatchChoice};
+    for choice in [
+        BatchChoice::Measured,
+        BatchChoice::Panels,
+        BatchChoice::Tiles,
+    ] {
+        set_batch_kernel(choice);
+        prefill_pairs();
+    }
+    set_batch_kernel(BatchChoice::Measured);
+}
+
+fn prefill_pairs() {
+    for name in [
+        "q4g32", "q4g64", "q4g128", "q4g32a", "q4g64a", "q4g128a", "q3g64",
+    ] {
+        let f = GFormat::parse(name).unwrap();
+        for (rows, cols, n) in [(40usize, 384usize, 24usize), (17, 200, 37), (33, 1000, 50)] {
+            let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+            let w = bytes(rows * rb, rows as u64);
+            let p = params(rows * pr, cols as u64);
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 29 % 97) as f32 - 48.0) / 20.0 + (i % 7) as f32)
+                .collect();
+            let mut y = vec![0f32; n * rows];
+            matmul_int(f, &w, &p, rows, cols, &x, n, &mut y);
+            for t in 0..n {
+                let (scale, q, xs) = quantized(f, &x[t * cols..(t + 1) * cols]);
+                let a = [ActRow { x: &q, xs: &xs }];
+                for r in 0..rows {
+                    let want = dot_scalar(f, &w[r * rb..][..rb], &p[r * pr..][..pr], a)[0] * scale;
+                    let got = y[t * rows + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{name} {rows}x{cols} n {n}: t {t} r {r}"
+                    );
+                }
+            }
         }
     }
 }

@@ -19,6 +19,7 @@
 
 use crate::formats::quant::QBits;
 use crate::kernels::ggml::{self, BlockType};
+use crate::kernels::grouped::{self, GFormat};
 use crate::kernels::int8::{int_peak_probe, PeakOp};
 use crate::kernels::{self, pool, quant};
 use std::hint::black_box;
@@ -31,15 +32,20 @@ pub enum KernelFormat {
     Int(QBits),
     /// A GGUF block type (`kernels::ggml::matmul`).
     Ggml(BlockType),
+    /// A grouped container format (`kernels::grouped::matmul_int`).
+    Grouped(GFormat),
 }
 
 impl KernelFormat {
-    /// `int4`, `int8` or a GGUF type name (`q4_0`, `q4_k`, ...).
+    /// `int4`, `int8`, a GGUF type name (`q4_0`, `q4_k`, ...) or a grouped
+    /// format (`q4g64`, `q4g32a`, ...).
     pub fn parse(name: &str) -> Option<KernelFormat> {
         match name {
             "int4" => Some(KernelFormat::Int(QBits::Int4)),
             "int8" => Some(KernelFormat::Int(QBits::Int8)),
-            _ => BlockType::parse(name).map(KernelFormat::Ggml),
+            _ => BlockType::parse(name)
+                .map(KernelFormat::Ggml)
+                .or_else(|| GFormat::parse(name).map(KernelFormat::Grouped)),
         }
     }
 
@@ -48,6 +54,7 @@ impl KernelFormat {
         match self {
             KernelFormat::Int(b) => format!("int{}", b.bits()),
             KernelFormat::Ggml(t) => t.name().to_lowercase(),
+            KernelFormat::Grouped(g) => g.name(),
         }
     }
 
@@ -57,6 +64,7 @@ impl KernelFormat {
         match self {
             KernelFormat::Int(b) => Some(rows * b.row_bytes(cols)),
             KernelFormat::Ggml(t) => t.row_bytes(cols).map(|rb| rows * rb),
+            KernelFormat::Grouped(g) => Some(rows * g.row_bytes(cols)),
         }
     }
 }
@@ -73,10 +81,11 @@ pub struct KernelBenchConfig {
     pub reps: usize,
     /// Bytes of distinct matrices each row cycles through.
     pub working_set_bytes: usize,
-    /// Also run the int8/int4 rows on the VNNI panels (where AMX is the
-    /// default) and the 4×4 register tiles, and the Q4_0/Q4_K rows on the
-    /// per-row dots, alternating with the default kernel: rows named
-    /// `int4 (panels)`, `int4 (tiles)`, `q4_k (per-row)`.
+    /// Also run the int8/int4 and grouped int4 rows on the VNNI panels
+    /// (where AMX is the default) and the 4×4 register tiles (grouped: the
+    /// four-row dots), and the Q4_0/Q4_K rows on the per-row dots,
+    /// alternating with the default kernel: rows named `int4 (panels)`,
+    /// `int4 (tiles)`, `q4g64 (dots)`, `q4_k (per-row)`.
     pub compare_tiles: bool,
     /// Run the kernels and the peak on the calling thread alone, timed by
     /// its CPU time (what a shared machine's preemption does not inflate),
@@ -278,6 +287,9 @@ fn measure(
             format: match v {
                 Variant::Default => f.name(),
                 Variant::Panels => format!("{} (panels)", f.name()),
+                Variant::Tiles if matches!(f, KernelFormat::Grouped(_)) => {
+                    format!("{} (dots)", f.name())
+                }
                 Variant::Tiles => format!("{} (tiles)", f.name()),
                 Variant::PerRow => format!("{} (per-row)", f.name()),
             },
@@ -311,7 +323,9 @@ enum Variant {
 fn variants(f: KernelFormat, compare: bool) -> Vec<Variant> {
     match f {
         _ if !compare => vec![Variant::Default],
-        KernelFormat::Int(_) => vec![Variant::Default, Variant::Panels, Variant::Tiles],
+        KernelFormat::Int(_) | KernelFormat::Grouped(_) => {
+            vec![Variant::Default, Variant::Panels, Variant::Tiles]
+        }
         KernelFormat::Ggml(BlockType::Q4_0 | BlockType::Q4K) => {
             vec![Variant::Default, Variant::PerRow]
         }
@@ -332,7 +346,10 @@ fn set_variant(v: Variant) {
 /// One weight matrix of the bench.
 struct Matrix {
     data: Vec<u8>,
+    /// Per-row scales (per-row formats).
     scales: Vec<f32>,
+    /// f16 group parameters (grouped formats).
+    params: Vec<u16>,
 }
 
 impl Matrix {
@@ -350,6 +367,9 @@ impl Matrix {
                 quant::matmul_int(b, &self.data, &self.scales, rows, cols, x, n, y)
             }
             KernelFormat::Ggml(t) => ggml::matmul(t, &self.data, rows, cols, x, n, y),
+            KernelFormat::Grouped(g) => {
+                grouped::matmul_int(g, &self.data, &self.params, rows, cols, x, n, y)
+            }
         }
     }
 }
@@ -363,9 +383,16 @@ fn matrices(f: KernelFormat, rows: usize, cols: usize, count: usize) -> Vec<Matr
             if let KernelFormat::Ggml(t) = f {
                 finite_scales(t, &mut data);
             }
+            let params = match f {
+                KernelFormat::Grouped(g) => (0..rows * g.params_per_row(cols))
+                    .map(|i| half::f16::from_f32(1e-3 * (1 + i % 7) as f32).to_bits())
+                    .collect(),
+                _ => Vec::new(),
+            };
             Matrix {
                 data,
                 scales: (0..rows).map(|r| 1e-3 * (1 + r % 7) as f32).collect(),
+                params,
             }
         })
         .collect()
