@@ -250,11 +250,13 @@ impl Mat {
 
     /// [`Mat::matmul`] of `self` and `other` against the same `x` (an
     /// MLP's gate and up), sharing the activations' quantization where
-    /// both are packed integer matrices ([`QMatrix::matmul_pair`]); the
-    /// same bits as two [`Mat::matmul`] calls.
+    /// both are packed integer matrices ([`QMatrix::matmul_pair`]) or both
+    /// grouped ones ([`GMatrix::matmul_pair`]); the same bits as two
+    /// [`Mat::matmul`] calls.
     pub fn matmul_pair(&self, other: &Mat, x: &[f32], n: usize, y: &mut [f32], yo: &mut [f32]) {
         match (&self.data, &other.data) {
             (MatData::Q(a), MatData::Q(b)) => a.matmul_pair(b, x, n, y, yo),
+            (MatData::Grouped(a), MatData::Grouped(b)) => a.matmul_pair(b, x, n, y, yo),
             _ => {
                 self.matmul(x, n, y);
                 other.matmul(x, n, yo);

@@ -130,6 +130,29 @@ impl GMatrix {
         grouped::matmul(f, &self.data, p, self.rows, self.cols, x, n, y)
     }
 
+    /// [`GMatrix::matmul`] of `self` and `other` against the same `x` (an
+    /// MLP's gate and up): on the integer path `x` is quantized once for
+    /// both where their format and columns agree. The same bits as two
+    /// [`GMatrix::matmul`] calls.
+    pub fn matmul_pair(&self, other: &GMatrix, x: &[f32], n: usize, y: &mut [f32], yo: &mut [f32]) {
+        let same = self.format == other.format && self.cols == other.cols;
+        if !same || !crate::kernels::quant::int_dot() {
+            self.matmul(x, n, y);
+            other.matmul(x, n, yo);
+            return;
+        }
+        grouped::matmul_int_pair(
+            self.format,
+            (&self.data, &self.params, self.rows),
+            (&other.data, &other.params, other.rows),
+            self.cols,
+            x,
+            n,
+            y,
+            yo,
+        )
+    }
+
     /// Bytes held (levels and parameters).
     pub fn bytes(&self) -> usize {
         self.data.len() + 2 * self.params.len()

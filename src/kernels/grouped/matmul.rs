@@ -60,10 +60,44 @@ pub fn matmul_int(
     y: &mut [f32],
 ) {
     check_shapes(f, w, params, rows, cols, x, n, y);
-    let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
     ACTS.with_borrow_mut(|acts| {
         acts.prepare(f, cols, x, n);
-        let acts = &*acts;
+        acts.product(f, (w, params, rows), cols, y)
+    });
+}
+
+/// One grouped matrix of [`matmul_int_pair`]: `(w, params, rows)`.
+pub type Packed<'a> = (&'a [u8], &'a [u16], usize);
+
+/// [`matmul_int`] of two matrices of the same format and columns (an MLP's
+/// gate and up) against the same `x`, quantized once for both: the bits
+/// two [`matmul_int`] calls give.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_int_pair(
+    f: GFormat,
+    a: Packed<'_>,
+    b: Packed<'_>,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    ya: &mut [f32],
+    yb: &mut [f32],
+) {
+    check_shapes(f, a.0, a.1, a.2, cols, x, n, ya);
+    check_shapes(f, b.0, b.1, b.2, cols, x, n, yb);
+    ACTS.with_borrow_mut(|acts| {
+        acts.prepare(f, cols, x, n);
+        acts.product(f, a, cols, ya);
+        acts.product(f, b, cols, yb);
+    });
+}
+
+impl Acts {
+    /// `y = x · wᵀ` for the prepared activations: the panels from
+    /// `PANEL_ACTS_MIN` rows where [`panel_engine`] allows, else the dots.
+    fn product(&self, f: GFormat, (w, params, rows): Packed<'_>, cols: usize, y: &mut [f32]) {
+        let (rb, pr) = (f.row_bytes(cols), f.params_per_row(cols));
+        let (acts, n) = (self, self.scale.len());
         #[cfg(target_arch = "x86_64")]
         if let Some(engine) = panel_engine(f, cols, n) {
             return acts.matmul_tiles(engine, f, w, params, rows, cols, y);
@@ -95,7 +129,7 @@ pub fn matmul_int(
                 }
             }
         });
-    });
+    }
 }
 
 /// The panel kernel [`matmul_int`] takes, if any: int4, enough activation

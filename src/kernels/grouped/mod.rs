@@ -41,7 +41,7 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
 
-pub use matmul::{dequantize_row, matmul, matmul_float, matmul_int};
+pub use matmul::{dequantize_row, matmul, matmul_float, matmul_int, matmul_int_pair};
 
 use super::cpu::{isa, Isa};
 use half::f16;

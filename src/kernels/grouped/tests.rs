@@ -324,6 +324,44 @@ fn prefill_pairs() {
     }
 }
 
+/// Gate and up sharing one quantization give the bits of two products,
+/// at one row, a few and a prefill batch.
+#[test]
+fn pair_matmul_equals_two_matmuls() {
+    let f = GFormat::parse("q4g64").unwrap();
+    let (ra, rb_, cols) = (40usize, 23usize, 320usize);
+    let (wa, pa) = (
+        bytes(ra * f.row_bytes(cols), 1),
+        params(ra * f.params_per_row(cols), 2),
+    );
+    let (wb, pb) = (
+        bytes(rb_ * f.row_bytes(cols), 3),
+        params(rb_ * f.params_per_row(cols), 4),
+    );
+    for n in [1usize, 5, 30] {
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 31 % 89) as f32 - 44.0) / 9.0)
+            .collect();
+        let (mut ya, mut yb) = (vec![0f32; n * ra], vec![0f32; n * rb_]);
+        matmul_int_pair(
+            f,
+            (&wa, &pa, ra),
+            (&wb, &pb, rb_),
+            cols,
+            &x,
+            n,
+            &mut ya,
+            &mut yb,
+        );
+        let (mut za, mut zb) = (vec![0f32; n * ra], vec![0f32; n * rb_]);
+        matmul_int(f, &wa, &pa, ra, cols, &x, n, &mut za);
+        matmul_int(f, &wb, &pb, rb_, cols, &x, n, &mut zb);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ya), bits(&za), "gate, n {n}");
+        assert_eq!(bits(&yb), bits(&zb), "up, n {n}");
+    }
+}
+
 #[test]
 fn twins_agree_at_extreme_levels() {
     for f in GFormat::all() {
