@@ -9,8 +9,9 @@
 //! call (each chunk unpacked once for all of them), and
 //! `y = dot · xscale`. From `kernels::PANEL_ACTS_MIN` activation rows, int4
 //! formats run on repacked panels (`tiles`: AMX tiles where the CPU has
-//! them, else AVX-512 VNNI registers), with the same bits. The float path dequantizes a row into a per-thread
-//! buffer and takes f32 dots (`--no-int-dot`).
+//! them, else AVX-512 VNNI registers), with the same bits. The float path
+//! dequantizes a row into a per-thread buffer and takes f32 dots
+//! (`--no-int-dot`).
 
 use super::{dot, dot_rows, group_params, unpack_chunk, ActRow, GFormat, CHUNK};
 #[cfg(target_arch = "x86_64")]

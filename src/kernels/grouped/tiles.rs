@@ -1,17 +1,19 @@
-//! The AMX-INT8 kernel of the grouped int4 matmul for many activation rows
-//! (prefill, from `kernels::PANEL_ACTS_MIN` rows where `cpu::amx()` allows
-//! it). The block's weight rows are repacked by the panel code
-//! (`panel512::with_packed` with [`Levels4`]: 16 rows a panel, each 64
-//! columns one 16 × 64-byte B tile of unsigned levels 0‥15 in column order)
-//! and meet 16 activation rows (an A tile, read where they lie) in
-//! `tdpbsud`, one group at a time: the accumulator tile then holds the
-//! group's exact `Σ u·x` for 16 × 16 (activation, weight) pairs, whatever
-//! order the tile sums in. Each group's sums are stored and folded into the
-//! defined eight f32 lanes (module `grouped`): lane `g mod 8` of each pair
-//! takes `fma(d_g, S, lane)` (and the min's fma), sixteen weight rows a
-//! vector, so the results equal the scalar twin bit for bit. Four groups
-//! at a time go to four accumulator tiles before their sums are stored, so
-//! the multiplies run back to back instead of each waiting to be stored.
+//! The prefill kernels of the grouped int4 matmul (from
+//! `kernels::PANEL_ACTS_MIN` activation rows): the block's weight rows are
+//! repacked by the panel code (`panel512::with_packed` with [`Levels4`]: 16
+//! rows a panel, unsigned levels 0‥15 in column order, vector `q` holding
+//! columns `4q‥4q + 4` of every row) and each group's exact `Σ u·x` for 16
+//! weight rows at a time is then folded into the defined eight f32 lanes
+//! (module `grouped`): lane `g mod 8` of each pair takes `fma(d_g, S,
+//! lane)` (and the min's fma), sixteen weight rows a vector, so the results
+//! equal the scalar twin bit for bit. Two engines ([`Engine`]) get `S`:
+//! - AMX (`cpu::amx()`): 16 activation rows (an A tile, read where they
+//!   lie) meet a group's 64-byte B tiles in `tdpbsud`, whatever order the
+//!   tile sums in; four groups at a time go to four accumulator tiles
+//!   before their sums are stored, and a round is folded after the next
+//!   round's multiplies are issued;
+//! - AVX-512 VNNI: [`VNNI_ROWS`] activation rows a register tile, one
+//!   `vpdpbusd` a panel vector, each group's sums landing in registers.
 
 use super::{GFormat, LANES};
 use crate::kernels::amx::{Sums, TileConfig};
@@ -74,6 +76,13 @@ pub(super) struct Rows<'a> {
     pub stride: usize,
     pub xs: &'a [i32],
     pub groups: usize,
+}
+
+impl Rows<'_> {
+    /// The activation rows.
+    fn n(&self) -> usize {
+        self.xs.len() / self.groups.max(1)
+    }
 }
 
 /// The kernel that multiplies the panels (the same bits either way).
@@ -182,14 +191,13 @@ struct Panel<'a> {
 impl Panel<'_> {
     /// Tiles of 16 activation rows (a short last one), each through every
     /// group; `out(t, v)` with the dots of row `t` and the panel's `valid`
-    /// rows. The tiles are
-    /// configured here and released at the end.
+    /// rows. The tiles are configured here and released at the end.
     ///
     /// # Safety
     /// As [`dot_block`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
     unsafe fn run(&self, mut out: impl FnMut(usize, &[f32]), valid: usize) {
-        let n = self.a.xs.len() / self.a.groups.max(1);
+        let n = self.a.n();
         let k = self.f.group().cols().min(K_MAX);
         let mut configured = 0;
         for t0 in (0..n).step_by(TILE_ROWS) {
@@ -277,12 +285,7 @@ impl Panel<'_> {
         }
         let mut v = [[0f32; PANEL_ROWS]; TILE_ROWS];
         for (v, l) in v.iter_mut().zip(&lanes).take(m) {
-            let r = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-            );
-            // SAFETY: 16 f32 of `v`.
-            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), r) };
+            *v = reduce8(l);
         }
         v
     }
@@ -350,7 +353,7 @@ impl Panel<'_> {
     /// As [`dot_block`] (AVX-512 VNNI).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     unsafe fn run_vnni(&self, mut out: impl FnMut(usize, &[f32]), valid: usize) {
-        let n = self.a.xs.len() / self.a.groups.max(1);
+        let n = self.a.n();
         let mut t0 = 0;
         while t0 < n {
             let m = match n - t0 {
@@ -410,16 +413,24 @@ impl Panel<'_> {
             }
         }
         for (t, l) in lanes.iter().enumerate() {
-            let r = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
-            );
-            let mut v = [0f32; PANEL_ROWS];
-            // SAFETY: 16 f32 of `v`.
-            unsafe { _mm512_storeu_ps(v.as_mut_ptr(), r) };
-            out(t0 + t, &v[..valid]);
+            out(t0 + t, &reduce8(l)[..valid]);
         }
     }
+}
+
+/// The defined `reduce8` of eight lane vectors, sixteen weight rows at
+/// once: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` per row.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce8(l: &[__m512; LANES]) -> [f32; PANEL_ROWS] {
+    let r = _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
+        _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])),
+    );
+    let mut v = [0f32; PANEL_ROWS];
+    // SAFETY: 16 f32 of `v`.
+    unsafe { _mm512_storeu_ps(v.as_mut_ptr(), r) };
+    v
 }
 
 /// Tile multiplies into accumulator tile `c` (0‥3), zeroed first when
