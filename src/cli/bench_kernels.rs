@@ -32,8 +32,8 @@ pub(super) struct KernelsArgs {
     #[arg(long, default_value_t = 64)]
     working_set_mib: usize,
     /// Also run int8/int4 on the 4×4 register tiles (the kernel before the
-    /// panels) and Q4_0/Q4_K on the per-row dots (before the repacked
-    /// tiles), alternating with the default one.
+    /// panels) and Q4_0 and the K types on the per-row dots (before the
+    /// repacked tiles and panels), alternating with the default one.
     #[arg(long)]
     compare_tiles: bool,
     /// Run kernels and peak on one thread, timed by its CPU time (robust

@@ -3,9 +3,10 @@
 //! signed activations never saturates here: a pair is at most 2·128·127 =
 //! 32512 for Q8_0, 2·63·127 for the K levels; `madd` then widens to i32),
 //! and every f32 step is the twin's, in
-//! its order: sixteen lanes as two registers, `lo` (lanes 0..8) and `hi`
-//! (8..16). Also used by the AVX-512 file: the loads, the mins of
-//! Q4_K/Q5_K (eight lanes) and the final reduction.
+//! its order: Q8_0/Q4_0's sixteen lanes as two registers, `lo` (lanes
+//! 0..8) and `hi` (8..16); the K types' super-block sums reduced exactly
+//! and added to `[s, t]` ([`k_step`]). Also used by the AVX-512 file: the
+//! loads, the mins of Q4_K/Q5_K (eight lanes) and the final steps.
 //!
 //! Loads go through [`load32`] and [`load16`], which slice first: a short
 //! slice panics instead of reading past it, so these functions need only
@@ -128,6 +129,32 @@ pub(super) fn add_lanes(acc: __m256, p: __m256i, f: __m256) -> __m256 {
     _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(p), f))
 }
 
+/// One K super-block into `acc` (lanes `[s, t, ·, ·]`, see `scalar`):
+/// the exact sums `P` of the eight lanes of `p` and `M` of `mins`, then
+/// `acc + [P, M]·f` with `f = [d_w·d_x, dmin_w·d_x, 0, 0]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k_step(acc: __m128, p: __m256i, mins: __m256i, f: __m128) -> __m128 {
+    let h = _mm256_hadd_epi32(p, mins);
+    let h = _mm256_hadd_epi32(h, h);
+    let pm = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(pm), f))
+}
+
+/// `[f, g, 0, 0]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k_scales(f: f32, g: f32) -> __m128 {
+    _mm_setr_ps(f, g, 0.0, 0.0)
+}
+
+/// The K dot `s − t` of [`k_step`]'s accumulator.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k_result(acc: __m128) -> f32 {
+    _mm_cvtss_f32(_mm_sub_ss(acc, _mm_movehdup_ps(acc)))
+}
+
 /// The eight min lanes of a Q4_K/Q5_K super-block:
 /// `m_j·(bsums[2j] + bsums[2j+1])`.
 #[inline]
@@ -246,23 +273,25 @@ fn kmin_lanes(sc: &[u8; 8], x: &[i8], lev: impl Fn(usize) -> (__m256i, __m256i))
     p
 }
 
-/// Adds one Q4_K/Q5_K super-block's lanes: `p` times `d_w·d_x`, the mins
-/// times `dmin_w·d_x`.
+/// Adds one Q4_K/Q5_K super-block: `p` times `d_w·d_x`, the mins times
+/// `dmin_w·d_x` ([`k_step`]).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn kmin_add(acc: &mut [__m256; 3], p: [__m256i; 2], mins: __m256i, blk: &[u8], dx: f32) {
+fn kmin_add(acc: __m128, p: [__m256i; 2], mins: __m256i, blk: &[u8], dx: f32) -> __m128 {
     let (dw, dminw) = (f16_to_f32(le16(blk, 0)), f16_to_f32(le16(blk, 2)));
-    let f = _mm256_set1_ps(dw * dx);
-    acc[0] = add_lanes(acc[0], p[0], f);
-    acc[1] = add_lanes(acc[1], p[1], f);
-    acc[2] = add_lanes(acc[2], mins, _mm256_set1_ps(dminw * dx));
+    k_step(
+        acc,
+        _mm256_add_epi32(p[0], p[1]),
+        mins,
+        k_scales(dw * dx, dminw * dx),
+    )
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
 fn dot_q4_k(w: &[u8], a: &ActRow) -> f32 {
     let mask = _mm256_set1_epi8(15);
-    let mut acc = [_mm256_setzero_ps(); 3];
+    let mut acc = _mm_setzero_ps();
     for (b, blk) in w.chunks_exact(q4_k::BYTES).enumerate() {
         prefetch(blk, q4_k::BYTES);
         let (sc, m) = scales_k4(&blk[q4_k::SCALES..q4_k::QS]);
@@ -274,16 +303,16 @@ fn dot_q4_k(w: &[u8], a: &ActRow) -> f32 {
             )
         });
         let mins = mins_lanes(&m, &a.bsums[16 * b..]);
-        kmin_add(&mut acc, p, mins, blk, a.d[b]);
+        acc = kmin_add(acc, p, mins, blk, a.d[b]);
     }
-    reduce16(acc[0], acc[1]) - reduce8(acc[2])
+    k_result(acc)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
 fn dot_q5_k(w: &[u8], a: &ActRow) -> f32 {
     let (mask, one) = (_mm256_set1_epi8(15), _mm256_set1_epi8(1));
-    let mut acc = [_mm256_setzero_ps(); 3];
+    let mut acc = _mm_setzero_ps();
     for (b, blk) in w.chunks_exact(q5_k::BYTES).enumerate() {
         prefetch(blk, q5_k::BYTES);
         let (sc, m) = scales_k4(&blk[q5_k::SCALES..q5_k::QH]);
@@ -300,9 +329,9 @@ fn dot_q5_k(w: &[u8], a: &ActRow) -> f32 {
             (lo, _mm256_or_si256(hi, bit(2 * c + 1)))
         });
         let mins = mins_lanes(&m, &a.bsums[16 * b..]);
-        kmin_add(&mut acc, p, mins, blk, a.d[b]);
+        acc = kmin_add(acc, p, mins, blk, a.d[b]);
     }
-    reduce16(acc[0], acc[1]) - reduce8(acc[2])
+    k_result(acc)
 }
 
 /// Q6_K: `maddubs` of the unsigned level (0..64) minus `maddubs` of 32 gives
@@ -316,7 +345,7 @@ fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
         _mm256_set1_epi8(3),
         _mm256_set1_epi8(32),
     );
-    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc = _mm_setzero_ps();
     for (b, blk) in w.chunks_exact(q6_k::BYTES).enumerate() {
         prefetch(blk, q6_k::BYTES);
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
@@ -340,11 +369,10 @@ fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
                 p[s % 2] = _mm256_add_epi32(p[s % 2], ps);
             }
         }
-        let f = _mm256_set1_ps(f16_to_f32(le16(blk, q6_k::D)) * a.d[b]);
-        acc[0] = add_lanes(acc[0], p[0], f);
-        acc[1] = add_lanes(acc[1], p[1], f);
+        let f = k_scales(f16_to_f32(le16(blk, q6_k::D)) * a.d[b], 0.0);
+        acc = k_step(acc, _mm256_add_epi32(p[0], p[1]), _mm256_setzero_si256(), f);
     }
-    reduce16(acc[0], acc[1])
+    k_result(acc)
 }
 
 /// The i16 pair `(sc[j], sc[j + 1])` over the two halves of a register of
@@ -369,7 +397,7 @@ fn dot_q3_k(w: &[u8], a: &ActRow) -> f32 {
         _mm256_set1_epi8(1),
         _mm256_set1_epi8(4),
     );
-    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc = _mm_setzero_ps();
     for (b, blk) in w.chunks_exact(q3_k::BYTES).enumerate() {
         prefetch(blk, q3_k::BYTES);
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
@@ -392,11 +420,10 @@ fn dot_q3_k(w: &[u8], a: &ActRow) -> f32 {
                 p[s % 2] = _mm256_add_epi32(p[s % 2], ps);
             }
         }
-        let f = _mm256_set1_ps(f16_to_f32(le16(blk, q3_k::D)) * a.d[b]);
-        acc[0] = add_lanes(acc[0], p[0], f);
-        acc[1] = add_lanes(acc[1], p[1], f);
+        let f = k_scales(f16_to_f32(le16(blk, q3_k::D)) * a.d[b], 0.0);
+        acc = k_step(acc, _mm256_add_epi32(p[0], p[1]), _mm256_setzero_si256(), f);
     }
-    reduce16(acc[0], acc[1])
+    k_result(acc)
 }
 
 /// Q2_K: `maddubs` of the 2-bit levels, `madd` with the 4-bit scales; the
@@ -406,7 +433,7 @@ fn dot_q3_k(w: &[u8], a: &ActRow) -> f32 {
 #[target_feature(enable = "avx2")]
 fn dot_q2_k(w: &[u8], a: &ActRow) -> f32 {
     let (three, fifteen) = (_mm256_set1_epi8(3), _mm_set1_epi8(15));
-    let mut acc = [_mm256_setzero_ps(); 3];
+    let mut acc = _mm_setzero_ps();
     for (b, blk) in w.chunks_exact(q2_k::BYTES).enumerate() {
         prefetch(blk, q2_k::BYTES);
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
@@ -426,11 +453,12 @@ fn dot_q2_k(w: &[u8], a: &ActRow) -> f32 {
         let m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sv), fifteen));
         let mins = _mm256_madd_epi16(m, load32(&a.bsums[16 * b..]));
         let dx = a.d[b];
-        let f = _mm256_set1_ps(f16_to_f32(le16(blk, q2_k::D)) * dx);
-        acc[0] = add_lanes(acc[0], p[0], f);
-        acc[1] = add_lanes(acc[1], p[1], f);
-        let fmin = _mm256_set1_ps(f16_to_f32(le16(blk, q2_k::DMIN)) * dx);
-        acc[2] = add_lanes(acc[2], mins, fmin);
+        let (dw, dminw) = (
+            f16_to_f32(le16(blk, q2_k::D)),
+            f16_to_f32(le16(blk, q2_k::DMIN)),
+        );
+        let f = k_scales(dw * dx, dminw * dx);
+        acc = k_step(acc, _mm256_add_epi32(p[0], p[1]), mins, f);
     }
-    reduce16(acc[0], acc[1]) - reduce8(acc[2])
+    k_result(acc)
 }

@@ -4,13 +4,13 @@
 //! blocks a register, four blocks' f16 scales converted at once); the K
 //! types take `maddubs` pairs of unsigned levels × activations (at most
 //! 2·63·127, no saturation) into `vpdpwssd` against each sub-block's scale
-//! as i16, so the scales cost no extra multiply, and each super-block adds
-//! its sixteen lanes in f32 with no horizontal sum until the row's end.
+//! as i16, so the scales cost no extra multiply; each super-block's sixteen
+//! i32 lanes are summed exactly and added in f32 (`avx2::k_step`).
 //!
 //! Loads slice first ([`load64`], [`load_masked`], `avx2::load32`): a
 //! short slice panics rather than being read past.
 
-use super::avx2::{self, add_lanes, load16, load32, prefetch};
+use super::avx2::{self, load16, load32, prefetch};
 use super::codec::{
     le16, q2_k, q3_k, q4_0, q4_k, q5_k, q6_k, q8_0, scales_k4, scales_q3, QK, QK_K,
 };
@@ -394,23 +394,17 @@ struct KminBlock {
     d: __m128,
 }
 
-/// Unpacks a Q4_K/Q5_K super-block `blk` (scales at `scales`, levels from
-/// `lev(k)`, register `k`'s (low, high)).
+/// A Q4_K/Q5_K super-block `blk` (scales at `scales`) with its levels
+/// `lev` (see [`KminBlock`]).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
-fn kmin_block(
-    blk: &[u8],
-    scales: &[u8],
-    idx: &[__m512i; 4],
-    lev: impl Fn(usize) -> (__m512i, __m512i),
-) -> KminBlock {
+fn kmin_block(blk: &[u8], scales: &[u8], idx: &[__m512i; 4], lev: [__m512i; 4]) -> KminBlock {
     let (sc, m) = scales_k4(scales);
     // The eight scale bytes in every 128-bit lane; `vpshufb` then spreads
     // two of them as zero-extended i16 over each register's halves.
     let scv = _mm512_set1_epi64(i64::from_le_bytes(sc));
-    let ((l0, h0), (l1, h1)) = (lev(0), lev(1));
     KminBlock {
-        lev: [l0, h0, l1, h1],
+        lev,
         sc: idx.map(|i| _mm512_shuffle_epi8(scv, i)),
         mins: avx2::mins_pairs(&m),
         d: f16x4(le16(blk, 0) as u64 | (le16(blk, 2) as u64) << 16),
@@ -418,18 +412,10 @@ fn kmin_block(
 }
 
 /// Adds one unpacked Q4_K/Q5_K super-block `kb` met by activations `x`
-/// (its 256 values), `bsums` (its 16) and `dx`: the sixteen level lanes
-/// times `d_w·d_x` to `acc`, the min lanes times `dmin_w·d_x` to `acc_min`.
+/// (its 256 values), `bsums` (its 16) and `dx` to `acc` (`avx2::k_step`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-fn kmin_add(
-    acc: &mut __m512,
-    acc_min: &mut __m256,
-    kb: &KminBlock,
-    x: &[i8],
-    bsums: &[i16],
-    dx: f32,
-) {
+fn kmin_add(acc: &mut __m128, kb: &KminBlock, x: &[i8], bsums: &[i16], dx: f32) {
     let mut p = _mm512_setzero_si512();
     for (j, (lev, sc)) in kb.lev.iter().zip(&kb.sc).enumerate() {
         let xj = load64(&x[64 * j..]);
@@ -437,8 +423,14 @@ fn kmin_add(
     }
     let mins = avx2::mins_dot(kb.mins, bsums);
     let f = _mm_mul_ps(kb.d, _mm_set1_ps(dx));
-    *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
-    *acc_min = add_lanes(*acc_min, mins, _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+    *acc = avx2::k_step(*acc, fold256(p), mins, f);
+}
+
+/// The sixteen i32 lanes of `p` as eight (exact sums of lanes `i`, `i + 8`).
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+pub(super) fn fold256(p: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p))
 }
 
 #[inline]
@@ -456,31 +448,64 @@ fn dot_kmin<const N: usize, const BYTES: usize>(
     a: &[ActRow; N],
     block: impl Fn(&[u8]) -> KminBlock,
 ) -> [f32; N] {
-    let mut acc = [_mm512_setzero_ps(); N];
-    let mut acc_min = [_mm256_setzero_ps(); N];
+    let mut acc = [_mm_setzero_ps(); N];
     for (b, blk) in w.chunks_exact(BYTES).enumerate() {
         prefetch(blk, BYTES);
         let kb = block(blk);
-        for ((acc, acc_min), a) in acc.iter_mut().zip(&mut acc_min).zip(a) {
+        for (acc, a) in acc.iter_mut().zip(a) {
             let (x, bsums) = (&a.qs[QK_K * b..QK_K * (b + 1)], &a.bsums[16 * b..]);
-            kmin_add(acc, acc_min, &kb, x, bsums, a.d[b]);
+            kmin_add(acc, &kb, x, bsums, a.d[b]);
         }
     }
-    std::array::from_fn(|t| reduce16(acc[t]) - avx2::reduce8(acc_min[t]))
+    acc.map(|acc| avx2::k_result(acc))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn dot_q4_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
-    let mask = _mm512_set1_epi8(15);
     dot_kmin::<N, { q4_k::BYTES }>(w, a, |blk| {
-        kmin_block(blk, &blk[q4_k::SCALES..q4_k::QS], idx, |k| {
-            let q = load64(&blk[q4_k::QS + 64 * k..]);
-            (
-                _mm512_and_si512(q, mask),
-                _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask),
-            )
-        })
+        kmin_block(blk, &blk[q4_k::SCALES..q4_k::QS], idx, q4_k_levels(blk))
+    })
+}
+
+/// The 256 unsigned levels of a K super-block in its activation row's
+/// order: register `i` meets activations `64i..64i + 64` (for Q4_K/Q5_K
+/// the permuted layout, register `2k` the low nibbles of level bytes
+/// `64k..`, `2k + 1` their high ones).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+pub(super) fn k_levels(ty: BlockType, blk: &[u8]) -> [__m512i; 4] {
+    match ty {
+        BlockType::Q4K => q4_k_levels(blk),
+        BlockType::Q5K => q5_k_levels(blk),
+        BlockType::Q6K => q6_k_levels(blk),
+        BlockType::Q3K => q3_k_levels(blk),
+        BlockType::Q2K => q2_k_levels(blk),
+        _ => unreachable!("{}: not a K type", ty.name()),
+    }
+}
+
+/// [`k_levels`] of a Q4_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn q4_k_levels(blk: &[u8]) -> [__m512i; 4] {
+    nibble_levels(&blk[q4_k::QS..])
+}
+
+/// The low and high nibbles of 128 level bytes `qs`, 64 bytes a pair of
+/// registers.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn nibble_levels(qs: &[u8]) -> [__m512i; 4] {
+    let mask = _mm512_set1_epi8(15);
+    let q = [load64(qs), load64(&qs[64..])];
+    std::array::from_fn(|i| {
+        let v = if i % 2 == 0 {
+            q[i / 2]
+        } else {
+            _mm512_srli_epi16::<4>(q[i / 2])
+        };
+        _mm512_and_si512(v, mask)
     })
 }
 
@@ -497,23 +522,24 @@ fn bits2(b: [u32; 2]) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn dot_q5_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
-    let (mask, sixteen) = (_mm512_set1_epi8(15), _mm512_set1_epi8(16));
-    // Register k's low levels are chunks 2k, 2k+1 (qh bits 4k, 4k+2), its
-    // high levels take bits 4k+1, 4k+3.
-    let sel = [bits2([0, 2]), bits2([1, 3]), bits2([4, 6]), bits2([5, 7])];
     dot_kmin::<N, { q5_k::BYTES }>(w, a, |blk| {
-        let qh = _mm512_broadcast_i64x4(load32(&blk[q5_k::QH..]));
-        kmin_block(blk, &blk[q5_k::SCALES..q5_k::QH], idx, |k| {
-            let q = load64(&blk[q5_k::QS + 64 * k..]);
-            let lo = _mm512_and_si512(q, mask);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), mask);
-            let mlo = _mm512_test_epi8_mask(qh, sel[2 * k]);
-            let mhi = _mm512_test_epi8_mask(qh, sel[2 * k + 1]);
-            (
-                _mm512_mask_add_epi8(lo, mlo, lo, sixteen),
-                _mm512_mask_add_epi8(hi, mhi, hi, sixteen),
-            )
-        })
+        kmin_block(blk, &blk[q5_k::SCALES..q5_k::QH], idx, q5_k_levels(blk))
+    })
+}
+
+/// [`k_levels`] of a Q5_K super-block: Q4_K's nibbles plus 16 where the
+/// level's `qh` bit is set (register `2k`'s, chunks `2k`, `2k + 1`, take
+/// bits `4k`, `4k + 2`; register `2k + 1`'s bits `4k + 1`, `4k + 3`).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn q5_k_levels(blk: &[u8]) -> [__m512i; 4] {
+    let sixteen = _mm512_set1_epi8(16);
+    let sel = [bits2([0, 2]), bits2([1, 3]), bits2([4, 6]), bits2([5, 7])];
+    let qh = _mm512_broadcast_i64x4(load32(&blk[q5_k::QH..]));
+    let nib = nibble_levels(&blk[q5_k::QS..]);
+    std::array::from_fn(|i| {
+        let m = _mm512_test_epi8_mask(qh, sel[i]);
+        _mm512_mask_add_epi8(nib[i], m, nib[i], sixteen)
     })
 }
 
@@ -523,43 +549,48 @@ fn dot_q5_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn dot_q6_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
-    let (mask, three, m32) = (
-        _mm512_set1_epi8(15),
-        _mm512_set1_epi8(3),
-        _mm512_set1_epi8(32),
-    );
-    let [sh_lo, sh_hi] = low2_shifts();
-    let mut acc = [_mm512_setzero_ps(); N];
+    let m32 = _mm512_set1_epi8(32);
+    let mut acc = [_mm_setzero_ps(); N];
     for (b, blk) in w.chunks_exact(q6_k::BYTES).enumerate() {
         prefetch(blk, q6_k::BYTES);
         let scv = scales_i16(load16(&blk[q6_k::SCALES..]));
         // Register j: values 64j..64j+64, with scales spread by idx[j].
-        let mut lev = [_mm512_setzero_si512(); 4];
-        for h in 0..2 {
-            let ql = load64(&blk[q6_k::QL + 64 * h..]);
-            let qh = _mm512_broadcast_i64x4(load32(&blk[q6_k::QH + 32 * h..]));
-            let top =
-                |sh| _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), three));
-            lev[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, mask), top(sh_lo));
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), mask);
-            lev[2 * h + 1] = _mm512_or_si512(hi, top(sh_hi));
-        }
+        let lev = q6_k_levels(blk);
         let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
         let dw = f16x4(le16(blk, q6_k::D) as u64);
         sym_add(&mut acc, a, b, &lev, &sc, m32, dw);
     }
-    acc.map(|acc| reduce16(acc))
+    acc.map(|acc| avx2::k_result(acc))
+}
+
+/// [`k_levels`] of a Q6_K super-block: register `j` holds values
+/// `64j..64j + 64`, the low nibble (or high) of `ql` and two bits of `qh`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn q6_k_levels(blk: &[u8]) -> [__m512i; 4] {
+    let (mask, three) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
+    let [sh_lo, sh_hi] = low2_shifts();
+    let mut lev = [_mm512_setzero_si512(); 4];
+    for h in 0..2 {
+        let ql = load64(&blk[q6_k::QL + 64 * h..]);
+        let qh = _mm512_broadcast_i64x4(load32(&blk[q6_k::QH + 32 * h..]));
+        let top = |sh| _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), three));
+        lev[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, mask), top(sh_lo));
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(ql), mask);
+        lev[2 * h + 1] = _mm512_or_si512(hi, top(sh_hi));
+    }
+    lev
 }
 
 /// Adds super-block `b` (unsigned levels `lev`, register `j` holding values
 /// `64j..64j+64`; i16 scales `sc`; f16 scale `dw` in lane 0) met by each
 /// activation row: the exact signed pairs `(level − bias)·x` from two
 /// `maddubs` (`bias` in every byte), `vpdpwssd` with the scales, the
-/// sixteen lanes times `d_w·d_x`.
+/// super-block's sum times `d_w·d_x` (`avx2::k_step`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn sym_add<const N: usize>(
-    acc: &mut [__m512; N],
+    acc: &mut [__m128; N],
     a: &[ActRow; N],
     b: usize,
     lev: &[__m512i; 4],
@@ -579,7 +610,7 @@ fn sym_add<const N: usize>(
             p = _mm512_dpwssd_epi32(p, pj, *sc);
         }
         let f = _mm_mul_ps(dw, _mm_set1_ps(a.d[b]));
-        *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
+        *acc = avx2::k_step(*acc, fold256(p), _mm256_setzero_si256(), f);
     }
 }
 
@@ -609,23 +640,39 @@ fn low2_shifts() -> [__m512i; 2] {
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn dot_q3_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
     let four = _mm512_set1_epi8(4);
-    let sh = low2_shifts();
-    // Register j's values 0..32 take hmask bit 2j, values 32..64 bit 2j + 1.
-    let sel = [bits2([0, 1]), bits2([2, 3]), bits2([4, 5]), bits2([6, 7])];
-    let mut acc = [_mm512_setzero_ps(); N];
+    let mut acc = [_mm_setzero_ps(); N];
     for (b, blk) in w.chunks_exact(q3_k::BYTES).enumerate() {
         prefetch(blk, q3_k::BYTES);
-        let hm = _mm512_broadcast_i64x4(load32(&blk[q3_k::HMASK..]));
-        let lev: [__m512i; 4] = std::array::from_fn(|j| {
-            let low = low2(&blk[q3_k::QS..], j, &sh);
-            _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, sel[j]), low, four)
-        });
+        let lev = q3_k_levels(blk);
         let scv = scales_i16(load16(&scales_q3(&blk[q3_k::SCALES..q3_k::D])));
         let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
         let dw = f16x4(le16(blk, q3_k::D) as u64);
         sym_add(&mut acc, a, b, &lev, &sc, four, dw);
     }
-    acc.map(|acc| reduce16(acc))
+    acc.map(|acc| avx2::k_result(acc))
+}
+
+/// [`k_levels`] of a Q3_K super-block: `low2` plus 4 where bit `4h + s`
+/// of `hmask` is set (register `j`'s values 0..32 take bit `2j`, values
+/// 32..64 bit `2j + 1`).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn q3_k_levels(blk: &[u8]) -> [__m512i; 4] {
+    let (four, sh) = (_mm512_set1_epi8(4), low2_shifts());
+    let sel = [bits2([0, 1]), bits2([2, 3]), bits2([4, 5]), bits2([6, 7])];
+    let hm = _mm512_broadcast_i64x4(load32(&blk[q3_k::HMASK..]));
+    std::array::from_fn(|j| {
+        let low = low2(&blk[q3_k::QS..], j, &sh);
+        _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, sel[j]), low, four)
+    })
+}
+
+/// [`k_levels`] of a Q2_K super-block.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn q2_k_levels(blk: &[u8]) -> [__m512i; 4] {
+    let sh = low2_shifts();
+    std::array::from_fn(|j| low2(&blk[q2_k::QS..], j, &sh))
 }
 
 /// Q2_K: `maddubs` of the 2-bit levels into `vpdpwssd` with the 4-bit
@@ -635,18 +682,16 @@ fn dot_q3_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 fn dot_q2_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f32; N] {
     let fifteen = _mm_set1_epi8(15);
-    let sh = low2_shifts();
-    let mut acc = [_mm512_setzero_ps(); N];
-    let mut acc_min = [_mm256_setzero_ps(); N];
+    let mut acc = [_mm_setzero_ps(); N];
     for (b, blk) in w.chunks_exact(q2_k::BYTES).enumerate() {
         prefetch(blk, q2_k::BYTES);
-        let lev: [__m512i; 4] = std::array::from_fn(|j| low2(&blk[q2_k::QS..], j, &sh));
+        let lev = q2_k_levels(blk);
         let sv = load16(&blk[q2_k::SCALES..]);
         let scv = scales_i16(_mm_and_si128(sv, fifteen));
         let sc = idx.map(|i| _mm512_permutexvar_epi16(i, scv));
         let m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sv), fifteen));
         let d = f16x4(le16(blk, q2_k::D) as u64 | (le16(blk, q2_k::DMIN) as u64) << 16);
-        for ((acc, acc_min), a) in acc.iter_mut().zip(&mut acc_min).zip(a) {
+        for (acc, a) in acc.iter_mut().zip(a) {
             let x = &a.qs[QK_K * b..QK_K * (b + 1)];
             let mut p = _mm512_setzero_si512();
             for (j, (lev, sc)) in lev.iter().zip(&sc).enumerate() {
@@ -655,11 +700,10 @@ fn dot_q2_k<const N: usize>(w: &[u8], a: &[ActRow; N], idx: &[__m512i; 4]) -> [f
             }
             let mins = _mm256_madd_epi16(m, load32(&a.bsums[16 * b..]));
             let f = _mm_mul_ps(d, _mm_set1_ps(a.d[b]));
-            *acc = add_lanes16(*acc, p, _mm512_broadcastss_ps(f));
-            *acc_min = add_lanes(*acc_min, mins, _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+            *acc = avx2::k_step(*acc, fold256(p), mins, f);
         }
     }
-    std::array::from_fn(|t| reduce16(acc[t]) - avx2::reduce8(acc_min[t]))
+    acc.map(|acc| avx2::k_result(acc))
 }
 
 /// Four f32 from the front of `s`.

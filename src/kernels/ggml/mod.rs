@@ -32,6 +32,10 @@
 //! `ext`'s types go to `ext` at these doors (its files build on `codec`,
 //! `scalar`, `avx2` and `avx512`, which do not know it).
 //!
+//! Prefill: the K types from `kernels::PANEL_ACTS_MIN` activation rows on
+//! AVX-512 VNNI run in unpacked 16-row panels (`kpanel`); Q4_0/Q4_K on
+//! AVX2 in repacked tiles (`tiled`). Both give the dots' bits.
+//!
 //! Dispatch, picked once: the AVX-512 VNNI dots (`vpdpbusd`/`vpdpwssd`)
 //! and AVX-512 activation quantizers where `cpu::isa` reports VNNI (and the
 //! CPU has AVX2 and F16C, which they also use); else the AVX2 dots (also on
@@ -44,6 +48,8 @@ mod avx2;
 mod avx512;
 mod codec;
 mod ext;
+#[cfg(target_arch = "x86_64")]
+mod kpanel;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -326,7 +332,9 @@ pub fn pack_block(ty: BlockType, p: &Planned, out: &mut [u8]) {
 /// the way ggml's `vec_dot_type` does, then integer block dots; row blocks
 /// run through [`par_row_blocks`] (each activation row meets a whole block
 /// of weight rows, a few pages that stay in L2); Q4_0 and Q4_K calls of
-/// many rows repack each block once and run it in tiles (`tiled`).
+/// many rows repack each block once and run it in tiles (`tiled`, AVX2),
+/// and the K types' calls of many rows on AVX-512 VNNI run in panels
+/// (`kpanel`).
 /// Bit-identical on every ISA.
 pub fn matmul(
     ty: BlockType,
@@ -351,6 +359,10 @@ pub fn matmul(
         let acts = &*acts;
         if tiled::takes(ty, n) {
             return tiled::matmul(ty, w, rows, cols, acts, n, y);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if kpanel::takes(ty, n) {
+            return kpanel::matmul(ty, w, rows, cols, acts, n, y);
         }
         par_row_blocks(rows, cols, n, rb, y, |blk| {
             // Activation rows in groups of up to `acts_per_pass`, each group

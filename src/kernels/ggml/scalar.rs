@@ -11,21 +11,19 @@
 //! - Q4_0: block `b`'s values `4k..4k+4` and `16+4k..16+4k+4` (`Σ (q −
 //!   8)·x`) to lane `4·(b % 4) + k` (the weights' nibble order, so SIMD never
 //!   shuffles them);
-//! - Q4_K/Q5_K: value `v`, stored in byte `l = v % 32` of level chunk `c =
-//!   v / 64`, adds `sc_j·level·x` to lane `8·(c % 2) + l / 4`; the mins go
-//!   apart to eight lanes, lane `j` getting `m_j·(Σ x over sub-block j)`
-//!   with `f = dmin_w·d_x`, and the result is `reduce16(lanes) −
-//!   reduce8(min lanes)`;
-//! - Q6_K: value `v = 128h + 32s + l` (`l < 32`) adds `sc_j·(level − 32)·x`
-//!   to lane `8·(s % 2) + l / 4`; Q3_K the same with `sc_j·(level − 4)·x`;
-//! - Q2_K: value `v` adds `sc_j·level·x` to the same lane as Q6_K; the
-//!   mins go apart to eight lanes, lane `k` getting `m_2k·(Σ x over
-//!   sub-block 2k) + m_2k+1·(Σ x over sub-block 2k+1)` with `f = dmin_w·d_x`,
-//!   and the result is `reduce16(lanes) − reduce8(min lanes)` (as Q4_K).
+//! - the K types (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) keep two f32 accumulators
+//!   instead, `s` and `t`, both from +0: super-block `b` adds its exact
+//!   integer sum `P = Σ sc_j·(level − bias)·x` over its 256 values (`bias`
+//!   32 for Q6_K, 4 for Q3_K, else 0; `sc_j` the value's sub-block scale)
+//!   as `s + (P as f32)·(d_w·d_x)`, and, for the types with mins (Q4_K,
+//!   Q5_K, Q2_K), `M = Σ_j m_j·(Σ x over sub-block j)` as `t + (M as
+//!   f32)·(dmin_w·d_x)`; the result is `s − t` (`s` without mins). Whole
+//!   super-block sums are what any multiply, SIMD lanes or matrix tiles,
+//!   can produce exactly, so the prefill tiles give these bits too.
 //!
-//! These are the lanes the AVX-512 registers hold naturally (a 64-byte
-//! register's i32 lane covers four consecutive bytes); AVX2 keeps them as
-//! two 8-lane registers.
+//! The Q8_0/Q4_0 lanes are those the AVX-512 registers hold naturally (a
+//! 64-byte register's i32 lane covers four consecutive bytes); AVX2 keeps
+//! them as two 8-lane registers.
 
 use super::codec::{f16_to_f32, f32_to_f16, le16, nearest_int, q2_k, q3_k, q4_0, q4_k, q5_k};
 use super::codec::{q2_level, q3_level, q6_k, q6_level, q8_0, scales_k4, scales_q3, QK, QK_K};
@@ -159,32 +157,46 @@ fn dot_q4_0(w: &[u8], a: &ActRow) -> f32 {
     reduce16(&acc)
 }
 
-/// `m_j·(bsums[2j] + bsums[2j+1])` for the eight sub-blocks.
-#[inline]
-fn mins_lanes(m: &[u8; 8], bsums: &[i16]) -> [i32; 8] {
-    std::array::from_fn(|j| m[j] as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32))
+/// The K types' f32 steps (module doc): `s` and `t`, one super-block at
+/// a time.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KAcc {
+    pub s: f32,
+    pub t: f32,
+}
+
+impl KAcc {
+    /// Adds one super-block: `p`·`f` to `s`, `m`·`g` to `t`.
+    #[inline]
+    pub fn add(&mut self, p: i32, f: f32, m: i32, g: f32) {
+        self.s += p as f32 * f;
+        self.t += m as f32 * g;
+    }
+
+    /// The dot, `s − t`.
+    #[inline]
+    pub fn result(self) -> f32 {
+        self.s - self.t
+    }
 }
 
 /// Q4_K and Q5_K: `level(blk, v)` is the unsigned level of value `v`.
 fn dot_kmin(w: &[u8], a: &ActRow, bytes: usize, level: impl Fn(&[u8], usize) -> u8) -> f32 {
-    let (mut acc, mut acc_min) = ([0f32; 16], [0f32; 8]);
+    let mut acc = KAcc::default();
     for (b, blk) in w.chunks_exact(bytes).enumerate() {
         let (sc, m) = scales_k4(&blk[q4_k::SCALES..q4_k::SCALES + 12]);
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
-        let mut p = [0i32; 16];
-        for v in 0..QK_K {
-            let lane = 8 * (v / 64 % 2) + v % 32 / 4;
-            p[lane] += sc[v / 32] as i32 * level(blk, v) as i32 * x[kmin_pos(v)] as i32;
-        }
+        let p: i32 = (0..QK_K)
+            .map(|v| sc[v / 32] as i32 * level(blk, v) as i32 * x[kmin_pos(v)] as i32)
+            .sum();
+        let bs = &a.bsums[16 * b..16 * b + 16];
+        let mins: i32 = (0..8)
+            .map(|j| m[j] as i32 * (bs[2 * j] as i32 + bs[2 * j + 1] as i32))
+            .sum();
         let (dw, dminw) = (f16_to_f32(le16(blk, 0)), f16_to_f32(le16(blk, 2)));
-        add_lanes(&mut acc, &p, dw * a.d[b]);
-        add_lanes(
-            &mut acc_min,
-            &mins_lanes(&m, &a.bsums[16 * b..]),
-            dminw * a.d[b],
-        );
+        acc.add(p, dw * a.d[b], mins, dminw * a.d[b]);
     }
-    reduce16(&acc) - reduce8(&acc_min)
+    acc.result()
 }
 
 fn dot_q4_k(w: &[u8], a: &ActRow) -> f32 {
@@ -211,12 +223,6 @@ fn dot_q5_k(w: &[u8], a: &ActRow) -> f32 {
     })
 }
 
-/// The lane of value `v` of a Q6_K, Q3_K or Q2_K super-block.
-#[inline]
-fn sym_lane(v: usize) -> usize {
-    8 * (v / 32 % 2) + v % 32 / 4
-}
-
 /// Q6_K and Q3_K: `BYTES`-byte blocks with the f16 `d` at `D`, sixteen
 /// signed scales from `scales(blk)` and `level(blk, v) − bias` the signed
 /// level of value `v`.
@@ -227,18 +233,18 @@ fn dot_sym<const BYTES: usize, const D: usize>(
     scales: impl Fn(&[u8]) -> [i8; 16],
     level: impl Fn(&[u8], usize) -> u8,
 ) -> f32 {
-    let mut acc = [0f32; 16];
+    let mut acc = KAcc::default();
     for (b, blk) in w.chunks_exact(BYTES).enumerate() {
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
         let sc = scales(blk);
-        let mut p = [0i32; 16];
-        for (v, &x) in x.iter().enumerate() {
-            let q = level(blk, v) as i32 - bias;
-            p[sym_lane(v)] += sc[v / 16] as i32 * q * x as i32;
-        }
-        add_lanes(&mut acc, &p, f16_to_f32(le16(blk, D)) * a.d[b]);
+        let p: i32 = x
+            .iter()
+            .enumerate()
+            .map(|(v, &x)| sc[v / 16] as i32 * (level(blk, v) as i32 - bias) * x as i32)
+            .sum();
+        acc.add(p, f16_to_f32(le16(blk, D)) * a.d[b], 0, 0.0);
     }
-    reduce16(&acc)
+    acc.s
 }
 
 fn dot_q6_k(w: &[u8], a: &ActRow) -> f32 {
@@ -252,24 +258,25 @@ fn dot_q3_k(w: &[u8], a: &ActRow) -> f32 {
 }
 
 fn dot_q2_k(w: &[u8], a: &ActRow) -> f32 {
-    let (mut acc, mut acc_min) = ([0f32; 16], [0f32; 8]);
+    let mut acc = KAcc::default();
     for (b, blk) in w.chunks_exact(q2_k::BYTES).enumerate() {
         let x = &a.qs[QK_K * b..QK_K * (b + 1)];
         let s = &blk[q2_k::SCALES..q2_k::QS];
-        let mut p = [0i32; 16];
-        for (v, &x) in x.iter().enumerate() {
-            p[sym_lane(v)] += (s[v / 16] & 15) as i32 * q2_level(blk, v) as i32 * x as i32;
-        }
+        let p: i32 = x
+            .iter()
+            .enumerate()
+            .map(|(v, &x)| (s[v / 16] & 15) as i32 * q2_level(blk, v) as i32 * x as i32)
+            .sum();
         let bs = &a.bsums[16 * b..16 * b + 16];
-        let mins: [i32; 8] = std::array::from_fn(|k| {
-            let m = |j: usize| (s[j] >> 4) as i32 * bs[j] as i32;
-            m(2 * k) + m(2 * k + 1)
-        });
+        let mins: i32 = (0..16).map(|j| (s[j] >> 4) as i32 * bs[j] as i32).sum();
         let dx = a.d[b];
-        add_lanes(&mut acc, &p, f16_to_f32(le16(blk, q2_k::D)) * dx);
-        add_lanes(&mut acc_min, &mins, f16_to_f32(le16(blk, q2_k::DMIN)) * dx);
+        let (dw, dminw) = (
+            f16_to_f32(le16(blk, q2_k::D)),
+            f16_to_f32(le16(blk, q2_k::DMIN)),
+        );
+        acc.add(p, dw * dx, mins, dminw * dx);
     }
-    reduce16(&acc) - reduce8(&acc_min)
+    acc.result()
 }
 
 /// ggml's x86 (AVX) `quantize_row_q8_0` for one row: per 32 values, `d =

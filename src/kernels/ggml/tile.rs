@@ -6,14 +6,14 @@
 //! once per activation row, and the per-block f32 scale products need no
 //! scalar work.
 //!
-//! The results are the per-row dots' bits ([`super::scalar`]): every lane
-//! of the twin gets the same f32 operations in the same order. The twin's
-//! sixteen lanes split into independent groups of eight (Q4_0: lanes 0..8
-//! take block pairs `k` with `k` even, lanes 8..16 those with `k` odd;
-//! Q4_K: chunks 0 and 2, chunks 1 and 3, and the eight min lanes), and each
-//! group is its own sweep over the row here, with one 8-lane accumulator a
-//! (weight row, activation row) pair; a lane still sees its blocks in
-//! order. A Q4_0 row with an odd number of blocks gets a padding block of
+//! The results are the per-row dots' bits ([`super::scalar`]): every
+//! accumulator of the twin gets the same f32 operations in the same order.
+//! Q4_0's sixteen lanes split into independent groups of eight (lanes 0..8
+//! take block pairs `k` with `k` even, lanes 8..16 those with `k` odd),
+//! and each group is its own sweep over the row here, with one 8-lane
+//! accumulator a (weight row, activation row) pair; a lane still sees its
+//! blocks in order. The Q4_K tiles keep the twin's `[s, t]` a pair, one sweep over
+//! the row. A Q4_0 row with an odd number of blocks gets a padding block of
 //! zero levels, zero scale and zero lane sums, which adds `0·0 = +0` to
 //! lanes 4..8 of its group: a lane starts at +0 and a rounded-to-nearest
 //! sum is −0 only when both terms are, so these lanes keep their value.
@@ -44,7 +44,7 @@
 //! shared-unpacking kernels.
 
 use super::codec::{f16_to_f32, le16, q4_0, q4_k, scales_k4, QK_K};
-use super::scalar::{reduce16, reduce8};
+use super::scalar::{reduce16, KAcc};
 use super::{Activations, BlockType};
 
 /// Fewest activation rows a call takes the tiled kernels for.
@@ -313,32 +313,24 @@ pub(super) fn kmin_at(c: usize, half: usize) -> usize {
 
 /// The twin of the tiled Q4_K dot: row `w` against row `i` of group `a`.
 pub(super) fn dot_q4_k(w: &PackedRow, a: &Act4k, i: usize) -> f32 {
-    let (mut acc, mut acc_min) = ([0f32; 16], [0f32; 8]);
+    let mut acc = KAcc::default();
     for b in 0..w.units {
         let at = b * TILE_ACTS + i;
         let (lev, x) = (&w.lev[QK_K * b..][..QK_K], &a.qs[QK_K * at..][..QK_K]);
-        let mut p = [0i32; 16];
+        let mut p = 0i32;
         for c in 0..4 {
             for half in 0..2 {
                 let j = 2 * c + half;
                 let s = w.sc[128 * b + 16 * j] as i32;
                 let (lev, x) = (&lev[32 * j..][..32], &x[kmin_at(c, half)..][..32]);
-                for l in 0..32 {
-                    p[8 * (c % 2) + l / 4] += s * lev[l] as i32 * x[l] as i32;
-                }
+                p += (0..32)
+                    .map(|l| s * lev[l] as i32 * x[l] as i32)
+                    .sum::<i32>();
             }
         }
-        let f = w.d[2 * b] * a.d[at];
-        for (acc, &p) in acc.iter_mut().zip(&p) {
-            *acc += p as f32 * f;
-        }
         let (m, bs) = (&w.mins[16 * b..][..16], &a.bsums[16 * at..][..16]);
-        let f = w.d[2 * b + 1] * a.d[at];
-        for (j, acc) in acc_min.iter_mut().enumerate() {
-            let mins =
-                m[2 * j] as i32 * bs[2 * j] as i32 + m[2 * j + 1] as i32 * bs[2 * j + 1] as i32;
-            *acc += mins as f32 * f;
-        }
+        let mins: i32 = (0..16).map(|j| m[j] as i32 * bs[j] as i32).sum();
+        acc.add(p, w.d[2 * b] * a.d[at], mins, w.d[2 * b + 1] * a.d[at]);
     }
-    reduce16(&acc) - reduce8(&acc_min)
+    acc.result()
 }

@@ -1,15 +1,16 @@
 //! AVX2 tiles of the repacked Q4_0 and Q4_K rows (`tile`): one weight row
-//! against `T` activation rows, one sweep over the row per group of eight
-//! lanes, each (weight row, activation row) pair one 8-lane f32
-//! accumulator. The integer sums are the per-row dots' (`maddubs` of
+//! against `T` activation rows; Q4_0 one sweep over the row per group of
+//! eight lanes, each (weight row, activation row) pair one 8-lane f32
+//! accumulator, Q4_K one sweep with the twin's `[s, t]` a pair. The integer sums are the per-row dots' (`maddubs` of
 //! unsigned levels by signed activations, never saturating here, then
 //! `madd`), the f32 steps the twin's, in its order: `acc + (p as f32)·f`
-//! with `f = d_w·d_x` a product of the same two f32s.
+//! with `f = d_w·d_x` a product of the same two f32s (Q4_K: `p` the
+//! super-block's exact sum).
 //!
 //! Loads slice first (`avx2::load32`, [`load_ps8`]): a short slice panics
 //! rather than being read past.
 
-use super::avx2::{load32, reduce16, reduce8};
+use super::avx2::{k_result, k_scales, k_step, load32, reduce16};
 use super::codec::QK_K;
 use super::tile::{kmin_at, Act40, Act4k, PackedRow, TILE_ACTS};
 use std::arch::x86_64::*;
@@ -66,54 +67,39 @@ pub unsafe fn q4_0(w: &PackedRow, a: &Act40) -> [f32; TILE_ACTS] {
     std::array::from_fn(|t| reduce16(sums[0][t], sums[1][t]))
 }
 
-/// `tile::dot_q4_k` of `w` against each row of group `a`: sweep `g = 0,
-/// 1` takes chunks `g` and `g + 2` into lanes `8g..8g + 8`, sweep 2 the
-/// mins. Records are sliced once a super-block, as in [`q4_0`].
+/// `tile::dot_q4_k` of `w` against each row of group `a`: one sweep, each
+/// super-block's exact sums added to the pair's `[s, t]`
+/// (`avx2::k_step`). Records are sliced once a super-block, as in [`q4_0`].
 ///
 /// # Safety
 /// The CPU must support AVX2. (Lengths are checked by slicing.)
 #[target_feature(enable = "avx2")]
 pub unsafe fn q4_k(w: &PackedRow, a: &Act4k) -> [f32; TILE_ACTS] {
     const T: usize = TILE_ACTS;
-    let mut sums = [[_mm256_setzero_ps(); T]; 3];
-    for (g, acc) in sums[..2].iter_mut().enumerate() {
-        for b in 0..w.units {
-            let lev: &[u8; QK_K] = w.lev[QK_K * b..][..QK_K].try_into().expect("a super-block");
-            let sc: &[i16; 128] = w.sc[128 * b..][..128].try_into().expect("its scales");
-            let xs: &[i8; QK_K * T] = a.qs[QK_K * T * b..][..QK_K * T].try_into().expect("a tile");
-            let d: &[f32; T] = a.d[T * b..][..T].try_into().expect("a tile");
-            // (levels, scales, activation offset) of the sweep's four runs.
-            let run = |c: usize, half: usize| {
-                let j = 2 * c + half;
-                (
-                    load32(&lev[32 * j..32 * j + 32]),
-                    load32(&sc[16 * j..16 * j + 16]),
-                    kmin_at(c, half),
-                )
-            };
-            let runs = [run(g, 0), run(g, 1), run(g + 2, 0), run(g + 2, 1)];
-            let dw = _mm256_set1_ps(w.d[2 * b]);
-            for (t, acc) in acc.iter_mut().enumerate() {
-                let x = &xs[QK_K * t..QK_K * t + QK_K];
-                let mut p = _mm256_setzero_si256();
-                for &(lev, sc, at) in &runs {
-                    let pairs = _mm256_maddubs_epi16(lev, load32(&x[at..at + 32]));
-                    p = _mm256_add_epi32(p, _mm256_madd_epi16(pairs, sc));
-                }
-                *acc = add_lanes(*acc, p, _mm256_mul_ps(dw, _mm256_set1_ps(d[t])));
-            }
-        }
-    }
-    let acc = &mut sums[2];
+    let mut acc = [_mm_setzero_ps(); T];
     for b in 0..w.units {
-        let m = load32(&w.mins[16 * b..16 * b + 16]);
-        let dmin = _mm256_set1_ps(w.d[2 * b + 1]);
+        let lev: &[u8; QK_K] = w.lev[QK_K * b..][..QK_K].try_into().expect("a super-block");
+        let sc: &[i16; 128] = w.sc[128 * b..][..128].try_into().expect("its scales");
+        let xs: &[i8; QK_K * T] = a.qs[QK_K * T * b..][..QK_K * T].try_into().expect("a tile");
         let bs: &[i16; 16 * T] = a.bsums[16 * T * b..][..16 * T].try_into().expect("a tile");
         let d: &[f32; T] = a.d[T * b..][..T].try_into().expect("a tile");
+        let m = load32(&w.mins[16 * b..16 * b + 16]);
+        let (dw, dmin) = (w.d[2 * b], w.d[2 * b + 1]);
         for (t, acc) in acc.iter_mut().enumerate() {
+            let x = &xs[QK_K * t..QK_K * t + QK_K];
+            let mut p = _mm256_setzero_si256();
+            for j in 0..8 {
+                let (lev, sc) = (
+                    load32(&lev[32 * j..32 * j + 32]),
+                    load32(&sc[16 * j..16 * j + 16]),
+                );
+                let at = kmin_at(j / 2, j % 2);
+                let pairs = _mm256_maddubs_epi16(lev, load32(&x[at..at + 32]));
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(pairs, sc));
+            }
             let mins = _mm256_madd_epi16(m, load32(&bs[16 * t..16 * t + 16]));
-            *acc = add_lanes(*acc, mins, _mm256_mul_ps(dmin, _mm256_set1_ps(d[t])));
+            *acc = k_step(*acc, p, mins, k_scales(dw * d[t], dmin * d[t]));
         }
     }
-    std::array::from_fn(|t| reduce16(sums[0][t], sums[1][t]) - reduce8(sums[2][t]))
+    acc.map(|acc| k_result(acc))
 }

@@ -1,4 +1,4 @@
-//! Tests of the repacked, tiled Q4_0/Q4_K dots: the twins against the
+//! Tests of the repacked, tiled Q4_0/Q4_K dots and the K panels: the twins against the
 //! per-row twin, the AVX2 tiles against the twins bit for bit (every tile
 //! width, rows and blocks with tails), and `matmul` through the tiled path
 //! against the per-row dots.
@@ -142,21 +142,72 @@ fn tiled_matmul_equals_the_per_row_dots() {
         ] {
             let w = random_weights(ty, rows, cols, (rows + cols + n) as u64);
             let x = activations(cols, n, n as u64);
-            let mut y = vec![f32::NAN; n * rows];
-            matmul(ty, &w, rows, cols, &x, n, &mut y);
-            let acts = prepared(ty, cols, &x, n);
+            matmul_is_the_twin(ty, &w, rows, cols, &x, n);
+        }
+    }
+}
+
+/// `matmul` of the K types from `kernels::PANEL_ACTS_MIN` activation rows
+/// (the AVX-512 VNNI panels where the CPU has them) against the per-row
+/// twin: panels with short last blocks, tiles with tails, one row at full
+/// scale, one all zero, and rows of all-top and all-zero levels.
+#[test]
+fn k_panel_matmul_equals_the_per_row_twin() {
+    const K_TYPES: [BlockType; 5] = [
+        BlockType::Q4K,
+        BlockType::Q5K,
+        BlockType::Q6K,
+        BlockType::Q3K,
+        BlockType::Q2K,
+    ];
+    for ty in K_TYPES {
+        for (rows, cols, n) in [(5, 256, 24), (33, 768, 27), (301, 2048, 30), (16, 512, 25)] {
+            let mut w = random_weights(ty, rows, cols, (rows * 7 + cols + n) as u64);
             let rb = ty.row_bytes(cols).unwrap();
-            for t in 0..n {
-                for r in 0..rows {
-                    let want = scalar::vec_dot(ty, &w[r * rb..(r + 1) * rb], &acts.row(t));
-                    let got = y[t * rows + r];
-                    assert!(
-                        same(got, want),
-                        "{} {rows}x{cols} n={n} [{t},{r}]: {got} vs {want}",
-                        ty.name()
-                    );
+            // Row 0: every level byte 0xFF; row 1: every level byte 0.
+            let bb = ty.block_bytes();
+            for (i, blk) in w[..2 * rb].chunks_exact_mut(bb).enumerate() {
+                let fill = if i < rb / bb { 0xFF } else { 0x00 };
+                for (at, b) in blk.iter_mut().enumerate() {
+                    if level_byte(ty, at) {
+                        *b = fill;
+                    }
                 }
             }
+            let x = activations(cols, n, n as u64 + 3);
+            matmul_is_the_twin(ty, &w, rows, cols, &x, n);
+        }
+    }
+}
+
+/// Whether byte `at` of a `ty` super-block holds levels (not scales).
+fn level_byte(ty: BlockType, at: usize) -> bool {
+    match ty {
+        BlockType::Q4K => at >= 16,
+        BlockType::Q5K => at >= 16,
+        BlockType::Q6K => at < 192,
+        BlockType::Q3K => at < 96,
+        BlockType::Q2K => (16..80).contains(&at),
+        _ => false,
+    }
+}
+
+/// `matmul` of `x` (`n` rows) by `w` against the per-row twin, element by
+/// element.
+fn matmul_is_the_twin(ty: BlockType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) {
+    let mut y = vec![f32::NAN; n * rows];
+    matmul(ty, w, rows, cols, x, n, &mut y);
+    let acts = prepared(ty, cols, x, n);
+    let rb = ty.row_bytes(cols).unwrap();
+    for t in 0..n {
+        for r in 0..rows {
+            let want = scalar::vec_dot(ty, &w[r * rb..(r + 1) * rb], &acts.row(t));
+            let got = y[t * rows + r];
+            assert!(
+                same(got, want),
+                "{} {rows}x{cols} n={n} [{t},{r}]: {got} vs {want}",
+                ty.name()
+            );
         }
     }
 }

@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static TILED: AtomicBool = AtomicBool::new(true);
 
-/// Whether GGUF Q4_0/Q4_K products of [`TILE_ACTS_MIN`] or more rows take
-/// the repacked, tiled kernels (`true`, the default) or the per-row dots: a
+/// Whether GGUF products of many rows take the repacked kernels (`true`,
+/// the default: Q4_0/Q4_K tiles on AVX2 from [`TILE_ACTS_MIN`] rows, the
+/// K types' panels on AVX-512 VNNI, `kpanel`) or the per-row dots: a
 /// process-wide switch for side-by-side measurements (`moestream bench
 /// kernels --compare-tiles`). Both give the same bits.
 pub fn set_tiled(on: bool) {

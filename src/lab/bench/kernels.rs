@@ -326,9 +326,14 @@ fn variants(f: KernelFormat, compare: bool) -> Vec<Variant> {
         KernelFormat::Int(_) | KernelFormat::Grouped(_) => {
             vec![Variant::Default, Variant::Panels, Variant::Tiles]
         }
-        KernelFormat::Ggml(BlockType::Q4_0 | BlockType::Q4K) => {
-            vec![Variant::Default, Variant::PerRow]
-        }
+        KernelFormat::Ggml(
+            BlockType::Q4_0
+            | BlockType::Q4K
+            | BlockType::Q5K
+            | BlockType::Q6K
+            | BlockType::Q3K
+            | BlockType::Q2K,
+        ) => vec![Variant::Default, Variant::PerRow],
         KernelFormat::Ggml(_) => vec![Variant::Default],
     }
 }

@@ -1,0 +1,360 @@
+//! The prefill kernel of the K types (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) on
+//! AVX-512 VNNI, for calls of `kernels::PANEL_ACTS_MIN` or more activation
+//! rows. Each block of weight rows is unpacked once per call into panels
+//! of 16 rows ([`Panel`]): per super-block, 64 vectors of levels (vector
+//! `q` holds activation positions `4q‥4q + 4` of each row, unsigned, in the
+//! activation row's order), the sub-block scales as i32 (one vector a run
+//! of positions that share a scale), eight vectors of i16 pairs for the
+//! `bsums` term, and `d_w`, `dmin_w`. Then [`TILE_ACTS`] activation rows
+//! at a time meet the panel: one `vpdpbusd` a level vector and row (the
+//! row's four activations broadcast) sums each run exactly, `vpmulld`
+//! scales it into the super-block's `P`, eight `vpdpwssd` give the `bsums`
+//! term (the mins' `M`, or for Q6_K/Q3_K the bias `Σ bias·sc_j·X_j` that
+//! `P` subtracts), and the super-block's two f32 steps follow the twin
+//! (`scalar`: `s + (P as f32)·(d_w·d_x)`, `t + (M as f32)·(dmin_w·d_x)`),
+//! sixteen weight rows a vector. The integers are exact, so the results
+//! are the per-row dots' bits.
+
+use super::avx512::k_levels;
+use super::codec::{f16_to_f32, le16, q2_k, q3_k, q4_k, q6_k, scales_k4, scales_q3, QK_K};
+use super::scalar::ActRow;
+use super::{Activations, BlockType};
+use crate::kernels::panel512::{load_transposed, PANEL_ROWS};
+use crate::kernels::{par_row_blocks_aligned, RowBlock};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Activation rows one panel pass serves.
+const TILE_ACTS: usize = 8;
+/// Level vectors of one super-block (four positions each).
+const QUADS: usize = QK_K / 4;
+/// `bsums` pairs of one super-block.
+const PAIRS: usize = 8;
+
+/// How a K type's super-block splits into runs of one scale.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// Runs (sub-blocks) a super-block.
+    runs: usize,
+    /// Level vectors a run.
+    quads: usize,
+    /// Whether the `bsums` term is the mins' `M` (else a bias `P` drops).
+    mins: bool,
+}
+
+impl Shape {
+    fn of(ty: BlockType) -> Shape {
+        match ty {
+            BlockType::Q4K | BlockType::Q5K => Shape {
+                runs: 8,
+                quads: 8,
+                mins: true,
+            },
+            BlockType::Q2K => Shape {
+                runs: 16,
+                quads: 4,
+                mins: true,
+            },
+            BlockType::Q6K | BlockType::Q3K => Shape {
+                runs: 16,
+                quads: 4,
+                mins: false,
+            },
+            _ => unreachable!("{}: not a K type", ty.name()),
+        }
+    }
+}
+
+/// Whether a call of `n` activation rows of `ty` weights runs here.
+pub(super) fn takes(ty: BlockType, n: usize) -> bool {
+    super::tiled::tiled()
+        && n >= crate::kernels::PANEL_ACTS_MIN
+        && matches!(
+            ty,
+            BlockType::Q4K | BlockType::Q5K | BlockType::Q6K | BlockType::Q3K | BlockType::Q2K
+        )
+        && super::simd() == super::Simd::Vnni
+}
+
+/// One super-block of one row, its integer parameters in run order: the
+/// run scales, the `bsums` pairs (each against `(bsums[2k], bsums[2k +
+/// 1])`), `d_w` and `dmin_w`.
+struct RowParams {
+    sc: [i32; 16],
+    pairs: [[i16; 2]; PAIRS],
+    d: [f32; 2],
+}
+
+fn row_params(ty: BlockType, blk: &[u8]) -> RowParams {
+    let f16 = |at: usize| f16_to_f32(le16(blk, at));
+    match ty {
+        BlockType::Q4K | BlockType::Q5K => {
+            let (sc, m) = scales_k4(&blk[q4_k::SCALES..q4_k::SCALES + 12]);
+            // Run r holds sub-block 4(r / 4) + [0, 2, 1, 3][r % 4] (the
+            // permuted activation layout).
+            const SLOT: [usize; 4] = [0, 2, 1, 3];
+            RowParams {
+                sc: std::array::from_fn(|r| {
+                    if r < 8 {
+                        sc[r / 4 * 4 + SLOT[r % 4]] as i32
+                    } else {
+                        0
+                    }
+                }),
+                pairs: std::array::from_fn(|k| [m[k] as i16; 2]),
+                d: [f16(q4_k::D), f16(q4_k::DMIN)],
+            }
+        }
+        BlockType::Q6K | BlockType::Q3K => {
+            let (sc, bias, d): ([i8; 16], i16, usize) = if ty == BlockType::Q6K {
+                let sc = std::array::from_fn(|j| blk[q6_k::SCALES + j] as i8);
+                (sc, 32, q6_k::D)
+            } else {
+                (scales_q3(&blk[q3_k::SCALES..q3_k::D]), 4, q3_k::D)
+            };
+            RowParams {
+                sc: sc.map(|s| s as i32),
+                pairs: std::array::from_fn(|k| {
+                    [bias * sc[2 * k] as i16, bias * sc[2 * k + 1] as i16]
+                }),
+                d: [f16(d), 0.0],
+            }
+        }
+        BlockType::Q2K => {
+            let s = &blk[q2_k::SCALES..q2_k::QS];
+            RowParams {
+                sc: std::array::from_fn(|j| (s[j] & 15) as i32),
+                pairs: std::array::from_fn(|k| {
+                    [(s[2 * k] >> 4) as i16, (s[2 * k + 1] >> 4) as i16]
+                }),
+                d: [f16(q2_k::D), f16(q2_k::DMIN)],
+            }
+        }
+        _ => unreachable!("{}: not a K type", ty.name()),
+    }
+}
+
+/// Up to 16 weight rows unpacked (module doc); rows past the block's are
+/// zero.
+#[derive(Default)]
+struct Panel {
+    /// `QUADS` level vectors a super-block.
+    lev: Vec<__m512i>,
+    /// `runs` scale vectors (i32) a super-block.
+    sc: Vec<__m512i>,
+    /// `PAIRS` vectors of i16 pairs a super-block.
+    pairs: Vec<__m512i>,
+    /// `d_w`, `dmin_w` a super-block.
+    d: Vec<__m512>,
+    /// One row's levels in activation order, row by row.
+    scratch: Vec<[u8; QK_K]>,
+}
+
+impl Panel {
+    /// Unpacks rows `w` (`rows ≤ 16` whole rows of `nb` super-blocks,
+    /// `rb` bytes each).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and AVX-512F/BW.
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn pack(&mut self, ty: BlockType, w: &[u8], rb: usize, rows: usize, nb: usize) {
+        let shape = Shape::of(ty);
+        let bb = ty.block_bytes();
+        self.lev.resize(nb * QUADS, _mm512_setzero_si512());
+        self.sc.resize(nb * shape.runs, _mm512_setzero_si512());
+        self.pairs.resize(nb * PAIRS, _mm512_setzero_si512());
+        self.d.resize(nb * 2, _mm512_setzero_ps());
+        self.scratch.resize(PANEL_ROWS, [0; QK_K]);
+        for b in 0..nb {
+            let mut sc = [[0i32; PANEL_ROWS]; 16];
+            let mut pairs = [[[0i16; 2]; PANEL_ROWS]; PAIRS];
+            let mut d = [[0f32; PANEL_ROWS]; 2];
+            for l in 0..rows {
+                let blk = &w[l * rb + b * bb..][..bb];
+                for (i, v) in k_levels(ty, blk).iter().enumerate() {
+                    let out = &mut self.scratch[l][64 * i..64 * i + 64];
+                    // SAFETY: `out` is 64 writable bytes.
+                    unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), *v) };
+                }
+                let p = row_params(ty, blk);
+                sc.iter_mut().zip(p.sc).for_each(|(v, s)| v[l] = s);
+                pairs.iter_mut().zip(p.pairs).for_each(|(v, s)| v[l] = s);
+                d.iter_mut().zip(p.d).for_each(|(v, s)| v[l] = s);
+            }
+            for i in 0..4 {
+                // SAFETY: the scratch holds `rows` rows of 256 bytes; the
+                // mask enables bytes 64i‥64i + 64 of each.
+                let t = unsafe {
+                    load_transposed(self.scratch.as_ptr().cast(), QK_K, rows, 64 * i, !0)
+                };
+                self.lev[b * QUADS + 16 * i..][..16].copy_from_slice(&t);
+            }
+            let (runs, at) = (shape.runs, b * shape.runs);
+            for (v, sc) in self.sc[at..at + runs].iter_mut().zip(&sc) {
+                // SAFETY: 16 i32.
+                *v = unsafe { _mm512_loadu_si512(sc.as_ptr().cast()) };
+            }
+            for (v, p) in self.pairs[b * PAIRS..][..PAIRS].iter_mut().zip(&pairs) {
+                // SAFETY: 16 pairs of i16, 64 bytes.
+                *v = unsafe { _mm512_loadu_si512(p.as_ptr().cast()) };
+            }
+            for (v, d) in self.d[2 * b..2 * b + 2].iter_mut().zip(&d) {
+                // SAFETY: 16 f32.
+                *v = unsafe { _mm512_loadu_ps(d.as_ptr()) };
+            }
+        }
+    }
+
+    /// Activation rows `a` against the panel: the dots of each with the
+    /// panel's 16 rows, as vectors.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VNNI; each row of `a` holds `nb` super-blocks, and the
+    /// panel was packed for `nb` super-blocks of `shape`'s type.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile<const R: usize>(&self, shape: Shape, nb: usize, a: &[ActRow; R]) -> [__m512; R] {
+        let mut s = [_mm512_setzero_ps(); R];
+        let mut t = s;
+        let x: [*const i8; R] = std::array::from_fn(|i| a[i].qs.as_ptr());
+        for b in 0..nb {
+            let mut p = [_mm512_setzero_si512(); R];
+            for r in 0..shape.runs {
+                let mut acc = [_mm512_setzero_si512(); R];
+                let q0 = b * QUADS + r * shape.quads;
+                for q in q0..q0 + shape.quads {
+                    let w = self.lev[q];
+                    for (acc, x) in acc.iter_mut().zip(&x) {
+                        // SAFETY: position 4q‥4q + 4 of the row lies inside its
+                        // nb · 256 values (the caller's contract).
+                        let v = unsafe { x.add(4 * q).cast::<i32>().read_unaligned() };
+                        *acc = _mm512_dpbusd_epi32(*acc, w, _mm512_set1_epi32(v));
+                    }
+                }
+                let sc = self.sc[b * shape.runs + r];
+                for (p, acc) in p.iter_mut().zip(acc) {
+                    *p = _mm512_add_epi32(*p, _mm512_mullo_epi32(acc, sc));
+                }
+            }
+            let mut m = [_mm512_setzero_si512(); R];
+            for k in 0..PAIRS {
+                let pk = self.pairs[b * PAIRS + k];
+                for (m, a) in m.iter_mut().zip(a) {
+                    let bs = &a.bsums[16 * b + 2 * k..][..2];
+                    let pair = (bs[0] as u16 as u32 | (bs[1] as u16 as u32) << 16) as i32;
+                    *m = _mm512_dpwssd_epi32(*m, pk, _mm512_set1_epi32(pair));
+                }
+            }
+            let (dw, dmin) = (self.d[2 * b], self.d[2 * b + 1]);
+            for i in 0..R {
+                let dx = _mm512_set1_ps(a[i].d[b]);
+                if shape.mins {
+                    let f = _mm512_mul_ps(dw, dx);
+                    s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(_mm512_cvtepi32_ps(p[i]), f));
+                    let g = _mm512_mul_ps(dmin, dx);
+                    t[i] = _mm512_add_ps(t[i], _mm512_mul_ps(_mm512_cvtepi32_ps(m[i]), g));
+                } else {
+                    let p = _mm512_sub_epi32(p[i], m[i]);
+                    let f = _mm512_mul_ps(dw, dx);
+                    s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(_mm512_cvtepi32_ps(p), f));
+                }
+            }
+        }
+        std::array::from_fn(|i| _mm512_sub_ps(s[i], t[i]))
+    }
+}
+
+thread_local! {
+    /// This thread's unpacked panel, reused across calls.
+    static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+}
+
+/// `matmul`'s K-type prefill path: `acts` holds the call's `n` prepared
+/// rows (see [`takes`]).
+pub(super) fn matmul(
+    ty: BlockType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &Activations,
+    n: usize,
+    y: &mut [f32],
+) {
+    let rb = ty.row_bytes_checked(cols);
+    let nb = cols / QK_K;
+    par_row_blocks_aligned(rows, cols, n, rb, PANEL_ROWS, y, |blk| {
+        PANEL.with_borrow_mut(|p| {
+            let rs = blk.rows();
+            for r0 in rs.clone().step_by(PANEL_ROWS) {
+                let valid = (rs.end - r0).min(PANEL_ROWS);
+                // SAFETY: `takes` admitted this call only where `simd()` is
+                // VNNI (AVX2, AVX-512F/BW/VNNI present).
+                unsafe { p.pack(ty, &w[r0 * rb..(r0 + valid) * rb], rb, valid, nb) };
+                run_panel(p, ty, nb, acts, n, r0, valid, blk);
+            }
+        })
+    });
+}
+
+/// Every activation row against panel `p` (weight rows `r0‥r0 + valid`).
+#[allow(clippy::too_many_arguments)]
+fn run_panel(
+    p: &Panel,
+    ty: BlockType,
+    nb: usize,
+    acts: &Activations,
+    n: usize,
+    r0: usize,
+    valid: usize,
+    blk: &mut RowBlock<'_>,
+) {
+    let (shape, cols) = (Shape::of(ty), nb * QK_K);
+    let mut t0 = 0;
+    while t0 < n {
+        let m = match n - t0 {
+            r if r >= TILE_ACTS => TILE_ACTS,
+            r if r >= 4 => 4,
+            r if r >= 2 => 2,
+            _ => 1,
+        };
+        let mut out = [[0f32; PANEL_ROWS]; TILE_ACTS];
+        // SAFETY: the panel was packed for `nb` super-blocks of `ty` on a
+        // VNNI CPU (`takes`); every prepared row holds `nb · 256` values.
+        unsafe {
+            match m {
+                TILE_ACTS => store(
+                    &mut out,
+                    p.tile::<TILE_ACTS>(shape, nb, &rows(acts, t0, cols)),
+                ),
+                4 => store(&mut out, p.tile::<4>(shape, nb, &rows(acts, t0, cols))),
+                2 => store(&mut out, p.tile::<2>(shape, nb, &rows(acts, t0, cols))),
+                _ => store(&mut out, p.tile::<1>(shape, nb, &rows(acts, t0, cols))),
+            }
+        }
+        for (t, o) in out.iter().enumerate().take(m) {
+            for (l, &v) in o.iter().enumerate().take(valid) {
+                blk.set(t0 + t, r0 + l, v);
+            }
+        }
+        t0 += m;
+    }
+}
+
+/// Activation rows `t0‥t0 + R`.
+fn rows<const R: usize>(acts: &Activations, t0: usize, cols: usize) -> [ActRow<'_>; R] {
+    std::array::from_fn(|t| {
+        let a = acts.row(t0 + t);
+        assert_eq!(a.qs.len(), cols, "K panel: activation length");
+        a
+    })
+}
+
+/// The tile's vectors into the first `R` rows of `out`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store<const R: usize>(out: &mut [[f32; PANEL_ROWS]; TILE_ACTS], v: [__m512; R]) {
+    for (o, v) in out.iter_mut().zip(v) {
+        // SAFETY: 16 f32 of `o`.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+    }
+}
