@@ -9,6 +9,10 @@ timed one). Rounds alternate the order; medians are printed. Usage::
 
     python scripts/ab_prefill_warm.py FILE.gguf ROUNDS WORDS old=/path/to/old/moestream \\
         new=target/release/moestream
+
+llama.cpp runs with its repacked weights (extra buffer types) unless
+AB_LLAMA_REPACK=0 (plain mmap; on the 2026-12-07 AMX machine its repacked
+Q4_K path crashed with SIGSEGV).
 """
 import json
 import os
@@ -20,6 +24,7 @@ import bench_prefill_vs_llamacpp as bp  # noqa: E402
 
 gguf, rounds, words = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 bins = dict(a.split("=", 1) for a in sys.argv[4:])
+REPACK = os.environ.get("AB_LLAMA_REPACK", "1") != "0"
 res = {}
 for r in range(rounds):
     order = list(bins.items()) + [("llama.cpp", None)]
@@ -29,7 +34,7 @@ for r in range(rounds):
     for label, b in order:
         if b is None:
             os.system(f"cat {gguf} > /dev/null")
-            out = bp.llama(gguf, None, warm, text, repack=True)
+            out = bp.llama(gguf, None, warm, text, repack=REPACK)
         else:
             bp.MOESTREAM = b
             out = bp.moestream(gguf, None, warm, text)

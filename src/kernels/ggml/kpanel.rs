@@ -1,7 +1,7 @@
 //! The prefill kernel of the K types (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) on
-//! AVX-512 VNNI, for calls of `kernels::PANEL_ACTS_MIN` or more activation
-//! rows. Each block of weight rows is unpacked once per call into panels
-//! of 16 rows ([`Panel`]): per super-block, 64 vectors of levels (vector
+//! AVX-512 VNNI, for calls of [`ACTS_MIN`] or more activation rows. Each
+//! block of weight rows is unpacked once per call (row by row, so the
+//! weights stream in order) into panels of 16 rows ([`Panel`]): per super-block, 64 vectors of levels (vector
 //! `q` holds activation positions `4q‥4q + 4` of each row, unsigned, in the
 //! activation row's order), the sub-block scales as i32 (one vector a run
 //! of positions that share a scale), eight vectors of i16 pairs for the
@@ -24,6 +24,11 @@ use crate::kernels::{par_row_blocks_aligned, RowBlock};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+/// Fewest activation rows a call takes the panels for: from 12 they
+/// matched or beat the per-row dots in every K type and expert shape
+/// measured (`bench kernels --compare-tiles`, results/kernels.md); at 8
+/// the unpacking costs more than it saves.
+const ACTS_MIN: usize = 12;
 /// Activation rows one panel pass serves.
 const TILE_ACTS: usize = 8;
 /// Level vectors of one super-block (four positions each).
@@ -68,7 +73,7 @@ impl Shape {
 /// Whether a call of `n` activation rows of `ty` weights runs here.
 pub(super) fn takes(ty: BlockType, n: usize) -> bool {
     super::tiled::tiled()
-        && n >= crate::kernels::PANEL_ACTS_MIN
+        && n >= ACTS_MIN
         && matches!(
             ty,
             BlockType::Q4K | BlockType::Q5K | BlockType::Q6K | BlockType::Q3K | BlockType::Q2K
@@ -146,8 +151,19 @@ struct Panel {
     pairs: Vec<__m512i>,
     /// `d_w`, `dmin_w` a super-block.
     d: Vec<__m512>,
-    /// One row's levels in activation order, row by row.
+    /// Each row's levels in activation order, super-block by super-block
+    /// (16 rows each).
     scratch: Vec<[u8; QK_K]>,
+    /// Each super-block's parameters, row by row.
+    staged: Vec<Staged>,
+}
+
+/// One super-block's [`RowParams`] of the panel's rows, as lanes.
+#[derive(Clone, Copy, Default)]
+struct Staged {
+    sc: [[i32; PANEL_ROWS]; 16],
+    pairs: [[[i16; 2]; PANEL_ROWS]; PAIRS],
+    d: [[f32; PANEL_ROWS]; 2],
 }
 
 impl Panel {
@@ -164,41 +180,42 @@ impl Panel {
         self.sc.resize(nb * shape.runs, _mm512_setzero_si512());
         self.pairs.resize(nb * PAIRS, _mm512_setzero_si512());
         self.d.resize(nb * 2, _mm512_setzero_ps());
-        self.scratch.resize(PANEL_ROWS, [0; QK_K]);
-        for b in 0..nb {
-            let mut sc = [[0i32; PANEL_ROWS]; 16];
-            let mut pairs = [[[0i16; 2]; PANEL_ROWS]; PAIRS];
-            let mut d = [[0f32; PANEL_ROWS]; 2];
-            for l in 0..rows {
-                let blk = &w[l * rb + b * bb..][..bb];
+        self.scratch.resize(nb * PANEL_ROWS, [0; QK_K]);
+        self.staged.clear();
+        self.staged.resize(nb, Staged::default());
+        // Row by row, so each row's bytes stream in order.
+        for l in 0..rows {
+            let row = &w[l * rb..][..nb * bb];
+            for (b, blk) in row.chunks_exact(bb).enumerate() {
                 for (i, v) in k_levels(ty, blk).iter().enumerate() {
-                    let out = &mut self.scratch[l][64 * i..64 * i + 64];
+                    let out = &mut self.scratch[b * PANEL_ROWS + l][64 * i..64 * i + 64];
                     // SAFETY: `out` is 64 writable bytes.
                     unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), *v) };
                 }
-                let p = row_params(ty, blk);
-                sc.iter_mut().zip(p.sc).for_each(|(v, s)| v[l] = s);
-                pairs.iter_mut().zip(p.pairs).for_each(|(v, s)| v[l] = s);
-                d.iter_mut().zip(p.d).for_each(|(v, s)| v[l] = s);
+                let (p, st) = (row_params(ty, blk), &mut self.staged[b]);
+                st.sc.iter_mut().zip(p.sc).for_each(|(v, s)| v[l] = s);
+                st.pairs.iter_mut().zip(p.pairs).for_each(|(v, s)| v[l] = s);
+                st.d.iter_mut().zip(p.d).for_each(|(v, s)| v[l] = s);
             }
+        }
+        for (b, st) in self.staged.iter().enumerate() {
+            let rows_b = self.scratch[b * PANEL_ROWS..].as_ptr().cast::<u8>();
             for i in 0..4 {
-                // SAFETY: the scratch holds `rows` rows of 256 bytes; the
-                // mask enables bytes 64i‥64i + 64 of each.
-                let t = unsafe {
-                    load_transposed(self.scratch.as_ptr().cast(), QK_K, rows, 64 * i, !0)
-                };
+                // SAFETY: the scratch holds `rows` rows of 256 bytes from
+                // `rows_b`; the mask enables bytes 64i‥64i + 64 of each.
+                let t = unsafe { load_transposed(rows_b, QK_K, rows, 64 * i, !0) };
                 self.lev[b * QUADS + 16 * i..][..16].copy_from_slice(&t);
             }
             let (runs, at) = (shape.runs, b * shape.runs);
-            for (v, sc) in self.sc[at..at + runs].iter_mut().zip(&sc) {
+            for (v, sc) in self.sc[at..at + runs].iter_mut().zip(&st.sc) {
                 // SAFETY: 16 i32.
                 *v = unsafe { _mm512_loadu_si512(sc.as_ptr().cast()) };
             }
-            for (v, p) in self.pairs[b * PAIRS..][..PAIRS].iter_mut().zip(&pairs) {
+            for (v, p) in self.pairs[b * PAIRS..][..PAIRS].iter_mut().zip(&st.pairs) {
                 // SAFETY: 16 pairs of i16, 64 bytes.
                 *v = unsafe { _mm512_loadu_si512(p.as_ptr().cast()) };
             }
-            for (v, d) in self.d[2 * b..2 * b + 2].iter_mut().zip(&d) {
+            for (v, d) in self.d[2 * b..2 * b + 2].iter_mut().zip(&st.d) {
                 // SAFETY: 16 f32.
                 *v = unsafe { _mm512_loadu_ps(d.as_ptr()) };
             }

@@ -32,7 +32,7 @@
 //! `ext`'s types go to `ext` at these doors (its files build on `codec`,
 //! `scalar`, `avx2` and `avx512`, which do not know it).
 //!
-//! Prefill: the K types from `kernels::PANEL_ACTS_MIN` activation rows on
+//! Prefill: the K types from 12 activation rows on
 //! AVX-512 VNNI run in unpacked 16-row panels (`kpanel`); Q4_0/Q4_K on
 //! AVX2 in repacked tiles (`tiled`). Both give the dots' bits.
 //!

@@ -147,8 +147,8 @@ fn tiled_matmul_equals_the_per_row_dots() {
     }
 }
 
-/// `matmul` of the K types from `kernels::PANEL_ACTS_MIN` activation rows
-/// (the AVX-512 VNNI panels where the CPU has them) against the per-row
+/// `matmul` of the K types from 12 activation rows (the AVX-512 VNNI
+/// panels where the CPU has them) against the per-row
 /// twin: panels with short last blocks, tiles with tails, one row at full
 /// scale, one all zero, and rows of all-top and all-zero levels.
 #[test]
@@ -161,7 +161,14 @@ fn k_panel_matmul_equals_the_per_row_twin() {
         BlockType::Q2K,
     ];
     for ty in K_TYPES {
-        for (rows, cols, n) in [(5, 256, 24), (33, 768, 27), (301, 2048, 30), (16, 512, 25)] {
+        for (rows, cols, n) in [
+            (5, 256, 24),
+            (33, 768, 27),
+            (301, 2048, 30),
+            (16, 512, 25),
+            (7, 512, 13),
+            (20, 256, 12),
+        ] {
             let mut w = random_weights(ty, rows, cols, (rows * 7 + cols + n) as u64);
             let rb = ty.row_bytes(cols).unwrap();
             // Row 0: every level byte 0xFF; row 1: every level byte 0.
