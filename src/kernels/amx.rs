@@ -308,6 +308,48 @@ impl Sums {
     }
 }
 
+/// Tile multiplies into accumulator tile `c` (0‥3), zeroed first when
+/// `zero`: A = the activation rows at `x` (`stride` apart) into tile 4 + `ab`,
+/// B = the panel vectors at `b` (64 bytes apart) into tile 6 + `ab`
+/// (alternating operand tiles let a load overlap the previous multiply).
+///
+/// # Safety
+/// AMX-TILE/INT8 with tiles 0‥7 configured; the tile loads read inside the
+/// activations and the panel.
+#[inline]
+pub(crate) unsafe fn multiply(
+    c: usize,
+    zero: bool,
+    ab: usize,
+    x: *const i8,
+    stride: usize,
+    b: *const u8,
+) {
+    macro_rules! step {
+        ($c:literal, $a:literal, $b:literal) => {
+            // SAFETY: the caller's contract.
+            unsafe {
+                asm!(concat!("tileloadd tmm", $a, ", [{p} + {s}*1]"), p = in(reg) x, s = in(reg) stride, options(nostack, readonly));
+                asm!(concat!("tileloadd tmm", $b, ", [{p} + {s}*1]"), p = in(reg) b, s = in(reg) 64usize, options(nostack, readonly));
+                if zero {
+                    asm!(concat!("tilezero tmm", $c), options(nostack, nomem));
+                }
+                asm!(concat!("tdpbsud tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem));
+            }
+        };
+    }
+    match (c, ab) {
+        (0, 0) => step!("0", "4", "6"),
+        (0, _) => step!("0", "5", "7"),
+        (1, 0) => step!("1", "4", "6"),
+        (1, _) => step!("1", "5", "7"),
+        (2, 0) => step!("2", "4", "6"),
+        (2, _) => step!("2", "5", "7"),
+        (3, 0) => step!("3", "4", "6"),
+        _ => step!("3", "5", "7"),
+    }
+}
+
 /// `steps` rounds of four independent register-only tile multiplies
 /// (`tdpbssd`, 16 × 16 × 64 multiply-adds each): the machine's AMX-INT8 peak (results/kernels.md). Returns a
 /// sum of the accumulators so nothing is optimized away.

@@ -12,15 +12,19 @@
 //! term (the mins' `M`, or for Q6_K/Q3_K the bias `Σ bias·sc_j·X_j` that
 //! `P` subtracts), and the super-block's two f32 steps follow the twin
 //! (`scalar`: `s + (P as f32)·(d_w·d_x)`, `t + (M as f32)·(dmin_w·d_x)`),
-//! sixteen weight rows a vector. The integers are exact, so the results
-//! are the per-row dots' bits.
+//! sixteen weight rows a vector. On AMX (Q4_K/Q5_K from [`AMX_ACTS_MIN`]
+//! rows, [`engine`]) one `tdpbsud` sums a run for 16 activation rows at
+//! once instead. The integers are exact, so the results are the per-row
+//! dots' bits.
 
 use super::avx512::k_levels;
 use super::codec::{f16_to_f32, le16, q2_k, q3_k, q4_k, q6_k, scales_k4, scales_q3, QK_K};
 use super::scalar::ActRow;
 use super::{Activations, BlockType};
+use crate::kernels::amx::{multiply, Sums, TileConfig};
 use crate::kernels::panel512::{load_transposed, PANEL_ROWS};
 use crate::kernels::{par_row_blocks_aligned, RowBlock};
+use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -29,8 +33,15 @@ use std::cell::RefCell;
 /// measured (`bench kernels --compare-tiles`, results/kernels.md); at 8
 /// the unpacking costs more than it saves.
 const ACTS_MIN: usize = 12;
-/// Activation rows one panel pass serves.
+/// Activation rows one VNNI panel pass serves.
 const TILE_ACTS: usize = 8;
+/// Fewest activation rows a call takes AMX for (see [`engine`]).
+const AMX_ACTS_MIN: usize = 48;
+/// Activation rows of one AMX A tile.
+const AMX_ROWS: usize = 16;
+/// Runs multiplied (one accumulator tile each) before their sums are
+/// stored.
+const ROUND: usize = 4;
 /// Level vectors of one super-block (four positions each).
 const QUADS: usize = QK_K / 4;
 /// `bsums` pairs of one super-block.
@@ -222,6 +233,42 @@ impl Panel {
         }
     }
 
+    /// Super-block `b`'s f32 steps for one activation row `a` (its exact
+    /// level sums `p` against the panel's rows): the `bsums` term by eight
+    /// `vpdpwssd`, then `s`, `t` as the twin adds them.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn finish(
+        &self,
+        shape: Shape,
+        b: usize,
+        a: &ActRow,
+        p: __m512i,
+        s: &mut __m512,
+        t: &mut __m512,
+    ) {
+        let mut m = _mm512_setzero_si512();
+        let bs = &a.bsums[16 * b..16 * b + 16];
+        for (pk, bs) in self.pairs[b * PAIRS..][..PAIRS]
+            .iter()
+            .zip(bs.chunks_exact(2))
+        {
+            let pair = (bs[0] as u16 as u32 | (bs[1] as u16 as u32) << 16) as i32;
+            m = _mm512_dpwssd_epi32(m, *pk, _mm512_set1_epi32(pair));
+        }
+        let (dw, dmin) = (self.d[2 * b], self.d[2 * b + 1]);
+        let dx = _mm512_set1_ps(a.d[b]);
+        let f = _mm512_mul_ps(dw, dx);
+        if shape.mins {
+            *s = _mm512_add_ps(*s, _mm512_mul_ps(_mm512_cvtepi32_ps(p), f));
+            let g = _mm512_mul_ps(dmin, dx);
+            *t = _mm512_add_ps(*t, _mm512_mul_ps(_mm512_cvtepi32_ps(m), g));
+        } else {
+            let p = _mm512_sub_epi32(p, m);
+            *s = _mm512_add_ps(*s, _mm512_mul_ps(_mm512_cvtepi32_ps(p), f));
+        }
+    }
+
     /// Activation rows `a` against the panel: the dots of each with the
     /// panel's 16 rows, as vectors.
     ///
@@ -253,37 +300,145 @@ impl Panel {
                     *p = _mm512_add_epi32(*p, _mm512_mullo_epi32(acc, sc));
                 }
             }
-            let mut m = [_mm512_setzero_si512(); R];
-            for k in 0..PAIRS {
-                let pk = self.pairs[b * PAIRS + k];
-                for (m, a) in m.iter_mut().zip(a) {
-                    let bs = &a.bsums[16 * b + 2 * k..][..2];
-                    let pair = (bs[0] as u16 as u32 | (bs[1] as u16 as u32) << 16) as i32;
-                    *m = _mm512_dpwssd_epi32(*m, pk, _mm512_set1_epi32(pair));
-                }
-            }
-            let (dw, dmin) = (self.d[2 * b], self.d[2 * b + 1]);
-            for i in 0..R {
-                let dx = _mm512_set1_ps(a[i].d[b]);
-                if shape.mins {
-                    let f = _mm512_mul_ps(dw, dx);
-                    s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(_mm512_cvtepi32_ps(p[i]), f));
-                    let g = _mm512_mul_ps(dmin, dx);
-                    t[i] = _mm512_add_ps(t[i], _mm512_mul_ps(_mm512_cvtepi32_ps(m[i]), g));
-                } else {
-                    let p = _mm512_sub_epi32(p[i], m[i]);
-                    let f = _mm512_mul_ps(dw, dx);
-                    s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(_mm512_cvtepi32_ps(p), f));
-                }
+            for (i, (a, p)) in a.iter().zip(p).enumerate() {
+                self.finish(shape, b, a, p, &mut s[i], &mut t[i]);
             }
         }
         std::array::from_fn(|i| _mm512_sub_ps(s[i], t[i]))
+    }
+
+    /// Activation rows `t0‥t0 + m` (`m ≤ 16`, rows `cols` apart from `x0`)
+    /// against the panel on AMX: each run's exact sums for 16 × 16 pairs
+    /// from one `tdpbsud` (A: the rows' run, B: the run's level vectors),
+    /// [`ROUND`] runs to four accumulator tiles before their sums are
+    /// stored, a round folded (`vpmulld` by its scales into `P`) after the
+    /// next round's multiplies are issued; then [`Panel::finish`] row by
+    /// row. The dots of row `i` and weight row `l` at `[i][l]`.
+    ///
+    /// # Safety
+    /// AMX-TILE/INT8 with the permission, tiles 0‥7 configured for `m`
+    /// rows and `4 · shape.quads` bytes a run; `x0` is row `t0` of `acts`
+    /// and rows `t0‥t0 + m` hold `nb · 256` values each.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn amx_tile(
+        &self,
+        shape: Shape,
+        nb: usize,
+        acts: &Activations,
+        x0: *const i8,
+        cols: usize,
+        t0: usize,
+        m: usize,
+    ) -> [[f32; PANEL_ROWS]; AMX_ROWS] {
+        let mut s = [_mm512_setzero_ps(); AMX_ROWS];
+        let mut t = s;
+        let mut sums: [[Sums; ROUND]; 2] =
+            std::array::from_fn(|_| std::array::from_fn(|_| Sums([0; 256])));
+        let mut step = 0;
+        for b in 0..nb {
+            let mut p = [_mm512_setzero_si512(); AMX_ROWS];
+            let mut stored: Option<usize> = None;
+            for round in 0..shape.runs / ROUND {
+                for c in 0..ROUND {
+                    let q0 = b * QUADS + (round * ROUND + c) * shape.quads;
+                    let lev = self.lev[q0..q0 + shape.quads].as_ptr().cast();
+                    // SAFETY: the caller's contract: the A tile reads
+                    // positions 4·q0‥ of m rows inside the activations, the
+                    // B tile `quads` level vectors of the panel.
+                    unsafe { multiply(c, true, step % 2, x0.add(4 * q0), cols, lev) };
+                    step += 1;
+                }
+                if let Some(r) = stored {
+                    self.fold(shape, b, r, &sums[r % 2], m, &mut p);
+                }
+                for (c, sums) in sums[round % 2].iter_mut().enumerate() {
+                    // SAFETY: tile c is configured and holds run c's sums.
+                    unsafe { sums.store(c) };
+                }
+                stored = Some(round);
+            }
+            if let Some(r) = stored {
+                self.fold(shape, b, r, &sums[r % 2], m, &mut p);
+            }
+            for i in 0..m {
+                self.finish(shape, b, &acts.row(t0 + i), p[i], &mut s[i], &mut t[i]);
+            }
+        }
+        let mut out = [[0f32; PANEL_ROWS]; AMX_ROWS];
+        for (o, (s, t)) in out.iter_mut().zip(s.iter().zip(&t)).take(m) {
+            // SAFETY: 16 f32 of `o`.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(*s, *t)) };
+        }
+        out
+    }
+
+    /// Round `round` of super-block `b` from its stored sums (`sums[c]` row
+    /// `i`: activation row `i` against the panel's rows) into `p`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fold(
+        &self,
+        shape: Shape,
+        b: usize,
+        round: usize,
+        sums: &[Sums; ROUND],
+        m: usize,
+        p: &mut [__m512i; AMX_ROWS],
+    ) {
+        for (c, sums) in sums.iter().enumerate() {
+            let sc = self.sc[b * shape.runs + round * ROUND + c];
+            for (i, p) in p.iter_mut().enumerate().take(m) {
+                let row = &sums.0[i * PANEL_ROWS..(i + 1) * PANEL_ROWS];
+                // SAFETY: 16 i32 of `row`.
+                let v = unsafe { _mm512_loadu_si512(row.as_ptr().cast()) };
+                *p = _mm512_add_epi32(*p, _mm512_mullo_epi32(v, sc));
+            }
+        }
     }
 }
 
 thread_local! {
     /// This thread's unpacked panel, reused across calls.
     static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+}
+
+/// The kernel that multiplies the panels (the same bits either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    /// AMX-INT8: one tile multiply a run for 16 activation rows.
+    Amx,
+    /// AVX-512 VNNI: [`TILE_ACTS`] activation rows a register tile.
+    Vnni,
+}
+
+/// AMX for the types of 32-value runs (Q4_K, Q5_K) from [`AMX_ACTS_MIN`]
+/// rows, where `cpu::amx` allows it and the batch-kernel switch does not
+/// ask for the panels (`BatchChoice::Panels` or `Tiles`: the VNNI ones);
+/// else VNNI. (Measured, `bench kernels --compare-tiles`: AMX ran 8–14%
+/// faster from 64 rows on Q4_K/Q5_K, even at 16–32; the 16-value runs of
+/// Q6_K gained at most 5%, results/kernels.md.)
+fn engine(shape: Shape, n: usize) -> Engine {
+    use crate::kernels::{batch_choice, cpu, BatchChoice};
+    if shape.quads < 8 || n < AMX_ACTS_MIN {
+        return Engine::Vnni;
+    }
+    match batch_choice() {
+        BatchChoice::Panels | BatchChoice::Tiles => Engine::Vnni,
+        _ if cpu::amx() => Engine::Amx,
+        _ => Engine::Vnni,
+    }
+}
+
+/// One call's fixed inputs.
+struct Call<'a> {
+    shape: Shape,
+    nb: usize,
+    cols: usize,
+    acts: &'a Activations,
+    n: usize,
+    engine: Engine,
 }
 
 /// `matmul`'s K-type prefill path: `acts` holds the call's `n` prepared
@@ -299,44 +454,56 @@ pub(super) fn matmul(
 ) {
     let rb = ty.row_bytes_checked(cols);
     let nb = cols / QK_K;
+    assert!(acts.qs.len() >= n * cols, "K panel: activation rows");
+    let shape = Shape::of(ty);
+    let call = Call {
+        shape,
+        nb,
+        cols,
+        acts,
+        n,
+        engine: engine(shape, n),
+    };
     par_row_blocks_aligned(rows, cols, n, rb, PANEL_ROWS, y, |blk| {
         PANEL.with_borrow_mut(|p| {
             let rs = blk.rows();
             for r0 in rs.clone().step_by(PANEL_ROWS) {
                 let valid = (rs.end - r0).min(PANEL_ROWS);
                 // SAFETY: `takes` admitted this call only where `simd()` is
-                // VNNI (AVX2, AVX-512F/BW/VNNI present).
-                unsafe { p.pack(ty, &w[r0 * rb..(r0 + valid) * rb], rb, valid, nb) };
-                run_panel(p, ty, nb, acts, n, r0, valid, blk);
+                // VNNI (AVX2, AVX-512F/BW/VNNI present); `engine` picks
+                // AMX only where `cpu::amx` allows it; every activation
+                // row holds `cols` values (asserted above).
+                unsafe {
+                    p.pack(ty, &w[r0 * rb..(r0 + valid) * rb], rb, valid, nb);
+                    match call.engine {
+                        Engine::Vnni => run_vnni(p, &call, r0, valid, blk),
+                        Engine::Amx => run_amx(p, &call, r0, valid, blk),
+                    }
+                }
             }
         })
     });
 }
 
-/// Every activation row against panel `p` (weight rows `r0‥r0 + valid`).
-#[allow(clippy::too_many_arguments)]
-fn run_panel(
-    p: &Panel,
-    ty: BlockType,
-    nb: usize,
-    acts: &Activations,
-    n: usize,
-    r0: usize,
-    valid: usize,
-    blk: &mut RowBlock<'_>,
-) {
-    let (shape, cols) = (Shape::of(ty), nb * QK_K);
+/// Every activation row against panel `p` (weight rows `r0‥r0 + valid`)
+/// on VNNI registers: tiles of [`TILE_ACTS`] rows, then 4, 2 and 1.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI; `p` packed for the call.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn run_vnni(p: &Panel, call: &Call, r0: usize, valid: usize, blk: &mut RowBlock<'_>) {
+    let (shape, nb, cols, acts) = (call.shape, call.nb, call.cols, call.acts);
     let mut t0 = 0;
-    while t0 < n {
-        let m = match n - t0 {
+    while t0 < call.n {
+        let m = match call.n - t0 {
             r if r >= TILE_ACTS => TILE_ACTS,
             r if r >= 4 => 4,
             r if r >= 2 => 2,
             _ => 1,
         };
         let mut out = [[0f32; PANEL_ROWS]; TILE_ACTS];
-        // SAFETY: the panel was packed for `nb` super-blocks of `ty` on a
-        // VNNI CPU (`takes`); every prepared row holds `nb · 256` values.
+        // SAFETY: the caller's contract; every prepared row holds
+        // `nb · 256` values.
         unsafe {
             match m {
                 TILE_ACTS => store(
@@ -348,12 +515,56 @@ fn run_panel(
                 _ => store(&mut out, p.tile::<1>(shape, nb, &rows(acts, t0, cols))),
             }
         }
-        for (t, o) in out.iter().enumerate().take(m) {
-            for (l, &v) in o.iter().enumerate().take(valid) {
-                blk.set(t0 + t, r0 + l, v);
-            }
-        }
+        set_out(blk, &out[..m], t0, r0, valid);
         t0 += m;
+    }
+}
+
+/// [`run_vnni`] on AMX tiles of 16 activation rows (a short last one); the
+/// tiles are configured here and released at the end.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI and AMX-TILE/INT8 with the permission; `p` packed for
+/// the call; the activations hold `n · cols` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn run_amx(p: &Panel, call: &Call, r0: usize, valid: usize, blk: &mut RowBlock<'_>) {
+    let (shape, cols) = (call.shape, call.cols);
+    let k = 4 * shape.quads;
+    let mut configured = 0;
+    for t0 in (0..call.n).step_by(AMX_ROWS) {
+        let m = (call.n - t0).min(AMX_ROWS);
+        if m != configured {
+            let (a, b) = ((m, k), (k / 4, 64));
+            let cfg = TileConfig::shaped(&[
+                (0, m, 64),
+                (1, m, 64),
+                (2, m, 64),
+                (3, m, 64),
+                (4, a.0, a.1),
+                (5, a.0, a.1),
+                (6, b.0, b.1),
+                (7, b.0, b.1),
+            ]);
+            // SAFETY: AMX-TILE and the permission (the caller's contract).
+            unsafe { cfg.load() };
+            configured = m;
+        }
+        let x0 = call.acts.qs[t0 * cols..].as_ptr();
+        // SAFETY: tiles configured for m rows and k bytes; rows t0‥t0 + m
+        // hold `cols` values from x0 (the caller's contract).
+        let out = unsafe { p.amx_tile(shape, call.nb, call.acts, x0, cols, t0, m) };
+        set_out(blk, &out[..m], t0, r0, valid);
+    }
+    // SAFETY: AMX-TILE; releasing returns the tiles to their initial state.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Rows `t0‥` of the output from `out` (weight rows `r0‥r0 + valid`).
+fn set_out(blk: &mut RowBlock<'_>, out: &[[f32; PANEL_ROWS]], t0: usize, r0: usize, valid: usize) {
+    for (t, o) in out.iter().enumerate() {
+        for (l, &v) in o.iter().enumerate().take(valid) {
+            blk.set(t0 + t, r0 + l, v);
+        }
     }
 }
 

@@ -148,7 +148,8 @@ fn tiled_matmul_equals_the_per_row_dots() {
 }
 
 /// `matmul` of the K types from 12 activation rows (the AVX-512 VNNI
-/// panels where the CPU has them) against the per-row
+/// panels where the CPU has them, and the AMX tiles from 48 rows unless
+/// the batch-kernel switch asks for the panels) against the per-row
 /// twin: panels with short last blocks, tiles with tails, one row at full
 /// scale, one all zero, and rows of all-top and all-zero levels.
 #[test]
@@ -160,7 +161,12 @@ fn k_panel_matmul_equals_the_per_row_twin() {
         BlockType::Q3K,
         BlockType::Q2K,
     ];
-    for ty in K_TYPES {
+    use crate::kernels::{set_batch_kernel, BatchChoice};
+    for (ty, choice) in K_TYPES
+        .into_iter()
+        .flat_map(|ty| [(ty, BatchChoice::Measured), (ty, BatchChoice::Panels)])
+    {
+        set_batch_kernel(choice);
         for (rows, cols, n) in [
             (5, 256, 24),
             (33, 768, 27),
@@ -168,6 +174,8 @@ fn k_panel_matmul_equals_the_per_row_twin() {
             (16, 512, 25),
             (7, 512, 13),
             (20, 256, 12),
+            (33, 768, 50),
+            (17, 512, 64),
         ] {
             let mut w = random_weights(ty, rows, cols, (rows * 7 + cols + n) as u64);
             let rb = ty.row_bytes(cols).unwrap();
@@ -185,6 +193,7 @@ fn k_panel_matmul_equals_the_per_row_twin() {
             matmul_is_the_twin(ty, &w, rows, cols, &x, n);
         }
     }
+    set_batch_kernel(BatchChoice::Measured);
 }
 
 /// Whether byte `at` of a `ty` super-block holds levels (not scales).

@@ -327,13 +327,9 @@ fn variants(f: KernelFormat, compare: bool) -> Vec<Variant> {
             vec![Variant::Default, Variant::Panels, Variant::Tiles]
         }
         KernelFormat::Ggml(
-            BlockType::Q4_0
-            | BlockType::Q4K
-            | BlockType::Q5K
-            | BlockType::Q6K
-            | BlockType::Q3K
-            | BlockType::Q2K,
-        ) => vec![Variant::Default, Variant::PerRow],
+            BlockType::Q4K | BlockType::Q5K | BlockType::Q6K | BlockType::Q3K | BlockType::Q2K,
+        ) => vec![Variant::Default, Variant::Panels, Variant::PerRow],
+        KernelFormat::Ggml(BlockType::Q4_0) => vec![Variant::Default, Variant::PerRow],
         KernelFormat::Ggml(_) => vec![Variant::Default],
     }
 }
