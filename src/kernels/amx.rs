@@ -55,6 +55,22 @@ impl TileConfig {
         ])
     }
 
+    /// The tiles of [`multiply`]: accumulators 0‥3 of `m` rows, A tiles
+    /// 4 and 5 of `m` rows of `k` bytes, B tiles 6 and 7 of `k / 4` rows
+    /// of 64 bytes.
+    pub(crate) fn multiply(m: usize, k: usize) -> TileConfig {
+        TileConfig::shaped(&[
+            (0, m, 64),
+            (1, m, 64),
+            (2, m, 64),
+            (3, m, 64),
+            (4, m, k),
+            (5, m, k),
+            (6, k / 4, 64),
+            (7, k / 4, 64),
+        ])
+    }
+
     /// Tiles `(tile, rows, bytes a row)`; those of 0 rows and the ones not
     /// named are left unconfigured (touching one faults).
     pub(crate) fn shaped(tiles: &[(usize, usize, usize)]) -> TileConfig {

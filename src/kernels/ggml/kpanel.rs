@@ -534,17 +534,7 @@ unsafe fn run_amx(p: &Panel, call: &Call, r0: usize, valid: usize, blk: &mut Row
     for t0 in (0..call.n).step_by(AMX_ROWS) {
         let m = (call.n - t0).min(AMX_ROWS);
         if m != configured {
-            let (a, b) = ((m, k), (k / 4, 64));
-            let cfg = TileConfig::shaped(&[
-                (0, m, 64),
-                (1, m, 64),
-                (2, m, 64),
-                (3, m, 64),
-                (4, a.0, a.1),
-                (5, a.0, a.1),
-                (6, b.0, b.1),
-                (7, b.0, b.1),
-            ]);
+            let cfg = TileConfig::multiply(m, k);
             // SAFETY: AMX-TILE and the permission (the caller's contract).
             unsafe { cfg.load() };
             configured = m;
