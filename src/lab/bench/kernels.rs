@@ -475,15 +475,19 @@ mod tests {
             one_thread: true,
         };
         let rows = run(&cfg, op);
-        // Three variants of each int4 row, two of Q4_K's; Q4_K blocks are 256 columns, so its
-        // 64-column shape is skipped.
+        // Three variants of each int4 row and of Q4_K's (default, VNNI panels, per-row dots);
+        // Q4_K blocks are 256 columns, so its 64-column shape is skipped.
         let names: Vec<_> = rows.iter().map(|r| (r.format.as_str(), r.cols)).collect();
         let int4 = ["int4", "int4 (panels)", "int4 (tiles)"];
         let mut want: Vec<_> = [64, 256]
             .iter()
             .flat_map(|&c| int4.iter().map(move |&f| (f, c)))
             .collect();
-        want.extend([("q4_k", 256), ("q4_k (per-row)", 256)]);
+        want.extend([
+            ("q4_k", 256),
+            ("q4_k (panels)", 256),
+            ("q4_k (per-row)", 256),
+        ]);
         assert_eq!(names, want);
         assert!(rows.iter().all(|r| r.gmacs > 0.0 && r.of_peak.len() == 1));
         assert!(peak_gmacs(op, 1) > 0.0);
