@@ -1,10 +1,11 @@
 //! The prefill kernel of the K types (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) on
 //! AVX-512 VNNI, for calls of [`ACTS_MIN`] or more activation rows. Each
 //! block of weight rows is unpacked once per call (row by row, so the
-//! weights stream in order) into panels of 16 rows ([`Panel`]): per super-block, 64 vectors of levels (vector
-//! `q` holds activation positions `4q‥4q + 4` of each row, unsigned, in the
-//! activation row's order), the sub-block scales as i32 (one vector a run
-//! of positions that share a scale), eight vectors of i16 pairs for the
+//! weights stream in order) into panels of 16 rows ([`Panel`]): per
+//! super-block, 64 vectors of levels (vector `q` holds activation positions
+//! `4q‥4q + 4` of each row, unsigned, in the activation row's order), the
+//! sub-block scales as i32 (one vector a run of positions that share a
+//! scale), eight vectors of i16 pairs for the
 //! `bsums` term, and `d_w`, `dmin_w`. Then [`TILE_ACTS`] activation rows
 //! at a time meet the panel: one `vpdpbusd` a level vector and row (the
 //! row's four activations broadcast) sums each run exactly, `vpmulld`
@@ -19,7 +20,7 @@
 
 use super::avx512::k_levels;
 use super::codec::{f16_to_f32, le16, q2_k, q3_k, q4_k, q6_k, scales_k4, scales_q3, QK_K};
-use super::scalar::ActRow;
+use super::scalar::{kmin_pos, ActRow};
 use super::{Activations, BlockType};
 use crate::kernels::amx::{multiply, Sums, TileConfig};
 use crate::kernels::panel512::{load_transposed, PANEL_ROWS};
@@ -106,13 +107,13 @@ fn row_params(ty: BlockType, blk: &[u8]) -> RowParams {
     match ty {
         BlockType::Q4K | BlockType::Q5K => {
             let (sc, m) = scales_k4(&blk[q4_k::SCALES..q4_k::SCALES + 12]);
-            // Run r holds sub-block 4(r / 4) + [0, 2, 1, 3][r % 4] (the
-            // permuted activation layout).
-            const SLOT: [usize; 4] = [0, 2, 1, 3];
+            // Run r (positions 32r‥) holds the sub-block that the permuted
+            // activation layout puts there; the permutation of runs is its
+            // own inverse, so `kmin_pos` of run r's start names it.
             RowParams {
                 sc: std::array::from_fn(|r| {
                     if r < 8 {
-                        sc[r / 4 * 4 + SLOT[r % 4]] as i32
+                        sc[kmin_pos(32 * r) / 32] as i32
                     } else {
                         0
                     }
